@@ -1,0 +1,24 @@
+"""propop: forward and backward propagation as block bi-diagonal triangular solves.
+
+After M. Naumov, "Parallel Complexity of Forward and Backward Propagation".
+The public API is DESIGN section 6; everything is re-exported here.
+"""
+
+from . import solvers
+from .activations import Activation, available_activations, get_activation, register_activation
+from .losses import loss_gradient, loss_value
+from .networks import FNN, Gradients, Trace
+from .propagation import backprop, forward
+from .solvers import ConvergenceError, Solution, Status, solve
+from .systems import Blocks, TriangularSystem, backward_system, forward_system
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FNN", "Trace", "Gradients",
+    "Activation", "register_activation", "get_activation", "available_activations",
+    "loss_gradient", "loss_value",
+    "TriangularSystem", "Blocks", "backward_system", "forward_system",
+    "solve", "solvers", "Solution", "Status", "ConvergenceError",
+    "backprop", "forward",
+]

@@ -1,0 +1,203 @@
+"""Activation functions: f, f', and their linearisations (paper eqs. forw_diag, back_diag).
+
+An :class:`Activation` knows ``f`` and ``f'``. From these it derives the two
+elementwise linearisations ``f(y) ~= a * y + beta`` that the forward systems use
+(DESIGN section 1):
+
+- ``secant`` (the paper's ``d = y / f(y)``, stored as its reciprocal
+  ``a = f(y) / y``), with the limits at ``y = 0`` that make it exact at the
+  point: ``a = f'(0)`` where ``f(0) = 0``, and ``a = 0, beta = f(0)`` where
+  ``f(0) != 0`` (the paper's breakdown case, removed);
+- ``newton``: ``a = f'(y)``, ``beta = f(y) - f'(y) y``.
+
+Activations are found by name in a registry that users can extend with
+:func:`register_activation`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import backend
+
+__all__ = [
+    "Activation",
+    "register_activation",
+    "get_activation",
+    "available_activations",
+    "LINEARIZATIONS",
+]
+
+LINEARIZATIONS = ("secant", "newton")
+
+ArrayFunction = Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class Activation:
+    """An elementwise activation function with its derivative.
+
+    Parameters
+    ----------
+    name : str
+        Registry name.
+    f, df : callable
+        ``f(y)`` and ``f'(y)``, elementwise, written with the array module of
+        their argument (``backend.namespace(y)``) so they run on any backend.
+    gain : float
+        Weight-scale factor that keeps the signal's variance through a layer
+        (as ``torch.nn.init.calculate_gain``); used by ``FNN.random``.
+    description : str
+        One line for listings.
+    """
+
+    name: str
+    f: ArrayFunction
+    df: ArrayFunction
+    gain: float = 1.0
+    description: str = ""
+
+    def __call__(self, y: Any) -> Any:
+        return self.f(y)
+
+    def secant(self, y: Any) -> tuple[Any, Any]:
+        """Return ``(a, beta)`` with ``f(y) = a * y + beta`` and ``a = f(y) / y``.
+
+        ``a`` is the reciprocal of the paper's ``d_ii = y_i / f(y_i)`` (eq.
+        forw_diag). Where ``f(y) / y`` does not exist or overflows, the limit
+        ``a = f'(0)`` is used if ``f(y) = 0``; otherwise ``a = 0`` and
+        ``beta = f(y)``, so the linearisation is exact at ``y`` in every case.
+        """
+        xp = backend.namespace(y)
+        fy = self.f(y)
+        with backend.quiet(xp):
+            ratio = fy / y
+        undefined = ~xp.isfinite(ratio)
+        a = xp.where(undefined, xp.where(fy == 0, self.df(y), 0), ratio)
+        beta = xp.where(undefined & (fy != 0), fy, 0)
+        return a.astype(y.dtype, copy=False), beta.astype(y.dtype, copy=False)
+
+    def newton(self, y: Any) -> tuple[Any, Any]:
+        """Return ``(a, beta)`` of the tangent: ``a = f'(y)``, ``beta = f(y) - f'(y) y``."""
+        a = self.df(y)
+        return a, self.f(y) - a * y
+
+    def linearize(self, y: Any, linearization: str) -> tuple[Any, Any]:
+        """Return ``(a, beta)`` for ``linearization`` in :data:`LINEARIZATIONS`."""
+        if linearization not in LINEARIZATIONS:
+            raise ValueError(
+                f"unknown linearization {linearization!r}; choose one of {LINEARIZATIONS}"
+            )
+        return self.secant(y) if linearization == "secant" else self.newton(y)
+
+
+_REGISTRY: dict[str, Activation] = {}
+
+
+def register_activation(activation: Activation) -> Activation:
+    """Add ``activation`` to the registry under ``activation.name``.
+
+    Raises
+    ------
+    ValueError
+        If the name is taken.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> swish = Activation("swish-doc", lambda y: y / (1 + np.exp(-y)),
+    ...                    lambda y: (1 + np.exp(-y) + y * np.exp(-y)) / (1 + np.exp(-y)) ** 2)
+    >>> register_activation(swish).name
+    'swish-doc'
+    """
+    if activation.name in _REGISTRY:
+        raise ValueError(f"activation {activation.name!r} is already registered")
+    _REGISTRY[activation.name] = activation
+    return activation
+
+
+def get_activation(spec: str | Activation) -> Activation:
+    """Return the activation named ``spec`` (or ``spec`` itself if it is one).
+
+    Raises
+    ------
+    KeyError
+        For an unknown name; the message lists the known ones.
+    """
+    if isinstance(spec, Activation):
+        return spec
+    try:
+        return _REGISTRY[spec]
+    except (KeyError, TypeError):
+        raise KeyError(
+            f"unknown activation {spec!r}; known: {', '.join(sorted(_REGISTRY))}"
+        ) from None
+
+
+def available_activations() -> list[str]:
+    """Names of the registered activations, sorted."""
+    return sorted(_REGISTRY)
+
+
+def _xp(y: Any) -> Any:
+    return backend.namespace(y)
+
+
+def _sigmoid(y: Any) -> Any:
+    return 0.5 * (1 + _xp(y).tanh(0.5 * y))  # stable for any y
+
+
+_LEAKY_SLOPE = 0.01
+_GELU_C = math.sqrt(2 / math.pi)
+_GELU_K = 0.044715
+
+
+def _gelu_tanh(y: Any) -> Any:
+    return _xp(y).tanh(_GELU_C * (y + _GELU_K * y**3))
+
+
+def _gelu_df(y: Any) -> Any:
+    t = _gelu_tanh(y)
+    return 0.5 * (1 + t) + 0.5 * y * (1 - t * t) * _GELU_C * (1 + 3 * _GELU_K * y * y)
+
+
+def _softplus(y: Any) -> Any:
+    xp = _xp(y)
+    return xp.log1p(xp.exp(-abs(y))) + xp.maximum(y, 0)
+
+
+for _activation in (
+    Activation("identity", lambda y: y, lambda y: _xp(y).ones_like(y), 1.0, "f(y) = y"),
+    Activation(
+        "relu",
+        lambda y: _xp(y).maximum(y, 0),
+        lambda y: (y > 0).astype(y.dtype),
+        math.sqrt(2),
+        "max(y, 0); f'(0) = 0 as in PyTorch",
+    ),
+    Activation(
+        "leaky_relu",
+        lambda y: _xp(y).where(y > 0, y, _LEAKY_SLOPE * y),
+        lambda y: _xp(y).where(y > 0, 1, _LEAKY_SLOPE).astype(y.dtype),
+        math.sqrt(2 / (1 + _LEAKY_SLOPE**2)),
+        f"y if y > 0 else {_LEAKY_SLOPE} y",
+    ),
+    Activation("tanh", lambda y: _xp(y).tanh(y), lambda y: 1 - _xp(y).tanh(y) ** 2, 1.0,
+               "tanh(y)"),
+    Activation("sigmoid", _sigmoid, lambda y: _sigmoid(y) * _sigmoid(-y), 1.0,
+               "1 / (1 + exp(-y))"),
+    Activation("softplus", _softplus, _sigmoid, 1.0, "log(1 + exp(y))"),
+    Activation(
+        "elu",
+        lambda y: _xp(y).where(y > 0, y, _xp(y).expm1(_xp(y).minimum(y, 0))),
+        lambda y: _xp(y).where(y > 0, 1, _xp(y).exp(_xp(y).minimum(y, 0))).astype(y.dtype),
+        1.0,
+        "y if y > 0 else exp(y) - 1",
+    ),
+    Activation("gelu", lambda y: 0.5 * y * (1 + _gelu_tanh(y)), _gelu_df, 1.0,
+               "GELU, tanh approximation (PyTorch approximate='tanh')"),
+):
+    register_activation(_activation)

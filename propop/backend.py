@@ -1,0 +1,106 @@
+"""NumPy/SciPy versus CuPy/cupyx dispatch: the only module that imports CuPy.
+
+Arrays decide the backend (DESIGN section 4): NumPy arrays and ``scipy.sparse``
+arrays run on the CPU, CuPy arrays and ``cupyx.scipy.sparse`` arrays on the GPU,
+through the same code. Core code asks ``be = backend.of(*objects)`` and then
+calls ``be.xp``, ``be.sparse`` and ``be.spla`` only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+__all__ = ["Backend", "of", "namespace", "is_sparse", "to_host", "quiet"]
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The array, sparse and sparse-linalg modules of one backend.
+
+    Attributes
+    ----------
+    name : {"numpy", "cupy"}
+        The backend's name, as declared by solvers in ``backends=``.
+    xp : module
+        ``numpy`` or ``cupy``.
+    sparse : module
+        ``scipy.sparse`` or ``cupyx.scipy.sparse``.
+    spla : module
+        ``scipy.sparse.linalg`` or ``cupyx.scipy.sparse.linalg``.
+    """
+
+    name: str
+    xp: ModuleType
+    sparse: ModuleType
+    spla: ModuleType
+
+
+def _load(name: str) -> Backend:
+    if name == "numpy":
+        return Backend(
+            "numpy",
+            importlib.import_module("numpy"),
+            importlib.import_module("scipy.sparse"),
+            importlib.import_module("scipy.sparse.linalg"),
+        )
+    return Backend(
+        "cupy",
+        importlib.import_module("cupy"),
+        importlib.import_module("cupyx.scipy.sparse"),
+        importlib.import_module("cupyx.scipy.sparse.linalg"),
+    )
+
+
+_CACHE: dict[str, Backend] = {}
+
+
+def _name_of(obj: Any) -> str:
+    module = type(obj).__module__ or ""
+    return "cupy" if module.split(".")[0] in ("cupy", "cupyx") else "numpy"
+
+
+def of(*objects: Any) -> Backend:
+    """Return the backend that the given arrays (dense or sparse) live on.
+
+    ``None`` entries are ignored. Mixing CPU and GPU arrays is an error.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> of(np.zeros(3)).name
+    'numpy'
+    """
+    names = {_name_of(obj) for obj in objects if obj is not None}
+    if len(names) > 1:
+        raise TypeError("arrays live on different backends (NumPy and CuPy); move them to one")
+    name = names.pop() if names else "numpy"
+    if name not in _CACHE:
+        _CACHE[name] = _load(name)
+    return _CACHE[name]
+
+
+def namespace(*arrays: Any) -> ModuleType:
+    """Return the array module (``numpy`` or ``cupy``) of the given arrays."""
+    return of(*arrays).xp
+
+
+def is_sparse(matrix: Any) -> bool:
+    """Whether ``matrix`` is a sparse array or matrix of its backend."""
+    return bool(of(matrix).sparse.issparse(matrix))
+
+
+def to_host(array: Any) -> Any:
+    """Return ``array`` as a NumPy array (a no-op for NumPy input)."""
+    return array.get() if _name_of(array) == "cupy" else array
+
+
+def quiet(xp: ModuleType) -> contextlib.AbstractContextManager:
+    """Silence NumPy's floating-point warnings where they are expected and handled."""
+    errstate = getattr(xp, "errstate", None)
+    if errstate is None:
+        return contextlib.nullcontext()
+    return errstate(divide="ignore", invalid="ignore", over="ignore")

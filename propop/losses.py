@@ -1,0 +1,90 @@
+"""Loss functions and their gradients at the output layer (paper eqs. def_loss_component,
+gradient_z_output_layer).
+
+Samples are columns: ``output`` is ``(m,)`` or ``(m, r)``. Losses are sums over
+samples (the paper's Delta-W-bar convention); divide by ``r`` for a mean.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import backend
+
+__all__ = ["LOSSES", "loss_gradient", "loss_value"]
+
+LOSSES = ("mse", "cross_entropy")
+
+
+def _check(output: Any, target: Any, loss: str) -> Any:
+    """Validate the pair and return the target as an array of ``output``'s shape."""
+    xp = backend.namespace(output)
+    if loss not in LOSSES:
+        raise ValueError(f"unknown loss {loss!r}; choose one of {LOSSES}")
+    target = xp.asarray(target)
+    if loss == "cross_entropy" and target.shape == output.shape[1:]:
+        return _one_hot(xp, target, output)
+    if target.shape != output.shape:
+        raise ValueError(
+            f"target has shape {target.shape}, expected {output.shape} (the output's)"
+            + (" or integer labels of shape " + str(output.shape[1:])
+               if loss == "cross_entropy" else "")
+        )
+    if not bool(xp.isfinite(target).all()):
+        raise ValueError("target contains NaN or Inf")
+    return target.astype(output.dtype, copy=False)
+
+
+def _one_hot(xp: Any, labels: Any, output: Any) -> Any:
+    m = output.shape[0]
+    if labels.dtype.kind not in "iu":
+        raise ValueError(f"integer labels expected, got dtype {labels.dtype}")
+    if labels.size and (int(labels.min()) < 0 or int(labels.max()) >= m):
+        raise ValueError(f"labels must lie in [0, {m}), got range "
+                         f"[{int(labels.min())}, {int(labels.max())}]")
+    return (xp.arange(m).reshape((m,) + (1,) * labels.ndim) == labels).astype(output.dtype)
+
+
+def _softmax(output: Any) -> Any:
+    xp = backend.namespace(output)
+    e = xp.exp(output - output.max(axis=0, keepdims=True))
+    return e / e.sum(axis=0, keepdims=True)
+
+
+def loss_gradient(output: Any, target: Any, loss: str = "mse") -> Any:
+    """Return ``eps = dE/dz^(l)``, the right-hand side of the backward system.
+
+    Parameters
+    ----------
+    output : array, shape (m,) or (m, r)
+        The network's output ``z^(l)``.
+    target : array
+        Same shape as ``output``; for ``"cross_entropy"`` also one-hot rows,
+        probabilities, or integer labels of shape ``output.shape[1:]``.
+    loss : {"mse", "cross_entropy"}
+        ``"mse"``: ``E = 1/2 ||z - t||^2``, gradient ``z - t``.
+        ``"cross_entropy"``: softmax over the features then ``E = -sum t log p``
+        (eqs. def_loss_component, def_loss_softmax), gradient ``p - t``
+        (eq. gradient_z_output_layer).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> loss_gradient(np.array([1.0, 2.0]), np.array([0.5, 2.0]))
+    array([0.5, 0. ])
+    """
+    target = _check(output, target, loss)
+    if loss == "mse":
+        return output - target
+    return _softmax(output) * target.sum(axis=0) - target
+
+
+def loss_value(output: Any, target: Any, loss: str = "mse") -> float:
+    """Return the loss ``E`` summed over samples (see :func:`loss_gradient`)."""
+    xp = backend.namespace(output)
+    target = _check(output, target, loss)
+    if loss == "mse":
+        return float(0.5 * xp.sum((output - target) ** 2))
+    shifted = output - output.max(axis=0, keepdims=True)
+    log_p = shifted - xp.log(xp.exp(shifted).sum(axis=0, keepdims=True))
+    return float(-xp.sum(target * log_p))

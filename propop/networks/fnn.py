@@ -1,0 +1,237 @@
+"""Feedforward networks (paper section 2.1) and their sequential reference propagation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from .. import backend
+from .._checks import require_finite, require_shape
+from ..activations import Activation, get_activation
+from .trace import Gradients, Trace
+
+__all__ = ["FNN", "column"]
+
+
+def column(b: Any, like: Any) -> Any:
+    """``b`` broadcastable against ``like``: a column ``(n, 1)`` when ``like`` is a batch."""
+    return b if like.ndim == 1 else b[:, None]
+
+
+def _as_weight(W: Any, k: int) -> Any:
+    """Return ``W`` as a 2-D float array, sparse ones in CSR."""
+    be = backend.of(W)
+    if be.sparse.issparse(W):
+        W = be.sparse.csr_array(W) if hasattr(be.sparse, "csr_array") else W.tocsr()
+    else:
+        W = be.xp.asarray(W)
+    if W.ndim != 2:
+        raise ValueError(f"W[{k}] has {W.ndim} dimensions, expected a 2-D matrix")
+    if W.dtype.kind not in "fiub":
+        raise ValueError(f"W[{k}] has dtype {W.dtype}, expected a real floating type")
+    return W
+
+
+def _float_dtype(arrays: Sequence[Any]) -> np.dtype:
+    dtype = np.result_type(*(a.dtype for a in arrays))
+    return dtype if dtype in (np.float32, np.float64) else np.dtype(np.float64)
+
+
+class FNN:
+    """A feedforward network ``y_k = W_k z_k + b_k``, ``z_{k+1} = f_k(y_k)`` (eq. def_forw_prop2).
+
+    Parameters
+    ----------
+    W : sequence of arrays
+        ``W[k]`` has shape ``(n_{k+1}, n_k)``; dense (NumPy/CuPy) or sparse
+        (``scipy.sparse``, any format; stored as CSR). ``W[0]`` is the paper's ``W^(1)``.
+    b : sequence of arrays, optional
+        ``b[k]`` has shape ``(n_{k+1},)``; zeros if omitted.
+    activation : str, Activation or sequence of them
+        One for all layers, or one per layer.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> net = FNN.random([3, 4, 2], activation="tanh", seed=1)
+    >>> net.sizes, net.depth
+    ((3, 4, 2), 2)
+    >>> net.forward(np.ones(3)).output.shape
+    (2,)
+    """
+
+    def __init__(self, W: Sequence[Any], b: Sequence[Any] | None = None,
+                 activation: str | Activation | Sequence[str | Activation] = "tanh") -> None:
+        if isinstance(W, (str, bytes)) or not isinstance(W, Sequence) or len(W) == 0:
+            raise ValueError("W must be a non-empty sequence of weight matrices")
+        weights = [_as_weight(Wk, k) for k, Wk in enumerate(W)]
+        be = backend.of(*weights)
+        biases = ([be.xp.zeros(Wk.shape[0], dtype=Wk.dtype) for Wk in weights] if b is None
+                  else [be.xp.asarray(bk) for bk in b])
+        if len(biases) != len(weights):
+            raise ValueError(f"got {len(weights)} weight matrices but {len(biases)} biases")
+        self.dtype = _float_dtype(weights + biases)
+        self.W = tuple(Wk.astype(self.dtype, copy=False) for Wk in weights)
+        self.b = tuple(bk.astype(self.dtype, copy=False) for bk in biases)
+        self.activations = self._activations(activation)
+        self.backend = be
+        self._validate()
+
+    def _activations(self, spec: Any) -> tuple[Activation, ...]:
+        if isinstance(spec, (str, Activation)):
+            return (get_activation(spec),) * len(self.W)
+        spec = list(spec)
+        if len(spec) != len(self.W):
+            raise ValueError(f"got {len(spec)} activations for {len(self.W)} layers")
+        return tuple(get_activation(a) for a in spec)
+
+    def _validate(self) -> None:
+        for k, (Wk, bk) in enumerate(zip(self.W, self.b)):
+            if k > 0 and Wk.shape[1] != self.W[k - 1].shape[0]:
+                n = self.W[k - 1].shape[0]
+                raise ValueError(f"layer {k}: W[{k}] has shape {Wk.shape}, expected "
+                                 f"({Wk.shape[0]}, {n}) to follow layer {k - 1}'s width {n}")
+            require_shape(bk, (Wk.shape[0],), f"layer {k}: b[{k}]", f" to match W[{k}]")
+            require_finite(Wk, f"layer {k}: W[{k}]")
+            require_finite(bk, f"layer {k}: b[{k}]")
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """Widths ``(n_0, n_1, ..., n_l)``."""
+        return (self.W[0].shape[1],) + tuple(Wk.shape[0] for Wk in self.W)
+
+    @property
+    def depth(self) -> int:
+        """Number of layers ``l``."""
+        return len(self.W)
+
+    @property
+    def sparse(self) -> bool:
+        """Whether any weight matrix is sparse."""
+        return any(backend.is_sparse(Wk) for Wk in self.W)
+
+    def __repr__(self) -> str:
+        names = sorted({a.name for a in self.activations})
+        return (f"FNN(sizes={self.sizes}, activation={'/'.join(names)}, "
+                f"dtype={self.dtype}, sparse={self.sparse})")
+
+    @classmethod
+    def random(cls, sizes: Sequence[int], activation: str | Activation = "relu",
+               density: float = 1.0, seed: int | None = 0, dtype: Any = "float64",
+               bias: float = 0.0) -> FNN:
+        """A random network whose signal neither explodes nor vanishes with depth.
+
+        Entries of ``W[k]`` are normal with standard deviation
+        ``gain / sqrt(n_k * density)`` (He/Xavier scaling with the activation's
+        gain, corrected for the expected number of non-zeros per row).
+
+        Parameters
+        ----------
+        sizes : sequence of int
+            Widths ``[n_0, ..., n_l]``, at least two.
+        activation : str or Activation
+            One activation for all layers.
+        density : float in (0, 1]
+            Fraction of non-zeros; below 1 the weights are ``scipy.sparse`` CSR arrays.
+        seed : int or None
+            Seed of ``numpy.random.default_rng``.
+        dtype : {"float64", "float32"}
+        bias : float
+            Standard deviation of the biases (zero biases by default).
+        """
+        sizes = [int(n) for n in sizes]
+        if len(sizes) < 2 or min(sizes) < 1:
+            raise ValueError(f"sizes must list at least two positive widths, got {sizes}")
+        if not 0 < density <= 1:
+            raise ValueError(f"density must lie in (0, 1], got {density}")
+        act = get_activation(activation)
+        rng = np.random.default_rng(seed)
+        W, b = [], []
+        for n_in, n_out in zip(sizes[:-1], sizes[1:]):
+            std = act.gain / np.sqrt(n_in * density)
+            W.append(_random_matrix(rng, (n_out, n_in), density, std, dtype))
+            b.append((bias * rng.standard_normal(n_out)).astype(dtype))
+        return cls(W, b, act)
+
+    def check_input(self, x: Any) -> Any:
+        """Return ``x`` as an array of the network's dtype, or raise naming the problem."""
+        x = self.backend.xp.asarray(x)
+        if x.ndim not in (1, 2) or x.shape[0] != self.sizes[0]:
+            raise ValueError(f"x has shape {x.shape}, expected ({self.sizes[0]},) or "
+                             f"({self.sizes[0]}, r): samples are columns")
+        require_finite(x, "x")
+        return x.astype(self.dtype, copy=False)
+
+    def forward(self, x: Any) -> Trace:
+        """Sequential reference forward propagation (eq. def_forw_prop2).
+
+        Parameters
+        ----------
+        x : array, shape (n0,) or (n0, r)
+            Input; samples are columns.
+        """
+        z = [self.check_input(x)]
+        y = []
+        for Wk, bk, f in zip(self.W, self.b, self.activations):
+            y.append(Wk @ z[-1] + column(bk, z[-1]))
+            z.append(f(y[-1]))
+        return Trace(x=z[0], y=tuple(y), z=tuple(z))
+
+    def backward(self, trace: Trace, eps: Any) -> list[Any]:
+        """Sequential reference backward propagation (eq. def_back_prop2).
+
+        Returns ``v[0..l]`` with ``v[l] = f'_l(y) * eps``,
+        ``v[k] = f'_k(y) * (W[k]^T v[k+1])`` for ``k = 1..l-1``, ``v[0] = W[0]^T v[1]``.
+        """
+        eps = self.check_eps(trace, eps)
+        l = self.depth
+        v = [None] * (l + 1)
+        v[l] = self.activations[l - 1].df(trace.y[l - 1]) * eps
+        for k in range(l - 1, -1, -1):
+            v[k] = self.W[k].T @ v[k + 1]
+            if k > 0:
+                v[k] *= self.activations[k - 1].df(trace.y[k - 1])
+        return v
+
+    def check_eps(self, trace: Trace, eps: Any) -> Any:
+        """Return ``eps`` as an array of the output's shape and dtype, or raise."""
+        eps = self.backend.xp.asarray(eps)
+        require_shape(eps, trace.output.shape, "eps", " (the output's shape)")
+        require_finite(eps, "eps")
+        return eps.astype(self.dtype, copy=False)
+
+    def gradients(self, trace: Trace, v: Sequence[Any]) -> Gradients:
+        """Weight, bias and input gradients from the errors ``v`` (eqs.
+        gradient_w_hidden_layer, gradient_b_hidden_layer), summed over samples.
+
+        A sparse ``W[k]`` gets a sparse gradient on its own pattern.
+        """
+        if len(v) != self.depth + 1:
+            raise ValueError(f"v has {len(v)} blocks, expected {self.depth + 1} (v[0..l])")
+        dW = tuple(_outer(Wk, vk, zk) for Wk, vk, zk in zip(self.W, v[1:], trace.z[:-1]))
+        db = tuple(vk if vk.ndim == 1 else vk.sum(axis=1) for vk in v[1:])
+        return Gradients(W=dW, b=db, x=v[0])
+
+
+def _outer(Wk: Any, vk: Any, zk: Any) -> Any:
+    """``sum_i v_i z_i^T`` over samples, on the pattern of ``Wk`` if it is sparse."""
+    be = backend.of(Wk, vk, zk)
+    if not be.sparse.issparse(Wk):
+        return be.xp.outer(vk, zk) if vk.ndim == 1 else vk @ zk.T
+    rows = be.xp.repeat(be.xp.arange(Wk.shape[0]), be.xp.diff(Wk.indptr))
+    products = vk[rows] * zk[Wk.indices]
+    data = products if vk.ndim == 1 else products.sum(axis=1)
+    return type(Wk)((data, Wk.indices.copy(), Wk.indptr.copy()), shape=Wk.shape)
+
+
+def _random_matrix(rng: np.random.Generator, shape: tuple[int, int], density: float,
+                   std: float, dtype: Any) -> Any:
+    if density == 1:
+        return (std * rng.standard_normal(shape)).astype(dtype)
+    M = sp.random_array(shape, density=density, format="csr", dtype=dtype, rng=rng,
+                        data_sampler=lambda size: std * rng.standard_normal(size))
+    M.sort_indices()
+    return M

@@ -1,0 +1,132 @@
+"""One-line propagation through a chosen solver: :func:`backprop` and :func:`forward`."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from .losses import loss_gradient
+from .networks.fnn import column
+from .networks.trace import Gradients, Trace
+from .solvers.convergence import check_options
+from .solvers.registry import solve
+from .solvers.solution import ConvergenceError, Solution, Status
+from .systems import backward_system, forward_system
+
+__all__ = ["backprop", "forward"]
+
+
+def backprop(net: Any, x: Any, target: Any, loss: str = "mse",
+             method: str = "substitution", *, rtol: float = 1e-10, check: bool = True,
+             **options: Any) -> Gradients:
+    """Gradients of the loss by solving the backward system (eq. back_prop_sys).
+
+    The forward pass is the sequential reference; the backward pass is
+    ``solve(backward_system(...), method, ...)``.
+
+    Parameters
+    ----------
+    net : network
+    x : array, shape (n0,) or (n0, r)
+    target : array
+        See :func:`propop.loss_gradient`.
+    loss : {"mse", "cross_entropy"}
+    method : str
+        Any registered solver (:func:`propop.solvers.available`).
+    rtol : float
+        Tolerance for iterative methods; exact gradients by default.
+    check : bool
+        Raise :class:`~propop.ConvergenceError` if the solve fails.
+    **options
+        Passed to the solver.
+
+    Returns
+    -------
+    Gradients
+        ``g.W``, ``g.b``, ``g.x`` summed over samples, and ``g.solution``.
+
+    Examples
+    --------
+    >>> import numpy as np, propop as pp
+    >>> net = pp.FNN.random([3, 5, 2], activation="tanh", seed=0)
+    >>> g = pp.backprop(net, np.ones((3, 4)), np.zeros((2, 4)), method="jacobi")
+    >>> g.W[0].shape, g.solution.converged
+    ((5, 3), True)
+    """
+    trace = net.forward(x)
+    eps = loss_gradient(trace.output, target, loss)
+    system = backward_system(net, trace, eps)
+    solution = solve(system, method, check=check, rtol=rtol, **options)
+    gradients = net.gradients(trace, system.split(solution.x))
+    return Gradients(W=gradients.W, b=gradients.b, x=gradients.x, solution=solution)
+
+
+def forward(net: Any, x: Any, method: str = "substitution", *,
+            linearization: str = "newton", rtol: float = 1e-10, maxiter: int | None = None,
+            around: Trace | None = None, check: bool = True, **options: Any) -> Trace:
+    """Forward propagation by iterated linearised systems (eq. forw_prop_sys).
+
+    Each iteration linearises every activation at the current ``y``, solves
+    the forward system with ``method``, and recomputes every ``y_k = W_k z_k + b_k``
+    from the new ``z`` (all layers at once). With ``linearization="newton"`` this
+    is Newton's method on the whole network; the first ``k`` layers are exact
+    after ``k`` iterations, so at most ``l`` iterations give the exact pass.
+
+    Stops when the nonlinear residual ``max_k ||z_{k+1} - f(y_k)|| / ||z_{k+1}||``
+    is at most ``rtol``. ``trace.info`` holds ``iterations``, ``residuals`` and
+    the linear ``solutions``.
+
+    Raises
+    ------
+    ConvergenceError
+        If ``check`` and the iteration did not converge within ``maxiter``
+        (default ``l``) iterations.
+    """
+    check_options(rtol, 0.0, maxiter)
+    maxiter = net.depth if maxiter is None else int(maxiter)
+    linear_rtol = options.pop("linear_rtol", min(rtol, 1e-10))
+    trace = around if around is not None else _trace_from_states(net, x, None)
+    residuals, solutions = [_nonlinear_residual(net, trace)], []
+    while len(solutions) < maxiter and not residuals[-1] <= rtol:
+        system = forward_system(net, x, around=trace, linearization=linearization)
+        solution = solve(system, method, check=check, rtol=linear_rtol, **options)
+        solutions.append(solution)
+        trace = _trace_from_states(net, x, system.split(solution.x))
+        residuals.append(_nonlinear_residual(net, trace))
+    info = {"iterations": len(solutions), "residuals": residuals, "solutions": solutions,
+            "converged": residuals[-1] <= rtol}
+    if check and not info["converged"]:
+        solution = solutions[-1] if solutions else None
+        raise ConvergenceError(_failed(solution, len(solutions), residuals[-1], rtol))
+    return Trace(x=trace.x, y=trace.y, z=trace.z, info=info)
+
+
+def _trace_from_states(net: Any, x: Any, z: list | None) -> Trace:
+    """The trace whose ``y_k = W_k z_k + b_k`` comes from states ``z`` (zeros if ``None``)."""
+    xp = net.backend.xp
+    x = net.check_input(x)
+    if z is None:
+        z = [x] + [xp.zeros((n,) + x.shape[1:], dtype=net.dtype) for n in net.sizes[1:]]
+    y = [Wk @ zk + column(bk, x)
+         for Wk, bk, zk in zip(net.W, net.b, z[:-1])]
+    return Trace(x=x, y=tuple(y), z=tuple([x] + list(z[1:])))
+
+
+def _nonlinear_residual(net: Any, trace: Trace) -> float:
+    """``max_k ||z_{k+1} - f_k(y_k)|| / max(||f_k(y_k)||, tiny)``: zero at the true pass."""
+    xp = net.backend.xp
+    worst = 0.0
+    for act, y, z in zip(net.activations, trace.y, trace.z[1:]):
+        fy = act(y)
+        worst = max(worst, float(xp.linalg.norm(z - fy)) / max(float(xp.linalg.norm(fy)),
+                                                                1e-300))
+    return worst
+
+
+def _failed(solution: Solution | None, iterations: int, residual: float, rtol: float
+            ) -> Solution:
+    base = solution or Solution(x=None, status=Status.MAX_ITER)
+    return replace(base, status=Status.MAX_ITER, message=(
+        f"forward iteration stopped after {iterations} iterations with nonlinear "
+        f"residual {residual:.2e} > rtol={rtol:g}; raise maxiter (the number of layers "
+        "is always enough with exact linear solves) or use linearization='newton'"))

@@ -1,0 +1,14 @@
+"""Solver registry and the built-in methods (DESIGN section 3)."""
+
+from . import bicgstab as _bicgstab  # noqa: F401  (registers its method)
+from . import direct as _direct  # noqa: F401
+from . import krylov as _krylov  # noqa: F401
+from . import stationary as _stationary  # noqa: F401
+from .diagnostics import Dominance, diagonal_dominance
+from .registry import KINDS, SolverInfo, available, get, info, register, solve
+from .solution import ConvergenceError, Solution, Status
+
+__all__ = [
+    "register", "get", "info", "available", "solve", "SolverInfo", "KINDS",
+    "Solution", "Status", "ConvergenceError", "Dominance", "diagonal_dominance",
+]

@@ -1,0 +1,77 @@
+"""What every solver returns: a :class:`Solution` with a :class:`Status` that explains itself."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Status", "Solution", "ConvergenceError"]
+
+
+class Status(enum.Enum):
+    """How a solve ended (as lineax's ``RESULTS`` and PETSc's ``KSPConvergedReason``)."""
+
+    CONVERGED = "converged"
+    MAX_ITER = "reached maxiter"
+    BREAKDOWN = "breakdown"
+    NONFINITE = "non-finite values"
+
+
+@dataclass(frozen=True)
+class Solution:
+    """The result of :func:`propop.solve`.
+
+    Attributes
+    ----------
+    x : array
+        The solution, shaped like ``system.rhs``.
+    status : Status
+    message : str
+        What happened and, when it failed, what to try.
+    iterations : int
+        Iterations taken (0 for direct methods).
+    residuals : tuple of float
+        Residual norms ``||c - A x||``, initial first and final (true residual)
+        last; for a batch, the largest column norm. Between these, methods
+        that would need an extra product per step record their own estimate
+        (``info["residual_estimates"]`` is then ``True``).
+    levels : int
+        Parallel steps taken: sequential steps for substitution, one per
+        iteration for iterative methods, reduction levels for cyclic reduction.
+    info : dict
+        Method-specific facts, raw backend output included.
+    time : float
+        Wall-clock seconds spent in the method (set by :func:`propop.solve`).
+    method : str
+        The registered name of the method.
+    """
+
+    x: Any
+    status: Status
+    message: str = ""
+    iterations: int = 0
+    residuals: tuple = ()
+    levels: int = 0
+    info: dict = field(default_factory=dict)
+    time: float = 0.0
+    method: str = ""
+
+    @property
+    def converged(self) -> bool:
+        """Whether the solve met its tolerance (exact methods: produced finite values)."""
+        return self.status is Status.CONVERGED
+
+    def __repr__(self) -> str:
+        return (f"Solution(method={self.method!r}, status={self.status.name}, "
+                f"iterations={self.iterations}, levels={self.levels}, "
+                f"residual={self.residuals[-1] if self.residuals else float('nan'):.2e}, "
+                f"time={self.time:.3g}s)")
+
+
+class ConvergenceError(RuntimeError):
+    """Raised by ``solve(..., check=True)`` when a solve fails; ``.solution`` holds it."""
+
+    def __init__(self, solution: Solution) -> None:
+        super().__init__(f"{solution.method}: {solution.message}")
+        self.solution = solution

@@ -1,0 +1,364 @@
+"""Block bi-diagonal triangular systems (paper eqs. forw_prop_sys, back_prop_sys).
+
+A :class:`TriangularSystem` with blocks ``k = 0..nb-1`` is stored in its
+**row-scaled** (unit-diagonal) form, the paper's eqs. bicgstab_scaled_forw_sys
+and bicgstab_scaled_back_sys::
+
+    x_k - s_k * (M_j x_nbr) = c_k
+
+where ``M_j`` is the coupling matrix shared by all samples (``W_k`` for the
+forward system, ``W_{k+1}^T`` for the backward one), ``s_k`` the per-sample row
+scaling (the activation's secant or derivative) and ``nbr = k - 1`` (lower)
+or ``k + 1`` (upper). The paper's form ``(1/s_k) * x_k - M_j x_nbr = c_k / s_k``
+(diagonal blocks ``D``/``E``) is the same system with every row divided by
+``s_k``; it exists only where no ``s_k`` is zero.
+
+A batch of ``r`` samples is one system with ``r`` right-hand sides and
+per-sample scalings: the paper's shifted systems (eqs. forw_prop_sys_shifted,
+back_prop_sys_shifted).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .. import backend
+from .._checks import require_finite
+
+__all__ = ["TriangularSystem", "Blocks", "FORMS"]
+
+FORMS = ("scaled", "paper")
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """The structured view of a system, in its own form.
+
+    Coupling ``j`` joins blocks ``j`` and ``j + 1``: for a lower system it sits in
+    block row ``j + 1`` and column ``j``, for an upper one in row ``j`` and column
+    ``j + 1`` (see :meth:`pair`). The off-diagonal block is
+    ``-diag(scale[j]) @ coupling[j]``.
+
+    Attributes
+    ----------
+    lower : bool
+    sizes : tuple of int
+        Block sizes ``n_0..n_{nb-1}``.
+    diagonal : tuple
+        Per block, ``None`` (identity) or the diagonal entries, ``(n_k,)`` or ``(n_k, r)``.
+    coupling : tuple
+        Per pair, the shared matrix (dense or sparse).
+    scale : tuple
+        Per pair, ``None`` or the row scaling of the off-diagonal block.
+    rhs : tuple
+        Per block, a view of the system's right-hand side.
+    """
+
+    lower: bool
+    sizes: tuple
+    diagonal: tuple
+    coupling: tuple
+    scale: tuple
+    rhs: tuple
+
+    def pair(self, j: int) -> tuple[int, int]:
+        """``(row, column)`` of off-diagonal block ``j``."""
+        return (j + 1, j) if self.lower else (j, j + 1)
+
+    def order(self) -> range:
+        """Block rows in substitution order."""
+        nb = len(self.sizes)
+        return range(nb) if self.lower else range(nb - 1, -1, -1)
+
+    def incoming(self, k: int) -> int | None:
+        """The coupling that block row ``k`` reads in substitution, if any."""
+        j = k - 1 if self.lower else k
+        return j if 0 <= j < len(self.coupling) else None
+
+
+class TriangularSystem:
+    """A block bi-diagonal lower or upper triangular system ``A x = c``.
+
+    Parameters
+    ----------
+    coupling : sequence of matrices
+        ``nb - 1`` shared coupling matrices; ``coupling[j]`` has shape
+        ``(n_{j+1}, n_j)`` for a lower system and ``(n_j, n_{j+1})`` for an upper one.
+    row_scale : sequence
+        ``nb`` row scalings ``s_k``: ``None`` (one) or an array of shape
+        ``(n_k,)``, or ``(n_k, r)`` / ``(n_k, 1)`` for a batch.
+    rhs : array, shape (N,) or (N, r)
+        The right-hand side of the scaled form, blocks stacked.
+    lower : bool
+        Lower (forward propagation) or upper (backward propagation).
+    sizes : sequence of int
+        Block sizes.
+    form : {"scaled", "paper"}
+        Which of the two equivalent forms ``matrix``, ``operator``, ``rhs`` and
+        ``blocks`` show. ``"paper"`` raises ``ValueError`` where a scaling is zero.
+    names : sequence of str, optional
+        A name per block row for messages, e.g. ``"v[2] (layer 2)"``.
+    paper_hint : str
+        Why a zero scaling happens, appended to the ``form="paper"`` error.
+    """
+
+    def __init__(self, coupling: Sequence[Any], row_scale: Sequence[Any], rhs: Any, *,
+                 lower: bool, sizes: Sequence[int], form: str = "scaled",
+                 names: Sequence[str] | None = None, paper_hint: str = "") -> None:
+        if form not in FORMS:
+            raise ValueError(f"unknown form {form!r}; choose one of {FORMS}")
+        self.sizes = tuple(int(n) for n in sizes)
+        self.lower = bool(lower)
+        self.form = form
+        self.names = tuple(names) if names is not None else tuple(
+            f"block {k}" for k in range(len(self.sizes)))
+        self._coupling = tuple(coupling)
+        self._row_scale = tuple(row_scale)
+        self._scaled_rhs = rhs
+        self._paper_hint = paper_hint
+        self.backend = backend.of(rhs, *self._coupling)
+        self._validate()
+        if form == "paper":
+            self._require_paper_form()
+
+    # -- structure ----------------------------------------------------------------
+    @property
+    def nblocks(self) -> int:
+        """Number of diagonal blocks ``nb`` (``l + 1`` for an ``l``-layer FNN)."""
+        return len(self.sizes)
+
+    @functools.cached_property
+    def offsets(self) -> tuple[int, ...]:
+        """Start of each block in the stacked vector, and ``N`` last."""
+        out = [0]
+        for n in self.sizes:
+            out.append(out[-1] + n)
+        return tuple(out)
+
+    @property
+    def size(self) -> int:
+        """``N``, the number of unknowns of one sample."""
+        return self.offsets[-1]
+
+    @property
+    def nrhs(self) -> int | None:
+        """Number of samples ``r`` of a batch system, ``None`` for a single vector."""
+        return None if self._scaled_rhs.ndim == 1 else self._scaled_rhs.shape[1]
+
+    @property
+    def dtype(self) -> Any:
+        """The floating type of the system."""
+        return self._scaled_rhs.dtype
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """Shape of :attr:`matrix` and :attr:`operator`: ``(N r, N r)`` for a batch."""
+        n = self.size * (self.nrhs or 1)
+        return (n, n)
+
+    def __repr__(self) -> str:
+        kind = "lower" if self.lower else "upper"
+        batch = "" if self.nrhs is None else f", r={self.nrhs}"
+        return (f"TriangularSystem({kind}, nblocks={self.nblocks}, N={self.size}{batch}, "
+                f"form={self.form!r}, dtype={self.dtype})")
+
+    def _validate(self) -> None:
+        nb = self.nblocks
+        if len(self._coupling) != nb - 1 or len(self._row_scale) != nb or len(self.names) != nb:
+            raise ValueError(f"{nb} blocks need {nb - 1} couplings, {nb} row scalings and "
+                             f"{nb} names; got {len(self._coupling)}, "
+                             f"{len(self._row_scale)}, {len(self.names)}")
+        rhs = self._scaled_rhs
+        if rhs.ndim not in (1, 2) or rhs.shape[0] != self.size:
+            raise ValueError(f"rhs has shape {rhs.shape}, expected ({self.size},) or "
+                             f"({self.size}, r)")
+        if rhs.dtype.kind != "f":
+            raise ValueError(f"rhs has dtype {rhs.dtype}, expected a floating type")
+        for j, M in enumerate(self._coupling):
+            row, col = (j + 1, j) if self.lower else (j, j + 1)
+            want = (self.sizes[row], self.sizes[col])
+            if tuple(M.shape) != want:
+                raise ValueError(f"coupling {j} (block row {row}, column {col}) has shape "
+                                 f"{tuple(M.shape)}, expected {want}: the blocks' sizes")
+        for k, s in enumerate(self._row_scale):
+            if s is None:
+                continue
+            want = (self.sizes[k],) if rhs.ndim == 1 else (self.sizes[k], rhs.shape[1])
+            if s.shape != want and not (rhs.ndim == 2 and s.shape == (self.sizes[k], 1)):
+                raise ValueError(f"{self.names[k]}: row scaling has shape {s.shape}, "
+                                 f"expected {want}")
+            require_finite(s, f"{self.names[k]}: row scaling")
+        require_finite(rhs, "rhs")
+
+    def _require_paper_form(self) -> None:
+        xp = self.backend.xp
+        for k, s in enumerate(self._row_scale):
+            if s is None or bool(xp.all(s != 0)):
+                continue
+            flat = int(xp.argmin((s != 0).reshape(-1)))
+            index = [int(i) for i in xp.unravel_index(flat, s.shape)]
+            where = f"entry {index[0]}" + (f" of sample {index[1]}" if len(index) > 1 else "")
+            raise ValueError(f"{self.names[k]}: form='paper' needs the diagonal 1/s, but "
+                             f"s = 0 at {where}{self._paper_hint}; use form='scaled' "
+                             "(the default), which never divides")
+
+    # -- views --------------------------------------------------------------------
+    def scaled(self) -> TriangularSystem:
+        """This system in the unit-diagonal form (itself if it is already)."""
+        return self if self.form == "scaled" else self._with(form="scaled")
+
+    def paper(self) -> TriangularSystem:
+        """This system in the paper's form with diagonal blocks ``D``/``E``."""
+        return self if self.form == "paper" else self._with(form="paper")
+
+    def _with(self, **changes: Any) -> TriangularSystem:
+        args = dict(coupling=self._coupling, row_scale=self._row_scale,
+                    rhs=self._scaled_rhs, lower=self.lower, sizes=self.sizes,
+                    form=self.form, names=self.names, paper_hint=self._paper_hint)
+        args.update(changes)
+        return TriangularSystem(args.pop("coupling"), args.pop("row_scale"),
+                                args.pop("rhs"), **args)
+
+    @functools.cached_property
+    def rhs(self) -> Any:
+        """The right-hand side in this system's form, shape ``(N,)`` or ``(N, r)``."""
+        if self.form == "scaled":
+            return self._scaled_rhs
+        blocks = self.split(self._scaled_rhs)
+        return self.backend.xp.concatenate(
+            [c if s is None else c / s for c, s in zip(blocks, self._row_scale)])
+
+    @functools.cached_property
+    def blocks(self) -> Blocks:
+        """The structured view (:class:`Blocks`) that structure-aware solvers use."""
+        pairs = range(self.nblocks - 1)
+        rows = [j + 1 if self.lower else j for j in pairs]
+        paper = self.form == "paper"
+        return Blocks(
+            lower=self.lower,
+            sizes=self.sizes,
+            diagonal=tuple(None if not paper or s is None else 1 / s for s in self._row_scale),
+            coupling=self._coupling,
+            scale=tuple(None if paper else self._row_scale[row] for row in rows),
+            rhs=tuple(self.split(self.rhs)),
+        )
+
+    def split(self, x: Any) -> list[Any]:
+        """Views of the blocks ``x_0..x_{nb-1}`` of a stacked ``(N,)`` or ``(N, r)`` array."""
+        if x.shape[0] != self.size:
+            raise ValueError(f"x has {x.shape[0]} rows, expected N = {self.size}")
+        o = self.offsets
+        return [x[o[k]:o[k + 1]] for k in range(self.nblocks)]
+
+    def sample(self, i: int) -> TriangularSystem:
+        """The single-sample system ``i`` of a batch (views, no copies)."""
+        r = self.nrhs
+        if r is None:
+            raise ValueError("sample(i) needs a batch system; this one has a single rhs")
+        if not -r <= i < r:
+            raise IndexError(f"sample {i} out of range for a batch of {r}")
+        scales = [None if s is None else s[:, i if s.shape[1] > 1 else 0]
+                  for s in self._row_scale]
+        return self._with(row_scale=scales, rhs=self._scaled_rhs[:, i])
+
+    def samples(self) -> list[TriangularSystem]:
+        """All single-sample systems: ``[self]`` for a single-vector system."""
+        return [self] if self.nrhs is None else [self.sample(i) for i in range(self.nrhs)]
+
+    # -- products -----------------------------------------------------------------
+    def apply(self, x: Any, transpose: bool = False) -> Any:
+        """``A x`` (or ``A^T x``) for ``x`` shaped like :attr:`rhs`, sample by sample.
+
+        One product with each coupling matrix for all samples at once
+        (eqs. forw_prop_matvec, back_prop_matvec); the matrix is never assembled.
+        """
+        B = self.blocks
+        if x.shape != self.rhs.shape:
+            raise ValueError(f"x has shape {x.shape}, expected {self.rhs.shape}")
+        xs = self.split(x)
+        out = [xk.copy() if d is None else d * xk for xk, d in zip(xs, B.diagonal)]
+        for j, (M, s) in enumerate(zip(B.coupling, B.scale)):
+            row, col = B.pair(j)
+            if transpose:
+                out[col] -= M.T @ (xs[row] if s is None else s * xs[row])
+            else:
+                product = M @ xs[col]
+                out[row] -= product if s is None else s * product
+        return self.backend.xp.concatenate(out)
+
+    def residual(self, x: Any) -> Any:
+        """``c - A x``."""
+        return self.rhs - self.apply(x)
+
+    @functools.cached_property
+    def operator(self) -> Any:
+        """Matrix-free ``LinearOperator`` equal to :attr:`matrix` (samples stacked)."""
+        r = self.nrhs or 1
+        n = self.size
+
+        def unstack(v: Any) -> Any:
+            v = v.reshape(-1)
+            return v if self.nrhs is None else v.reshape(r, n).T
+
+        def stack(X: Any) -> Any:
+            return X if self.nrhs is None else X.T.reshape(-1)
+
+        return self.backend.spla.LinearOperator(
+            self.shape, dtype=self.dtype,
+            matvec=lambda v: stack(self.apply(unstack(v))),
+            rmatvec=lambda v: stack(self.apply(unstack(v), transpose=True)),
+        )
+
+    @functools.cached_property
+    def matrix(self) -> Any:
+        """The explicit sparse matrix: BSR where the blocks are dense, CSR otherwise.
+
+        A batch gives the block diagonal of its ``r`` shifted systems, acting on
+        the samples stacked one after another (``x.T.reshape(-1)``).
+        """
+        be = self.backend
+        xp = be.xp
+        parts = [_triplets(s, i * self.size) for i, s in enumerate(self.samples())]
+        rows, cols, vals = (xp.concatenate([p[q] for p in parts]) for q in range(3))
+        csr = _csr_class(be)((vals, (rows, cols)), shape=self.shape)
+        dense = not any(be.sparse.issparse(M) for M in self._coupling)
+        blocksize = math.gcd(*self.sizes)
+        if dense and blocksize > 1 and hasattr(csr, "tobsr"):
+            return csr.tobsr(blocksize=(blocksize, blocksize))
+        return csr
+
+
+def _csr_class(be: backend.Backend) -> Any:
+    return getattr(be.sparse, "csr_array", None) or be.sparse.csr_matrix
+
+
+def _triplets(system: TriangularSystem, shift: int) -> tuple[Any, Any, Any]:
+    """``(rows, cols, values)`` of one sample's matrix, indices shifted by ``shift``."""
+    xp = system.backend.xp
+    B, o = system.blocks, system.offsets
+    rows, cols, vals = [], [], []
+    for k, d in enumerate(B.diagonal):
+        idx = xp.arange(o[k], o[k + 1]) + shift
+        rows.append(idx)
+        cols.append(idx)
+        vals.append(xp.ones(B.sizes[k], dtype=system.dtype) if d is None else d)
+    for j, (M, s) in enumerate(zip(B.coupling, B.scale)):
+        row, col = B.pair(j)
+        coo = _coo(system.backend, M)
+        rows.append(coo[0] + o[row] + shift)
+        cols.append(coo[1] + o[col] + shift)
+        vals.append(-(coo[2] if s is None else s[coo[0]] * coo[2]).astype(system.dtype))
+    return xp.concatenate(rows), xp.concatenate(cols), xp.concatenate(vals)
+
+
+def _coo(be: backend.Backend, M: Any) -> tuple[Any, Any, Any]:
+    """``(rows, cols, values)`` of a dense or sparse matrix."""
+    if be.sparse.issparse(M):
+        coo = M.tocoo()
+        return coo.row, coo.col, coo.data
+    rows, cols = be.xp.nonzero(be.xp.ones(M.shape, dtype=bool))
+    return rows, cols, M.reshape(-1)
