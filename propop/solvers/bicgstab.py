@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from .convergence import Tolerance, check_options, column_norms, finish, initial_guess
+from .convergence import (Tolerance, check_options, column_norms, default_maxiter, finish,
+                          initial_guess)
 from .registry import register
 from .solution import Solution
 
@@ -61,7 +62,7 @@ def bicgstab(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float = 
     if shadow not in SHADOWS:
         raise ValueError(f"shadow must be one of {SHADOWS}, got {shadow!r}")
     xp = system.backend.xp
-    maxiter = 2 * system.nblocks + 10 if maxiter is None else int(maxiter)
+    maxiter = default_maxiter(system) if maxiter is None else int(maxiter)
     tol = Tolerance.of(system, rtol, atol)
     vector = system.nrhs is None
 

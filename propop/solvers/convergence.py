@@ -13,7 +13,9 @@ from .. import backend
 from .._checks import require_finite, require_shape
 from .solution import Solution, Status
 
-__all__ = ["Tolerance", "check_options", "initial_guess", "finish", "column_norms"]
+__all__ = [
+    "Tolerance", "check_options", "initial_guess", "finish", "column_norms", "default_maxiter",
+]
 
 
 def check_options(rtol: float, atol: float, maxiter: int | None) -> None:
@@ -24,6 +26,12 @@ def check_options(rtol: float, atol: float, maxiter: int | None) -> None:
         raise ValueError(f"atol must be >= 0, got {atol}")
     if maxiter is not None and (int(maxiter) != maxiter or maxiter < 1):
         raise ValueError(f"maxiter must be an integer >= 1, got {maxiter}")
+
+
+def default_maxiter(system: Any) -> int:
+    """``2 nblocks + 10``: Krylov methods are exact after ``nblocks`` steps in exact
+    arithmetic (the off-diagonal part is nilpotent); the rest is room for rounding."""
+    return 2 * system.nblocks + 10
 
 
 def column_norms(R: Any) -> np.ndarray:

@@ -9,7 +9,10 @@ Each adapter translates propop's options explicitly (DESIGN section 3):
 - PyAMG takes one relative ``tol`` (``||r|| < tol ||b||``), so
   ``tol = max(rtol, atol / ||b||)``; its history comes from ``residuals=``.
 
-These solvers take one vector: a batch is solved sample by sample through
+The default ``maxiter`` is :func:`~propop.solvers.convergence.default_maxiter`: the
+off-diagonal part is nilpotent, so ``nblocks`` iterations are exact in exact
+arithmetic, and a library left to its own default (``10 N``) spends minutes
+producing NaN after a breakdown. These solvers take one vector: a batch is solved sample by sample through
 ``system.sample(i)``. The final status is decided on the true residual.
 """
 
@@ -23,7 +26,8 @@ import numpy as np
 import pyamg.krylov
 import scipy.sparse.linalg as spla
 
-from .convergence import Tolerance, check_options, column_norms, finish, initial_guess
+from .convergence import (Tolerance, check_options, column_norms, default_maxiter, finish,
+                          initial_guess)
 from .registry import register
 from .solution import Solution
 
@@ -38,12 +42,12 @@ def _scipy_call(function: Callable, sample: Any, x0: Any, rtol: float, atol: flo
     norm_c = float(np.linalg.norm(sample.rhs))
     if function is spla.gmres:
         restart = int(options.get("restart") or 20)
-        outer = None if maxiter is None else math.ceil(maxiter / restart)
+        outer = math.ceil(maxiter / restart)
         options = {**options, "restart": restart, "maxiter": outer,
                    "callback_type": "pr_norm"}
         callback = lambda pr: history.append(pr * norm_c)  # noqa: E731
     else:  # x-callbacks: count iterations; a true residual each would cost a product
-        options = {**options, "maxiter": maxiter} if maxiter is not None else options
+        options = {**options, "maxiter": maxiter}
         callback = lambda xk: count.__setitem__(0, count[0] + 1)  # noqa: E731
     x, info = function(sample.operator, sample.rhs, x0=x0, rtol=rtol, atol=atol,
                        callback=callback, **options)
@@ -68,8 +72,7 @@ def _adapter(call: Callable, function: Callable, name: str) -> Callable[..., Sol
                maxiter: int | None = None, callback: Callable | None = None,
                **options: Any) -> Solution:
         check_options(rtol, atol, maxiter)
-        if system.backend.name != "numpy":
-            raise ValueError(f"{name} runs on NumPy arrays only")
+        maxiter = default_maxiter(system) if maxiter is None else int(maxiter)
         tol = Tolerance.of(system, rtol, atol)
         x = initial_guess(system, x0)
         initial = float(column_norms(system.residual(x)).max())

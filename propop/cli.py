@@ -1,0 +1,179 @@
+"""The ``propop`` command: list solvers, run the demo, run an experiment."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import numpy as np
+import scipy
+
+from . import solvers
+from .activations import available_activations
+from .losses import loss_gradient
+from .networks.fnn import FNN
+from .systems import backward_system
+
+__all__ = ["main", "experiment", "Row", "gradient_error"]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One method's line in the experiment table."""
+
+    method: str
+    exact: bool
+    status: str
+    iterations: int
+    levels: int
+    error: float
+    seconds: float
+
+
+def gradient_error(g: Any, reference: Any) -> float:
+    """Largest relative 2-norm error over all of ``dW``, ``db`` and ``dx``."""
+    def dense(a: Any) -> np.ndarray:
+        return np.asarray(a.toarray() if hasattr(a, "toarray") else a, dtype=float)
+
+    pairs = list(zip(g.W, reference.W)) + list(zip(g.b, reference.b)) + [(g.x, reference.x)]
+    errors = [np.linalg.norm(dense(a) - dense(b)) / max(np.linalg.norm(dense(b)), 1e-300)
+              for a, b in pairs]
+    return float(max(errors))
+
+
+def experiment(layers: int = 6, width: int = 256, batch: int = 32, activation: str = "tanh",
+               density: float = 1.0, methods: Sequence[str] | None = None,
+               dtype: str = "float64", seed: int = 0, repeats: int = 3) -> list[Row]:
+    """Backward pass of a random FNN through each method, against the sequential reference.
+
+    Each method runs once to warm up, then ``repeats`` times; the median time
+    is reported. Errors are of the gradients (``dW``, ``db``, ``dx``).
+    """
+    names = [s.name for s in solvers.available()] if methods is None else list(methods)
+    for name in names:
+        solvers.info(name)  # unknown names fail before any work
+    rng = np.random.default_rng(seed)
+    net = FNN.random([width] * (layers + 1), activation=activation, density=density,
+                     seed=seed, dtype=dtype, bias=0.1)
+    x = rng.standard_normal((width, batch)).astype(dtype)
+    trace = net.forward(x)
+    eps = loss_gradient(trace.output, rng.standard_normal((width, batch)).astype(dtype))
+    reference = net.gradients(trace, net.backward(trace, eps))
+    system = backward_system(net, trace, eps)
+    rows = []
+    for name in names:
+        solution = solvers.solve(system, name)
+        times = [solvers.solve(system, name).time for _ in range(repeats)]
+        g = net.gradients(trace, system.split(solution.x))
+        rows.append(Row(name, solvers.info(name).exact, solution.status.name,
+                        solution.iterations, solution.levels, gradient_error(g, reference),
+                        statistics.median(times)))
+    return rows
+
+
+def format_table(rows: Sequence[Row], baseline: str = "substitution") -> str:
+    """A Markdown table of ``rows``, times also relative to ``baseline`` if present."""
+    base = next((r.seconds for r in rows if r.method == baseline), None)
+    lines = ["| method | exact | status | iterations | levels | gradient error | time [ms] "
+             f"| vs {baseline} |", "|---|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        ratio = f"{r.seconds / base:.2f}x" if base else "-"
+        lines.append(f"| {r.method} | {'yes' if r.exact else 'no'} | {r.status} | "
+                     f"{r.iterations} | {r.levels} | {r.error:.1e} | "
+                     f"{1e3 * r.seconds:.2f} | {ratio} |")
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    """One line naming the machine and library versions."""
+    import pyamg
+
+    return (f"{platform.machine()} {platform.system()}, Python {platform.python_version()}, "
+            f"numpy {np.__version__}, scipy {scipy.__version__}, pyamg {pyamg.__version__}")
+
+
+def _solvers_table() -> str:
+    lines = ["| name | kind | exact | backends | description |", "|---|---|---|---|---|"]
+    for s in solvers.available():
+        lines.append(f"| {s.name} | {s.kind} | {'yes' if s.exact else 'no'} | "
+                     f"{', '.join(s.backends)} | {s.description} |")
+    return "\n".join(lines)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"propop: error: {message}\n")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _density(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must lie in (0, 1], got {value}")
+    return value
+
+
+def _parser() -> _Parser:
+    parser = _Parser(prog="propop", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    commands.add_parser("solvers", help="list the registered solvers")
+    commands.add_parser("demo", help="every method on a 6-layer, width-256, batch-32 FNN")
+    run = commands.add_parser("run", help="chosen methods on a chosen FNN")
+    run.add_argument("--layers", type=_positive, default=6)
+    run.add_argument("--width", type=_positive, default=256)
+    run.add_argument("--batch", type=_positive, default=32)
+    run.add_argument("--activation", default="tanh", choices=available_activations())
+    run.add_argument("--density", type=_density, default=1.0)
+    run.add_argument("--method", default=None,
+                     help="comma-separated solver names (default: all)")
+    run.add_argument("--dtype", default="float64", choices=["float64", "float32"])
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--repeats", type=_positive, default=3)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``propop`` console script."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "solvers":
+        print(_solvers_table())
+        return 0
+    settings = dict(layers=6, width=256, batch=32, activation="tanh", density=1.0,
+                    methods=None, dtype="float64", seed=0, repeats=3)
+    if args.command == "run":
+        settings.update(layers=args.layers, width=args.width, batch=args.batch,
+                        activation=args.activation, density=args.density, dtype=args.dtype,
+                        seed=args.seed, repeats=args.repeats,
+                        methods=args.method.split(",") if args.method else None)
+    try:
+        start = time.perf_counter()
+        rows = experiment(**settings)
+    except (KeyError, ValueError) as error:
+        parser.error(str(error).strip("'\""))
+    print(f"Backward pass of an FNN: {settings['layers']} layers of width "
+          f"{settings['width']}, batch {settings['batch']}, {settings['activation']}, "
+          f"density {settings['density']}, {settings['dtype']}; gradient error relative to "
+          "the sequential reference; median of "
+          f"{settings['repeats']} runs after a warm-up.\n")
+    print(format_table(rows))
+    print(f"\n{machine()}; total {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
