@@ -147,7 +147,10 @@ def _xp(y: Any) -> Any:
 
 
 def _sigmoid(y: Any) -> Any:
-    return 0.5 * (1 + _xp(y).tanh(0.5 * y))  # stable for any y
+    """``1 / (1 + exp(-y))`` to full relative accuracy in both tails."""
+    xp = _xp(y)
+    e = xp.exp(-abs(y))
+    return xp.where(y >= 0, 1 / (1 + e), e / (1 + e))
 
 
 _LEAKY_SLOPE = 0.01
@@ -155,13 +158,15 @@ _GELU_C = math.sqrt(2 / math.pi)
 _GELU_K = 0.044715
 
 
-def _gelu_tanh(y: Any) -> Any:
-    return _xp(y).tanh(_GELU_C * (y + _GELU_K * y**3))
+def _gelu(y: Any) -> Any:
+    """``0.5 y (1 + tanh(u)) = y sigmoid(2u)``, ``u = c (y + k y^3)``: no cancellation."""
+    return y * _sigmoid(2 * _GELU_C * (y + _GELU_K * y**3))
 
 
 def _gelu_df(y: Any) -> Any:
-    t = _gelu_tanh(y)
-    return 0.5 * (1 + t) + 0.5 * y * (1 - t * t) * _GELU_C * (1 + 3 * _GELU_K * y * y)
+    s = _sigmoid(2 * _GELU_C * (y + _GELU_K * y**3))
+    t = _sigmoid(-2 * _GELU_C * (y + _GELU_K * y**3))
+    return s + 2 * y * s * t * _GELU_C * (1 + 3 * _GELU_K * y * y)
 
 
 def _softplus(y: Any) -> Any:
@@ -197,7 +202,7 @@ for _activation in (
         1.0,
         "y if y > 0 else exp(y) - 1",
     ),
-    Activation("gelu", lambda y: 0.5 * y * (1 + _gelu_tanh(y)), _gelu_df, 1.0,
+    Activation("gelu", _gelu, _gelu_df, 1.0,
                "GELU, tanh approximation (PyTorch approximate='tanh')"),
 ):
     register_activation(_activation)

@@ -3,9 +3,10 @@
 Each adapter translates propop's options explicitly (DESIGN section 3):
 
 - SciPy takes ``rtol``/``atol`` with the same rule as propop; its ``gmres``
-  counts ``maxiter`` in restart cycles, so propop's ``maxiter`` (inner
-  iterations) is divided by ``restart``; its residual history comes from
-  ``callback_type="pr_norm"`` (Arnoldi estimates).
+  and ``lgmres`` count ``maxiter`` in restart cycles, so propop's ``maxiter``
+  (inner iterations) is divided by ``restart`` (``inner_m``), each capped at
+  ``maxiter``; GMRES's residual history comes from ``callback_type="pr_norm"``
+  (Arnoldi estimates), LGMRES reports outer cycles as its iterations.
 - PyAMG takes one relative ``tol`` (``||r|| < tol ||b||``), so
   ``tol = max(rtol, atol / ||b||)``; its history comes from ``residuals=``.
 
@@ -13,7 +14,8 @@ The default ``maxiter`` is :func:`~propop.solvers.convergence.default_maxiter`: 
 off-diagonal part is nilpotent, so ``nblocks`` iterations are exact in exact
 arithmetic, and a library left to its own default (``10 N``) spends minutes
 producing NaN after a breakdown. These solvers take one vector: a batch is solved sample by sample through
-``system.sample(i)``. The final status is decided on the true residual.
+``system.sample(i)``, and ``callback(x)`` is called after each sample with the
+whole ``x``. The final status is decided on the true residual.
 """
 
 from __future__ import annotations
@@ -41,11 +43,14 @@ def _scipy_call(function: Callable, sample: Any, x0: Any, rtol: float, atol: flo
     count = [0]
     norm_c = float(np.linalg.norm(sample.rhs))
     if function is spla.gmres:
-        restart = int(options.get("restart") or 20)
-        outer = math.ceil(maxiter / restart)
-        options = {**options, "restart": restart, "maxiter": outer,
+        restart = min(int(options.get("restart") or 20), maxiter)
+        options = {**options, "restart": restart, "maxiter": math.ceil(maxiter / restart),
                    "callback_type": "pr_norm"}
         callback = lambda pr: history.append(pr * norm_c)  # noqa: E731
+    elif function is spla.lgmres:  # outer cycles of inner_m steps, counted as cycles
+        inner = min(int(options.get("inner_m") or 30), maxiter)
+        options = {**options, "inner_m": inner, "maxiter": math.ceil(maxiter / inner)}
+        callback = lambda xk: count.__setitem__(0, count[0] + 1)  # noqa: E731
     else:  # x-callbacks: count iterations; a true residual each would cost a product
         options = {**options, "maxiter": maxiter}
         callback = lambda xk: count.__setitem__(0, count[0] + 1)  # noqa: E731
@@ -60,6 +65,7 @@ def _pyamg_call(function: Callable, sample: Any, x0: Any, rtol: float, atol: flo
     norm_c = float(np.linalg.norm(sample.rhs))
     tol = max(rtol, atol / norm_c) if norm_c > 0 else max(atol, 1e-300)
     residuals: list[float] = []
+    maxiter = min(maxiter, sample.size)  # PyAMG's GMRES warns beyond N, which is exact
     x, info = function(sample.operator, sample.rhs, x0=x0, tol=tol, maxiter=maxiter,
                        residuals=residuals, **options)
     return x, info, residuals[1:], max(len(residuals) - 1, 0)
@@ -75,10 +81,16 @@ def _adapter(call: Callable, function: Callable, name: str) -> Callable[..., Sol
         maxiter = default_maxiter(system) if maxiter is None else int(maxiter)
         tol = Tolerance.of(system, rtol, atol)
         x = initial_guess(system, x0)
-        initial = float(column_norms(system.residual(x)).max())
         columns = [x] if system.nrhs is None else [x[:, i] for i in range(system.nrhs)]
+        initial = column_norms(system.residual(x))
+        done = tol.met(initial)
         infos, histories, iterations = [], [], []
-        for sample, column in zip(system.samples(), columns):
+        for sample, column, skip in zip(system.samples(), columns, done):
+            if skip:  # some libraries iterate even from the solution
+                infos.append(0)
+                histories.append([])
+                iterations.append(0)
+                continue
             with np.errstate(all="ignore"):
                 xi, info, history, its = call(function, sample, column, rtol, atol,
                                               maxiter, options)
@@ -94,7 +106,7 @@ def _adapter(call: Callable, function: Callable, name: str) -> Callable[..., Sol
                           "'bicgstab' (propop's, random shadow residual) or 'gmres'"
                           for s, i in enumerate(infos) if i < 0), "")
         return finish(system, x, tol=tol, iterations=max(iterations), levels=max(iterations),
-                      history=[initial] + _merge(histories), maxiter=maxiter,
+                      history=[float(initial.max())] + _merge(histories), maxiter=maxiter,
                       breakdown=breakdown, estimates=True,
                       info={"library_info": infos, "sample_iterations": iterations,
                             "sample_histories": histories})
@@ -114,7 +126,7 @@ def _merge(histories: list[list[float]]) -> list[float]:
 
 _SCIPY = {
     "gmres": (spla.gmres, "GMRES(restart=20); maxiter counts inner iterations"),
-    "lgmres": (spla.lgmres, "LGMRES; maxiter counts outer cycles of inner_m=30 steps"),
+    "lgmres": (spla.lgmres, "LGMRES(inner_m=30); iterations are outer cycles"),
     "bicgstab": (spla.bicgstab, "BiCGStab with shadow r0: breaks down on backward systems"),
     "cgs": (spla.cgs, "conjugate gradient squared"),
     "tfqmr": (spla.tfqmr, "transpose-free QMR"),

@@ -1,0 +1,93 @@
+"""The sequential reference FNN against PyTorch autograd and finite differences."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import propop as pp
+from cases import ACTIVATIONS, CASES, Case, relative_error, tolerance
+from reference import dense, torch_gradients
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_forward_backward_gradients_match_autograd(case):
+    net = case.net()
+    x, t = case.data()
+    trace = net.forward(x)
+    g = net.gradients(trace, net.backward(trace, pp.loss_gradient(trace.output, t)))
+    out, dW, db, dx = torch_gradients(net, x, t)
+    tol = tolerance(case.dtype)
+    assert trace.output.dtype == np.dtype(case.dtype)
+    assert relative_error(trace.output, out) < tol
+    for k in range(net.depth):
+        want = dW[k] * (dense(net.W[k]) != 0) if sp.issparse(net.W[k]) else dW[k]
+        assert relative_error(dense(g.W[k]), want) < tol, k
+        assert relative_error(g.b[k], db[k]) < tol, k
+    assert relative_error(g.x, dx) < tol
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_gradients_match_finite_differences(activation):
+    case = Case((4, 5, 3), activation=activation, r=2)
+    net, (x, t) = case.net(), case.data()
+    trace = net.forward(x)
+    g = net.gradients(trace, net.backward(trace, pp.loss_gradient(trace.output, t)))
+    h = 1e-6
+
+    def loss_with(W0=None, xx=x):
+        W = [net.W[0] if W0 is None else W0, net.W[1]]
+        other = pp.FNN(W, net.b, net.activations)
+        return pp.loss_value(other.forward(xx).output, t)
+
+    for i, j in [(0, 0), (2, 3), (4, 1)]:
+        E = np.zeros_like(net.W[0])
+        E[i, j] = h
+        fd = (loss_with(net.W[0] + E) - loss_with(net.W[0] - E)) / (2 * h)
+        assert abs(fd - g.W[0][i, j]) < 1e-6 * max(1, abs(fd)), (i, j)
+    e = np.zeros_like(x)
+    e[1, 1] = h
+    fd = (loss_with(xx=x + e) - loss_with(xx=x - e)) / (2 * h)
+    assert abs(fd - g.x[1, 1]) < 1e-6 * max(1, abs(fd))
+
+
+def test_sparse_gradient_lives_on_the_weight_pattern():
+    net = pp.FNN.random([12, 10, 6], density=0.3, seed=3)
+    x = np.random.default_rng(0).standard_normal((12, 5))
+    trace = net.forward(x)
+    g = net.gradients(trace, net.backward(trace, np.ones((6, 5))))
+    for Wk, gk in zip(net.W, g.W):
+        assert sp.issparse(gk)
+        np.testing.assert_array_equal(gk.indptr, Wk.indptr)
+        np.testing.assert_array_equal(gk.indices, Wk.indices)
+    full = pp.FNN([Wk.toarray() for Wk in net.W], net.b, net.activations)
+    tr = full.forward(x)
+    g_full = full.gradients(tr, full.backward(tr, np.ones((6, 5))))
+    for Wk, gk, gf in zip(net.W, g.W, g_full.W):
+        np.testing.assert_allclose(gk.toarray(), gf * (Wk.toarray() != 0), rtol=1e-13)
+
+
+@pytest.mark.parametrize("fmt", ["coo", "csc", "lil", "dia"])
+def test_any_sparse_format_is_accepted(fmt):
+    W = sp.random_array((4, 3), density=0.6, rng=1, format=fmt)
+    net = pp.FNN([W], activation="identity")
+    np.testing.assert_allclose(net.forward(np.ones(3)).output, W.toarray() @ np.ones(3))
+
+
+@pytest.mark.parametrize("activation", ["relu", "tanh", "identity"])
+def test_deep_random_net_neither_explodes_nor_vanishes(activation):
+    width, depth = 64, 256
+    net = pp.FNN.random([width] * (depth + 1), activation=activation, seed=0)
+    x = np.random.default_rng(1).standard_normal((width, 8))
+    trace = net.forward(x)
+    v = net.backward(trace, np.random.default_rng(2).standard_normal((width, 8)))
+    for name, ratio in [("forward", np.linalg.norm(trace.output) / np.linalg.norm(x)),
+                        ("backward", np.linalg.norm(v[0]) / np.linalg.norm(v[-1]))]:
+        assert 1e-3 < ratio < 1e3, (name, ratio)
+
+
+def test_random_respects_dtype_density_and_seed():
+    a = pp.FNN.random([6, 5, 4], density=0.5, seed=7, dtype="float32")
+    b = pp.FNN.random([6, 5, 4], density=0.5, seed=7, dtype="float32")
+    assert a.dtype == np.float32 and a.sparse and a.sizes == (6, 5, 4)
+    np.testing.assert_array_equal(a.W[0].toarray(), b.W[0].toarray())
+    assert abs(a.W[0].nnz / 30 - 0.5) < 0.1

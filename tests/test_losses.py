@@ -1,0 +1,46 @@
+"""Loss gradients against PyTorch, and their checks."""
+
+import numpy as np
+import pytest
+
+import propop as pp
+from reference import F, torch
+
+
+def test_mse_value_and_gradient():
+    z, t = np.array([[1.0, 2.0], [3.0, -1.0]]), np.array([[0.0, 2.0], [1.0, 1.0]])
+    np.testing.assert_array_equal(pp.loss_gradient(z, t), z - t)
+    assert pp.loss_value(z, t) == pytest.approx(0.5 * ((z - t) ** 2).sum())
+
+
+@pytest.mark.parametrize("labels", [True, False])
+@pytest.mark.parametrize("batch", [None, 4])
+def test_cross_entropy_matches_torch(labels, batch):
+    rng = np.random.default_rng(0)
+    shape = (5,) if batch is None else (5, batch)
+    z = rng.standard_normal(shape) * 3
+    if labels:
+        t = rng.integers(0, 5, size=shape[1:])
+        t_torch = torch.as_tensor(t).reshape(-1)
+    else:
+        t = rng.dirichlet(np.ones(5), size=shape[1:]).T if batch else rng.dirichlet(np.ones(5))
+        t_torch = torch.as_tensor(t.T if batch else t[None, :])
+    zt = torch.tensor(z.T if batch else z[None, :], requires_grad=True)
+    E = F.cross_entropy(zt, t_torch, reduction="sum")
+    E.backward()
+    grad = zt.grad.numpy()
+    np.testing.assert_allclose(pp.loss_gradient(z, t, "cross_entropy"),
+                               grad.T if batch else grad[0], rtol=1e-12, atol=1e-15)
+    assert pp.loss_value(z, t, "cross_entropy") == pytest.approx(E.item(), rel=1e-12)
+
+
+def test_loss_errors_name_the_problem():
+    z = np.zeros((3, 2))
+    with pytest.raises(ValueError, match=r"target has shape \(2, 3\), expected \(3, 2\)"):
+        pp.loss_gradient(z, np.zeros((2, 3)))
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\)"):
+        pp.loss_gradient(z, np.array([0, 3]), "cross_entropy")
+    with pytest.raises(ValueError, match="unknown loss 'hinge'"):
+        pp.loss_gradient(z, z, "hinge")
+    with pytest.raises(ValueError, match="target contains NaN"):
+        pp.loss_gradient(z, np.full((3, 2), np.nan))

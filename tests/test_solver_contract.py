@@ -1,0 +1,110 @@
+"""Every registered method, on every case (scikit-learn's ``check_estimator`` habit).
+
+A method newly registered is tested here without anyone writing a test for it.
+"""
+
+import numpy as np
+import pytest
+
+import propop as pp
+from cases import CASES, Case, relative_error, tolerance
+
+METHODS = [s.name for s in pp.solvers.available()]
+# Shadow residual r0: breakdown on systems whose rhs lives in one block (DESIGN section 1).
+# They may fail there, but must then say so.
+MAY_BREAK_DOWN = {"scipy.bicgstab", "scipy.cgs", "scipy.tfqmr", "pyamg.bicgstab"}
+
+
+def rtol_for(dtype):
+    return 1e-10 if dtype == "float64" else 1e-5
+
+
+def check_solution(method, system, reference, dtype):
+    sol = pp.solve(system, method, rtol=rtol_for(dtype))
+    assert isinstance(sol, pp.Solution) and sol.method == method
+    assert sol.x.shape == system.rhs.shape and sol.x.dtype == system.dtype
+    assert sol.residuals and all(isinstance(r, float) for r in sol.residuals)
+    assert sol.time > 0 and sol.levels >= 1
+    if not sol.converged:
+        assert method in MAY_BREAK_DOWN, sol.message
+        assert sol.status in (pp.Status.BREAKDOWN, pp.Status.MAX_ITER) and sol.message
+        return sol
+    exact = pp.solvers.info(method).exact
+    limit = tolerance(dtype) if exact else 1e3 * rtol_for(dtype)
+    assert relative_error(sol.x, np.concatenate(reference)) < limit
+    threshold = rtol_for(dtype) * np.linalg.norm(system.rhs, axis=0).max()
+    assert sol.residuals[-1] <= threshold * (1 + 1e-6)
+    return sol
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("method", METHODS)
+def test_backward_system(method, case):
+    net, trace, eps, v = case.problem()
+    check_solution(method, pp.backward_system(net, trace, eps), v, case.dtype)
+
+
+@pytest.mark.parametrize("case", CASES[:4], ids=lambda c: c.id)
+@pytest.mark.parametrize("method", METHODS)
+def test_forward_system_around_the_true_trace(method, case):
+    net, trace, _, _ = case.problem()
+    x, _ = case.data()
+    system = pp.forward_system(net, x, around=trace, linearization="newton")
+    check_solution(method, system, trace.z, case.dtype)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_shadow_r0_methods_do_break_down_on_backward_systems(method):
+    """The breakdown list above is a fact, not an excuse: check it is still needed."""
+    net, trace, eps, _ = Case((6, 6, 6, 6, 6), r=None).problem()
+    sol = pp.solve(pp.backward_system(net, trace, eps), method)
+    assert sol.converged == (method not in MAY_BREAK_DOWN), sol.message
+
+
+@pytest.mark.parametrize("method", [m for m in METHODS if not pp.solvers.info(m).exact])
+def test_nonconvergence_is_reported_and_check_raises(method):
+    net, trace, eps, _ = Case((6,) * 9, r=2).problem()
+    system = pp.backward_system(net, trace, eps)
+    sol = pp.solve(system, method, maxiter=1)
+    assert not sol.converged and sol.status is not pp.Status.CONVERGED
+    assert sol.message
+    if sol.status is pp.Status.MAX_ITER:
+        assert "maxiter=1" in sol.message and "substitution" in sol.message
+    with pytest.raises(pp.ConvergenceError, match=method.replace(".", r"\.")) as info:
+        pp.solve(system, method, maxiter=1, check=True)
+    assert info.value.solution.status is sol.status
+
+
+@pytest.mark.parametrize("method", [m for m in METHODS if not pp.solvers.info(m).exact])
+def test_starting_at_the_solution_takes_no_iteration(method):
+    net, trace, eps, v = Case((4, 5, 3), r=2).problem()
+    system = pp.backward_system(net, trace, eps)
+    sol = pp.solve(system, method, x0=np.concatenate(v))
+    assert sol.converged and sol.iterations == 0
+
+
+@pytest.mark.parametrize("method", ["jacobi", "richardson", "bicgstab", "scipy.gmres",
+                                    "scipy.bicgstab", "pyamg.gmres"])
+def test_callback_sees_iterates(method):
+    net, trace, eps, _ = Case((4, 5, 5, 3), r=2).problem()
+    seen = []
+    pp.solve(pp.backward_system(net, trace, eps), method, callback=lambda x: seen.append(1))
+    assert seen
+
+
+def test_jacobi_is_exact_after_nblocks_sweeps_and_not_before():
+    """Nilpotency: the residual vanishes at sweep nblocks, exactly."""
+    net, trace, eps, v = Case((5,) * 7, r=3).problem()
+    system = pp.backward_system(net, trace, eps)
+    sol = pp.solve(system, "jacobi", rtol=0.0)
+    assert sol.iterations == system.nblocks == 7
+    assert sol.residuals[-2] > 1e-6 * sol.residuals[0]
+    assert sol.residuals[-1] == 0.0
+    np.testing.assert_array_equal(sol.x, pp.solve(system, "substitution").x)
+
+
+def test_richardson_damping_trades_exactness_for_damping():
+    net, trace, eps, _ = Case((5,) * 5, r=None).problem()
+    system = pp.backward_system(net, trace, eps)
+    assert not pp.solve(system, "richardson", omega=0.5).converged
+    assert pp.solve(system, "richardson", omega=0.5, maxiter=200).converged

@@ -1,0 +1,118 @@
+"""TriangularSystem: explicit matrix, operator, forms, batches and views."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+
+import propop as pp
+from cases import CASES, Case, relative_error, tolerance
+
+
+def systems(case):
+    net, trace, eps, _ = case.problem()
+    x, _ = case.data()
+    return [pp.backward_system(net, trace, eps),
+            pp.forward_system(net, x, around=trace, linearization="secant"),
+            pp.forward_system(net, x, around=trace, linearization="newton")]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_operator_equals_matrix(case):
+    rng = np.random.default_rng(5)
+    for S in systems(case):
+        v = rng.standard_normal(S.shape[0]).astype(S.dtype)
+        M = S.matrix
+        tol = 10 * tolerance(case.dtype)
+        assert relative_error(S.operator @ v, M @ v) < tol
+        assert relative_error(S.operator.rmatvec(v), M.T @ v) < tol
+        V = rng.standard_normal(S.rhs.shape).astype(S.dtype)
+        flat = V if S.nrhs is None else V.T.reshape(-1)
+        assert relative_error(S.apply(V) if S.nrhs is None else S.apply(V).T.reshape(-1),
+                              M @ flat) < tol
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_matrix_solution_is_the_reference_propagation(case):
+    """A general sparse LU of the explicit matrix reproduces backward and forward passes."""
+    net, trace, eps, v = case.problem()
+    B, Fs, Fn = systems(case)
+    for S, reference in [(B, v), (Fs, trace.z), (Fn, trace.z)]:
+        rhs = S.rhs if S.nrhs is None else S.rhs.T.reshape(-1)
+        x = spla.spsolve(S.matrix.astype(np.float64).tocsc(), rhs.astype(np.float64))
+        x = x if S.nrhs is None else x.reshape(S.nrhs, S.size).T
+        assert relative_error(x, np.concatenate(reference)) < tolerance(case.dtype)
+
+
+def test_matrix_formats_and_structure():
+    dense = Case((4, 6, 8, 2)).problem()
+    sparse = Case((4, 6, 8, 2), density=0.5).problem()
+    B = pp.backward_system(*dense[:3])
+    assert B.matrix.format == "bsr" and B.matrix.blocksize == (2, 2)
+    assert pp.backward_system(*sparse[:3]).matrix.format == "csr"
+    assert not B.lower and B.nblocks == 4 and B.sizes == (4, 6, 8, 2) and B.nrhs == 3
+    assert B.shape == (3 * 20, 3 * 20)
+    A = B.sample(1).matrix.toarray()
+    assert np.allclose(np.tril(A, -1), 0) and np.allclose(np.diag(A), 1)
+    Fm = pp.forward_system(dense[0], Case((4, 6, 8, 2)).data()[0]).sample(0).matrix.toarray()
+    assert np.allclose(np.triu(Fm, 1), 0)
+
+
+def test_sample_is_a_view_and_split_gives_blocks():
+    net, trace, eps, _ = Case((5, 4, 3), r=4).problem()
+    B = pp.backward_system(net, trace, eps)
+    S = B.sample(2)
+    assert S.nrhs is None and S.rhs.shape == (12,)
+    assert np.shares_memory(S.rhs, B.rhs)
+    assert all(np.shares_memory(a, b) for a, b in zip(S.blocks.scale, B.blocks.scale)
+               if a is not None)
+    np.testing.assert_array_equal(S.rhs, B.rhs[:, 2])
+    assert [p.shape for p in B.split(B.rhs)] == [(5, 4), (4, 4), (3, 4)]
+    with pytest.raises(IndexError, match="sample 4 out of range for a batch of 4"):
+        B.sample(4)
+
+
+@pytest.mark.parametrize("activation", ["tanh", "softplus", "elu"])
+def test_paper_form_has_the_same_solution(activation):
+    case = Case((5, 6, 6, 4), activation=activation)
+    net, trace, eps, v = case.problem()
+    x, _ = case.data()
+    for scaled in [pp.backward_system(net, trace, eps),
+                   pp.forward_system(net, x, around=trace, linearization="newton")]:
+        paper = scaled.paper()
+        assert paper.form == "paper" and paper.blocks.scale[0] is None
+        assert paper.blocks.diagonal[1] is not None and scaled.blocks.diagonal[1] is None
+        x_paper = pp.solve(paper, "substitution").x
+        x_scaled = pp.solve(scaled, "substitution").x
+        assert relative_error(x_paper, x_scaled) < 1e-13
+        assert pp.solve(paper, "jacobi").converged
+
+
+def test_paper_form_backward_diagonal_is_one_over_derivative():
+    net, trace, eps, _ = Case((3, 4, 2), r=None).problem()
+    E = pp.backward_system(net, trace, eps, form="paper")
+    np.testing.assert_allclose(E.blocks.diagonal[1], 1 / net.activations[0].df(trace.y[0]))
+    np.testing.assert_allclose(E.split(E.rhs)[-1], eps)
+
+
+def test_forward_system_around_a_perturbed_trace_approaches_the_truth():
+    """The paper's approximate forward: the error shrinks as the trace nears the true one."""
+    case = Case((6, 8, 8, 8, 4), activation="tanh")
+    net, trace, _, _ = case.problem()
+    x, _ = case.data()
+    noise = [np.random.default_rng(k).standard_normal(y.shape) for k, y in enumerate(trace.y)]
+    errors = []
+    for delta in [1e-1, 1e-2, 1e-3, 0.0]:
+        around = [y + delta * n for y, n in zip(trace.y, noise)]
+        z = pp.solve(pp.forward_system(net, x, around=around), "substitution").x
+        errors.append(relative_error(z, np.concatenate(trace.z)))
+    assert errors[0] > errors[1] > errors[2] > 0 and errors[3] < 1e-14
+
+
+def test_batch_shares_one_product_per_layer():
+    """apply() never loops over samples: it equals the per-sample products."""
+    net, trace, eps, _ = Case((5, 7, 3), r=6).problem()
+    B = pp.backward_system(net, trace, eps)
+    V = np.random.default_rng(0).standard_normal(B.rhs.shape)
+    per_sample = np.stack([B.sample(i).apply(V[:, i]) for i in range(6)], axis=1)
+    np.testing.assert_allclose(B.apply(V), per_sample, rtol=1e-14)
