@@ -88,7 +88,8 @@ def finish(system: Any, x: Any, *, tol: Tolerance, iterations: int = 0,
     with ``estimates=True`` its last entry is replaced by the true final norm.
     """
     info = dict(info or {})
-    norms = column_norms(system.residual(x))
+    with backend.quiet(system.backend.xp):
+        norms = column_norms(system.residual(x))
     history = [float(h) for h in history]
     final = float(norms.max())
     if estimates and len(history) > 1:

@@ -1,0 +1,33 @@
+"""Backend dispatch: arrays decide; only propop/backend.py imports CuPy."""
+
+import pathlib
+import re
+
+import numpy as np
+import scipy.sparse as sp
+
+import propop as pp
+from propop import backend
+
+PACKAGE = pathlib.Path(pp.__file__).parent
+
+
+def test_numpy_and_scipy_arrays_select_the_cpu_backend():
+    be = backend.of(np.zeros(2), sp.eye_array(2), None)
+    assert be.name == "numpy" and be.xp is np and be.sparse is sp
+    assert backend.namespace(np.ones(1)) is np
+    assert backend.is_sparse(sp.eye_array(2)) and not backend.is_sparse(np.eye(2))
+    assert backend.to_host(np.arange(3)) is not None
+
+
+def test_only_backend_module_imports_cupy():
+    offenders = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                 if p.name != "backend.py"
+                 and re.search(r"^\s*(import|from)\s+cupy", p.read_text(), re.M)]
+    assert offenders == []
+
+
+def test_declared_backends_of_array_generic_methods():
+    generic = {s.name for s in pp.solvers.available() if "cupy" in s.backends}
+    assert {"substitution", "jacobi", "richardson", "bicgstab"} <= generic
+    assert not any(name.startswith(("scipy.", "pyamg.")) for name in generic)

@@ -1,0 +1,62 @@
+"""The ``propop`` command: tables, the demo, and one-line errors with exit status 2."""
+
+import subprocess
+import sys
+
+import pytest
+
+import propop as pp
+from propop import cli
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "propop", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_solvers_lists_the_registry(capsys):
+    assert cli.main(["solvers"]) == 0
+    out = capsys.readouterr().out
+    for s in pp.solvers.available():
+        assert f"| {s.name} | {s.kind} |" in out
+
+
+def test_run_prints_a_row_per_method_with_small_errors(capsys):
+    assert cli.main(["run", "--layers", "3", "--width", "8", "--batch", "2", "--repeats", "1",
+                     "--method", "substitution,jacobi,scipy.gmres"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "CONVERGED" in line]
+    assert len(rows) == 3
+    assert "| substitution | yes | CONVERGED | 0 | 4 |" in out
+    errors = [float(row.split("|")[6]) for row in rows]
+    assert max(errors) < 1e-9
+
+
+def test_experiment_rows_against_the_reference():
+    rows = cli.experiment(layers=2, width=6, batch=3, methods=["substitution", "bicgstab"],
+                          repeats=1, density=0.5, dtype="float32")
+    assert [r.method for r in rows] == ["substitution", "bicgstab"]
+    assert rows[0].error < 1e-5 and rows[0].levels == 3 and rows[1].iterations >= 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "--method", "nope"], "unknown solver 'nope'"),
+    (["run", "--layers", "0"], "must be >= 1"),
+    (["run", "--density", "1.5"], "must lie in (0, 1]"),
+    (["run", "--activation", "swish"], "invalid choice: 'swish'"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_bad_arguments_give_one_line_and_exit_2(args, message):
+    result = run(*args)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
+
+
+def test_demo_runs_every_method_quickly():
+    result = run("demo")
+    assert result.returncode == 0, result.stderr
+    for s in pp.solvers.available():
+        assert f"| {s.name} |" in result.stdout
+    assert "| substitution | yes | CONVERGED |" in result.stdout

@@ -1,0 +1,128 @@
+"""Bad input fails loudly, with a message that names the culprit."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import propop as pp
+from cases import Case
+
+
+def test_mismatched_layer_sizes_name_the_layer():
+    with pytest.raises(ValueError, match=r"layer 1: W\[1\] has shape \(2, 5\), expected "
+                                         r"\(2, 4\) to follow layer 0's width 4"):
+        pp.FNN([np.ones((4, 3)), np.ones((2, 5))])
+
+
+def test_bias_shape_names_the_layer():
+    with pytest.raises(ValueError, match=r"layer 0: b\[0\] has shape \(3,\), expected \(4,\)"):
+        pp.FNN([np.ones((4, 3))], [np.ones(3)])
+
+
+@pytest.mark.parametrize("where", ["W", "b", "sparse W"])
+def test_nan_and_inf_in_parameters_are_rejected(where):
+    W = [np.ones((3, 3)), np.ones((2, 3))]
+    b = [np.zeros(3), np.zeros(2)]
+    if where == "W":
+        W[1][1, 2] = np.nan
+        pattern = r"layer 1: W\[1\] contains NaN or Inf \(first at index \(1, 2\)\)"
+    elif where == "b":
+        b[0][2] = np.inf
+        pattern = r"layer 0: b\[0\] contains NaN or Inf \(first at index \(2,\)\)"
+    else:
+        W[0] = sp.csr_array(np.diag([1.0, np.inf, 1.0]))
+        pattern = r"layer 0: W\[0\] contains NaN or Inf \(first at index \(1, 1\)\)"
+    with pytest.raises(ValueError, match=pattern):
+        pp.FNN(W, b)
+
+
+def test_bad_input_and_eps():
+    net = pp.FNN.random([3, 4, 2])
+    with pytest.raises(ValueError, match=r"x has shape \(4, 2\), expected \(3,\) or \(3, r\)"):
+        net.forward(np.ones((4, 2)))
+    with pytest.raises(ValueError, match=r"x contains NaN or Inf \(first at index \(1, 0\)\)"):
+        net.forward(np.array([[0.0], [np.nan], [0.0]]))
+    trace = net.forward(np.ones((3, 2)))
+    with pytest.raises(ValueError, match=r"eps has shape \(2,\), expected \(2, 2\)"):
+        net.backward(trace, np.ones(2))
+    with pytest.raises(ValueError, match="eps contains NaN"):
+        pp.backward_system(net, trace, np.full((2, 2), np.inf))
+
+
+def test_unknown_names_list_the_known_ones():
+    with pytest.raises(KeyError, match="unknown activation 'rleu'; known: .*relu"):
+        pp.FNN([np.ones((2, 2))], activation="rleu")
+    net, trace, eps, _ = Case((3, 2)).problem()
+    with pytest.raises(KeyError, match="unknown solver 'gmress'; known: .*scipy.gmres"):
+        pp.solve(pp.backward_system(net, trace, eps), "gmress")
+    with pytest.raises(ValueError, match="unknown linearization 'tangent'"):
+        pp.forward_system(net, np.ones((3, 3)), linearization="tangent")
+    with pytest.raises(ValueError, match="unknown form 'unscaled'"):
+        pp.backward_system(net, trace, eps, form="unscaled")
+
+
+def test_structure_errors():
+    with pytest.raises(ValueError, match="W must be a non-empty sequence"):
+        pp.FNN([])
+    with pytest.raises(ValueError, match=r"W\[0\] has 1 dimensions, expected a 2-D matrix"):
+        pp.FNN([np.ones(3)])
+    with pytest.raises(ValueError, match="got 1 activations for 2 layers"):
+        pp.FNN([np.ones((2, 2))] * 2, activation=["tanh"])
+    with pytest.raises(ValueError, match="density must lie in"):
+        pp.FNN.random([3, 3], density=0)
+
+
+def test_a_non_square_block_in_the_wrong_place_is_named():
+    c = np.zeros(5)
+    with pytest.raises(ValueError, match=r"coupling 0 \(block row 1, column 0\) has shape "
+                                         r"\(2, 2\), expected \(2, 3\)"):
+        pp.TriangularSystem([np.ones((2, 2))], [None, None], c, lower=True, sizes=(3, 2))
+
+
+def test_paper_form_that_does_not_exist_names_layer_and_entry():
+    W = [np.eye(2), np.eye(2)]
+    net = pp.FNN(W, activation="relu")
+    trace = net.forward(np.array([1.0, -1.0]))  # second unit of layer 0 is off: f'(y) = 0
+    with pytest.raises(ValueError, match=r"v\[1\] \(layer 0, W\[0\]\): form='paper' needs "
+                                         r"the diagonal 1/s, but s = 0 at entry 1.*f'\(y\) = 0"):
+        pp.backward_system(net, trace, np.ones(2), form="paper")
+    with pytest.raises(ValueError, match=r"z\[1\] \(layer 0, W\[0\]\).*entry 1 of sample 0"):
+        pp.forward_system(net, np.array([[1.0], [-1.0]]),
+                          around=net.forward(np.array([[1.0], [-1.0]])), form="paper")
+    sig = pp.FNN([np.eye(2)], activation="sigmoid")
+    with pytest.raises(ValueError, match=r"y = 0 with f\(0\) != 0"):
+        pp.forward_system(sig, np.zeros(2), around=[np.zeros(2)], form="paper")
+
+
+def test_around_of_the_wrong_shape():
+    net = pp.FNN.random([3, 4, 2])
+    with pytest.raises(ValueError, match=r"layer 1: around.y\[1\] has shape \(2,\), "
+                                         r"expected \(2, 5\)"):
+        pp.forward_system(net, np.ones((3, 5)), around=[np.ones((4, 5)), np.ones(2)])
+
+
+def test_bad_solver_options():
+    net, trace, eps, _ = Case((3, 2)).problem()
+    B = pp.backward_system(net, trace, eps)
+    with pytest.raises(ValueError, match="rtol must be >= 0"):
+        pp.solve(B, "jacobi", rtol=-1)
+    with pytest.raises(ValueError, match="maxiter must be an integer >= 1, got 0"):
+        pp.solve(B, "bicgstab", maxiter=0)
+    with pytest.raises(ValueError, match=r"x0 has shape \(5,\), expected \(5, 3\)"):
+        pp.solve(B, "scipy.gmres", x0=np.zeros(5))
+    with pytest.raises(ValueError, match=r"omega must lie in \(0, 2\)"):
+        pp.solve(B, "richardson", omega=2.5)
+    with pytest.raises(ValueError, match="shadow must be one of"):
+        pp.solve(B, "bicgstab", shadow="zero")
+
+
+def test_overflow_in_long_jacobian_products_is_reported_not_returned():
+    net = pp.FNN([1e30 * np.eye(3)] * 12, activation="identity")
+    trace_x = np.ones(3) * 1e-300  # forward stays finite; backward products overflow
+    trace = net.forward(trace_x)
+    B = pp.backward_system(net, trace, np.ones(3))
+    sol = pp.solve(B, "substitution")
+    assert sol.status is pp.Status.NONFINITE and not sol.converged
+    assert "first in v[1]" in sol.message and "overflowed" in sol.message
+    with pytest.raises(pp.ConvergenceError, match="non-finite"):
+        pp.backprop(net, trace_x, np.zeros(3))

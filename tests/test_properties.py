@@ -1,0 +1,41 @@
+"""Property tests over random shapes (hypothesis): every exact path agrees."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import propop as pp
+from cases import ACTIVATIONS, Case, relative_error
+
+cases = st.builds(
+    Case,
+    sizes=st.lists(st.integers(1, 6), min_size=2, max_size=6).map(tuple),
+    activation=st.sampled_from(ACTIVATIONS),
+    density=st.sampled_from([1.0, 0.5]),
+    r=st.sampled_from([None, 1, 2, 4]),
+    seed=st.integers(0, 1000),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(cases)
+def test_substitution_jacobi_and_matrix_agree_with_the_reference(case):
+    net, trace, eps, v = case.problem()
+    reference = np.concatenate(v)
+    B = pp.backward_system(net, trace, eps)
+    assert relative_error(pp.solve(B, "substitution").x, reference) < 1e-12
+    jac = pp.solve(B, "jacobi")
+    assert jac.converged and jac.iterations <= B.nblocks
+    assert relative_error(jac.x, reference) < 1e-12
+    u = np.random.default_rng(case.seed).standard_normal(B.shape[0])
+    assert relative_error(B.operator @ u, B.matrix @ u) < 1e-13
+
+
+@settings(max_examples=40, deadline=None)
+@given(cases)
+def test_forward_system_around_the_true_trace_is_exact(case):
+    net, trace, _, _ = case.problem()
+    x, _ = case.data()
+    for linearization in ("secant", "newton"):
+        F = pp.forward_system(net, x, around=trace, linearization=linearization)
+        assert relative_error(pp.solve(F).x, np.concatenate(trace.z)) < 1e-12

@@ -1,0 +1,75 @@
+"""The solver registry: registration, look-up, listing, entry points, custom functions."""
+
+import importlib.metadata
+import sys
+import types
+
+import numpy as np
+import pytest
+
+import propop as pp
+from propop.solvers import registry
+from cases import Case
+
+EXPECTED = {"substitution", "scipy.spsolve_triangular", "jacobi", "richardson", "bicgstab",
+            "scipy.gmres", "scipy.lgmres", "scipy.bicgstab", "scipy.cgs", "scipy.tfqmr",
+            "pyamg.gmres", "pyamg.fgmres", "pyamg.bicgstab"}
+
+
+def test_every_method_of_the_foundation_is_registered():
+    infos = pp.solvers.available()
+    assert EXPECTED <= {s.name for s in infos}
+    for s in infos:
+        assert s.kind in pp.solvers.KINDS and s.description and callable(s.function)
+        assert set(s.backends) <= {"numpy", "cupy"}
+    assert pp.solvers.info("substitution").exact and not pp.solvers.info("jacobi").exact
+
+
+def test_register_rejects_duplicates_and_bad_kinds():
+    with pytest.raises(ValueError, match="solver 'jacobi' is already registered"):
+        pp.solvers.register("jacobi", kind="iterative", exact=False)(lambda s: None)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        pp.solvers.register("x", kind="magic", exact=False)
+    with pytest.raises(ValueError, match="unknown backends"):
+        pp.solvers.register("x", kind="direct", exact=True, backends=("tpu",))
+
+
+def test_a_registered_function_is_solved_with_by_name_and_raises_on_failure():
+    @pp.solvers.register("test.never", kind="iterative", exact=False)
+    def never(system, **options):
+        """Returns the zero vector and admits it."""
+        return pp.Solution(x=np.zeros_like(system.rhs), status=pp.Status.MAX_ITER,
+                           message="gave up")
+
+    net, trace, eps, _ = Case((3, 2)).problem()
+    B = pp.backward_system(net, trace, eps)
+    assert pp.solvers.info("test.never").description == "Returns the zero vector and admits it."
+    assert pp.solve(B, "test.never").method == "test.never"
+    with pytest.raises(pp.ConvergenceError, match="test.never: gave up"):
+        pp.solve(B, "test.never", check=True)
+    registry._REGISTRY.pop("test.never")
+
+
+def test_a_plain_function_can_be_passed_as_method():
+    net, trace, eps, v = Case((3, 4, 2)).problem()
+    B = pp.backward_system(net, trace, eps)
+    sol = pp.solve(B, pp.solvers.get("substitution"))
+    assert sol.method == "substitution" and sol.converged
+
+
+def test_entry_points_are_loaded_on_first_look_up(monkeypatch):
+    module = types.ModuleType("propop_plugin_test")
+
+    def load():
+        pp.solvers.register("plugin.direct", kind="direct", exact=True)(
+            pp.solvers.get("substitution"))
+        return module
+
+    point = types.SimpleNamespace(load=load, name="plugin")
+    monkeypatch.setattr(registry, "_ENTRY_POINTS_LOADED", False)
+    monkeypatch.setattr(registry, "entry_points",
+                        lambda group: [point] if group == "propop.solvers" else [])
+    monkeypatch.setitem(sys.modules, "propop_plugin_test", module)
+    assert "plugin.direct" in {s.name for s in pp.solvers.available()}
+    registry._REGISTRY.pop("plugin.direct")
+    assert importlib.metadata.entry_points  # the real look-up stays importable
