@@ -20,7 +20,9 @@ def rtol_for(dtype):
 
 
 def check_solution(method, system, reference, dtype):
-    sol = pp.solve(system, method, rtol=rtol_for(dtype))
+    exact = pp.solvers.info(method).exact
+    options = {"verify": True} if exact else {}
+    sol = pp.solve(system, method, rtol=rtol_for(dtype), **options)
     assert isinstance(sol, pp.Solution) and sol.method == method
     assert sol.x.shape == system.rhs.shape and sol.x.dtype == system.dtype
     assert sol.residuals and all(isinstance(r, float) for r in sol.residuals)
@@ -29,7 +31,6 @@ def check_solution(method, system, reference, dtype):
         assert method in MAY_BREAK_DOWN, sol.message
         assert sol.status in (pp.Status.BREAKDOWN, pp.Status.MAX_ITER) and sol.message
         return sol
-    exact = pp.solvers.info(method).exact
     limit = tolerance(dtype) if exact else 1e3 * rtol_for(dtype)
     assert relative_error(sol.x, np.concatenate(reference)) < limit
     threshold = rtol_for(dtype) * np.linalg.norm(system.rhs, axis=0).max()
@@ -108,3 +109,13 @@ def test_richardson_damping_trades_exactness_for_damping():
     system = pp.backward_system(net, trace, eps)
     assert not pp.solve(system, "richardson", omega=0.5).converged
     assert pp.solve(system, "richardson", omega=0.5, maxiter=200).converged
+
+
+@pytest.mark.parametrize("method", [m for m in METHODS if pp.solvers.info(m).exact])
+def test_direct_methods_verify_only_on_request(method):
+    net, trace, eps, v = Case((4, 5, 3), r=2).problem()
+    system = pp.backward_system(net, trace, eps)
+    fast = pp.solve(system, method)
+    assert fast.converged and fast.info["verified"] is False and len(fast.residuals) == 1
+    checked = pp.solve(system, method, verify=True)
+    assert checked.info["verified"] and checked.residuals[-1] < 1e-13 * checked.residuals[0]

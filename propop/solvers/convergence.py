@@ -37,8 +37,8 @@ def default_maxiter(system: Any) -> int:
 def column_norms(R: Any) -> np.ndarray:
     """Euclidean norm of each column (one entry for a vector), as host floats."""
     xp = backend.namespace(R)
-    norms = xp.linalg.norm(R, axis=0) if R.ndim == 2 else xp.linalg.norm(R)[None]
-    return np.asarray(backend.to_host(norms), dtype=float)
+    squares = xp.einsum("ij,ij->j", R, R) if R.ndim == 2 else (R @ R)[None]
+    return np.sqrt(np.asarray(backend.to_host(squares), dtype=float))
 
 
 @dataclass(frozen=True)
@@ -78,23 +78,28 @@ def _first_nonfinite(system: Any, x: Any) -> str:
     return "the solution"
 
 
-def finish(system: Any, x: Any, *, tol: Tolerance, iterations: int = 0,
+def finish(system: Any, x: Any, *, tol: Tolerance | None, iterations: int = 0,
            history: Sequence[float] = (), levels: int = 0, info: dict | None = None,
-           maxiter: int | None = None, breakdown: str = "", estimates: bool = False
-           ) -> Solution:
+           maxiter: int | None = None, breakdown: str = "", estimates: bool = False,
+           verify: bool = True) -> Solution:
     """Build the :class:`Solution`: status from the true residual, never silent.
 
     ``history`` holds the residual norms the method recorded (initial first);
     with ``estimates=True`` its last entry is replaced by the true final norm.
+    ``verify=False`` (for exact direct methods, whose residual costs as much as
+    the solve) only checks that ``x`` is finite; ``residuals`` then holds the
+    initial norm alone and ``info["verified"]`` is ``False``.
     """
-    info = dict(info or {})
+    info = dict(info or {}, verified=verify)
+    if not verify:
+        return _unverified(system, x, levels, info)
     with backend.quiet(system.backend.xp):
         norms = column_norms(system.residual(x))
-    history = [float(h) for h in history]
+    history = [float(h) for h in history] or [float(column_norms(system.rhs).max())]
     final = float(norms.max())
     if estimates and len(history) > 1:
         history[-1] = final
-    elif not history or history[-1] != final:
+    elif history[-1] != final or len(history) == 1:
         history.append(final)
     info.update(residual_estimates=estimates, sample_residuals=norms)
     met = tol.met(norms)
@@ -104,14 +109,27 @@ def finish(system: Any, x: Any, *, tol: Tolerance, iterations: int = 0,
     elif breakdown:
         status, message = Status.BREAKDOWN, breakdown
     elif not np.isfinite(norms).all() or not bool(system.backend.xp.isfinite(x).all()):
-        status, message = Status.NONFINITE, (
-            f"non-finite values, first in {_first_nonfinite(system, x)} in solve order: a "
-            "long product of Jacobians overflowed or the iteration diverged; check the "
-            "weights' scale, use float64, or a direct method such as 'substitution'")
+        status, message = Status.NONFINITE, _nonfinite_message(system, x)
     else:
         status, message = Status.MAX_ITER, _max_iter_message(system, tol, norms, maxiter)
     return Solution(x=x, status=status, message=message, iterations=iterations,
                     residuals=tuple(history), levels=levels, info=info)
+
+
+def _unverified(system: Any, x: Any, levels: int, info: dict) -> Solution:
+    initial = (float(column_norms(system.rhs).max()),)
+    if bool(system.backend.xp.isfinite(x).all()):
+        return Solution(x=x, status=Status.CONVERGED, message="solved exactly (unverified: "
+                        "pass verify=True for the true residual)", residuals=initial,
+                        levels=levels, info=info)
+    return Solution(x=x, status=Status.NONFINITE, message=_nonfinite_message(system, x),
+                    residuals=initial, levels=levels, info=info)
+
+
+def _nonfinite_message(system: Any, x: Any) -> str:
+    return (f"non-finite values, first in {_first_nonfinite(system, x)} in solve order: a "
+            "long product of Jacobians overflowed or the iteration diverged; check the "
+            "weights' scale, use float64, or a direct method such as 'substitution'")
 
 
 def _max_iter_message(system: Any, tol: Tolerance, norms: np.ndarray,

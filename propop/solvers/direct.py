@@ -15,13 +15,15 @@ __all__ = ["substitution", "spsolve_triangular"]
 
 
 @register("substitution", kind="direct", exact=True, backends=("numpy", "cupy"))
-def substitution(system: Any, *, rtol: float = 1e-10, atol: float = 0.0, **ignored: Any
-                 ) -> Solution:
+def substitution(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
+                 verify: bool = False, **ignored: Any) -> Solution:
     """Block forward/back substitution: the sequential baseline (eqs. def_forw_prop2, def_back_prop2).
 
     Block row ``k`` is ``x_k = (c_k + s_k * (M x_nbr)) / d_k``; one product with
     the shared coupling matrix serves all samples. ``levels`` is the number of
-    blocks, each a sequential step. ``rtol``/``atol`` only judge the result.
+    blocks, each a sequential step. With ``verify=True`` the true residual is
+    computed (as costly as the solve) and judged by ``rtol``/``atol``; otherwise
+    only finiteness is checked: overflow is reported, never returned.
     """
     check_options(rtol, atol, None)
     B = system.blocks
@@ -39,15 +41,17 @@ def substitution(system: Any, *, rtol: float = 1e-10, atol: float = 0.0, **ignor
                 xs[k][...] = product + B.rhs[k]
             if B.diagonal[k] is not None:
                 xs[k] /= B.diagonal[k]
-    return finish(system, x, tol=Tolerance.of(system, rtol, atol), levels=system.nblocks)
+    tol = Tolerance.of(system, rtol, atol) if verify else None
+    return finish(system, x, tol=tol, levels=system.nblocks, verify=verify)
 
 
 @register("scipy.spsolve_triangular", kind="direct", exact=True)
 def spsolve_triangular(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
-                       **ignored: Any) -> Solution:
+                       verify: bool = False, **ignored: Any) -> Solution:
     """SciPy's ``spsolve_triangular`` on the explicit matrix (all samples in one call).
 
-    Row by row: ``levels`` is the number of unknowns of a sample.
+    Row by row: ``levels`` is the number of unknowns of a sample. ``verify`` as
+    for :func:`substitution`.
     """
     check_options(rtol, atol, None)
     matrix = system.matrix.tocsr()
@@ -55,5 +59,7 @@ def spsolve_triangular(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
     x = scipy_solve(matrix, rhs, lower=system.lower)  # the diagonal is stored, even ones
     if system.nrhs is not None:
         x = x.reshape(system.nrhs, system.size).T
-    return finish(system, x, tol=Tolerance.of(system, rtol, atol), levels=system.size,
-                  info={"matrix_format": system.matrix.format, "nnz": matrix.nnz})
+    tol = Tolerance.of(system, rtol, atol) if verify else None
+    return finish(system, x, tol=tol, levels=system.size,
+                  info={"matrix_format": system.matrix.format, "nnz": matrix.nnz},
+                  verify=verify)

@@ -23,10 +23,10 @@ def _fnn_backward(net: FNN, trace: Trace, eps: Any, *, form: str = "scaled") -> 
     xp = net.backend.xp
     eps = net.check_eps(trace, eps)
     slopes = [act.df(y) for act, y in zip(net.activations, trace.y)]
-    rhs = [xp.zeros((n,) + eps.shape[1:], dtype=net.dtype) for n in net.sizes[:-1]]
-    rhs.append(slopes[-1] * eps)
+    rhs = xp.zeros((sum(net.sizes),) + eps.shape[1:], dtype=net.dtype)
+    xp.multiply(slopes[-1], eps, out=rhs[-net.sizes[-1]:])
     return TriangularSystem(
-        [Wk.T for Wk in net.W], [None] + slopes, xp.concatenate(rhs),
+        [Wk.T for Wk in net.W], [None] + slopes, rhs,
         lower=False, sizes=net.sizes, form=form, names=_names("v", net.depth),
         paper_hint=", where f'(y) = 0 so that E = 1/f'(y) does not exist",
     )

@@ -1,0 +1,82 @@
+"""Timing and reporting shared by the benchmarks: warm-up, median of >= 5, machine facts."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyamg
+import scipy
+
+RESULTS = pathlib.Path(__file__).parent / "results"
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def median_times(functions: dict[str, Callable[[], Any]], repeats: int = 7,
+                 warmup: int = 1) -> dict[str, float]:
+    """Median wall-clock seconds of each function over ``repeats`` rounds.
+
+    The functions run round-robin after ``warmup`` calls each, so slow phases
+    of a noisy machine hit every contender alike and ratios stay fair.
+    """
+    if repeats < 5:
+        raise ValueError(f"repeats must be >= 5 for a trustworthy median, got {repeats}")
+    for function in functions.values():
+        for _ in range(warmup):
+            function()
+    times: dict[str, list[float]] = {name: [] for name in functions}
+    for _ in range(repeats):
+        for name, function in functions.items():
+            start = time.perf_counter()
+            function()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def _blas() -> str:
+    try:
+        config = np.show_config(mode="dicts")
+        blas = config["Build Dependencies"]["blas"]
+        return f"{blas.get('name')} {blas.get('version')}"
+    except (TypeError, KeyError):
+        return "unknown"
+
+
+def environment() -> dict[str, Any]:
+    """The machine, thread settings and library versions of this run."""
+    return {
+        "machine": f"{platform.machine()} {platform.processor() or platform.system()}",
+        "cpu_count": os.cpu_count(),
+        "threads": {name: os.environ.get(name, "unset") for name in THREAD_VARIABLES},
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "blas": _blas(),
+        "scipy": scipy.__version__,
+        "pyamg": pyamg.__version__,
+    }
+
+
+def describe(env: dict[str, Any]) -> str:
+    """One line for a table caption."""
+    threads = ", ".join(f"{k}={v}" for k, v in env["threads"].items())
+    return (f"{env['machine']}, {env['cpu_count']} cores ({threads}); Python {env['python']}, "
+            f"NumPy {env['numpy']} ({env['blas']}), SciPy {env['scipy']}, "
+            f"PyAMG {env['pyamg']}")
+
+
+def save(name: str, rows: list[dict[str, Any]], table: str) -> pathlib.Path:
+    """Write ``results/<name>.json`` (rows and environment) and ``results/<name>.md``."""
+    RESULTS.mkdir(exist_ok=True)
+    env = environment()
+    (RESULTS / f"{name}.json").write_text(json.dumps({"environment": env, "rows": rows},
+                                                     indent=2, default=str) + "\n")
+    path = RESULTS / f"{name}.md"
+    path.write_text(f"{table}\n\nMeasured on {describe(env)}.\n")
+    return path
