@@ -49,7 +49,7 @@ def gradient_error(g: Any, reference: Any) -> float:
 
 def experiment(layers: int = 6, width: int = 256, batch: int = 32, activation: str = "tanh",
                density: float = 1.0, methods: Sequence[str] | None = None,
-               dtype: str = "float64", seed: int = 0, repeats: int = 3) -> list[Row]:
+               dtype: str = "float64", seed: int = 0, repeats: int = 5) -> list[Row]:
     """Backward pass of a random FNN through each method, against the sequential reference.
 
     Each method runs once to warm up, then ``repeats`` times; the median time
@@ -142,7 +142,7 @@ def _parser() -> _Parser:
                      help="comma-separated solver names (default: all)")
     run.add_argument("--dtype", default="float64", choices=["float64", "float32"])
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--repeats", type=_positive, default=3)
+    run.add_argument("--repeats", type=_positive, default=5)
     return parser
 
 
@@ -154,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_solvers_table())
         return 0
     settings = dict(layers=6, width=256, batch=32, activation="tanh", density=1.0,
-                    methods=None, dtype="float64", seed=0, repeats=3)
+                    methods=None, dtype="float64", seed=0, repeats=5)
     if args.command == "run":
         settings.update(layers=args.layers, width=args.width, batch=args.batch,
                         activation=args.activation, density=args.density, dtype=args.dtype,

@@ -1,0 +1,21 @@
+"""The README's example runs and its claims hold."""
+
+import pathlib
+import re
+
+README = pathlib.Path(__file__).parents[1] / "README.md"
+
+
+def test_readme_starts_with_the_two_commands():
+    lines = [line.strip() for line in README.read_text().splitlines() if line.strip()]
+    assert lines[1] == "pip install -e . && propop demo"
+    assert lines[2] == 'pip install -e ".[test]" && python -m pytest'
+
+
+def test_readme_example_runs(capsys):
+    code = re.search(r"```python\n(.*?)```", README.read_text(), re.S).group(1)
+    exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "status=CONVERGED" in out
+    assert out.splitlines()[1].endswith(" 4")  # Jacobi: exact after l + 1 = 4 sweeps
+    assert float(out.splitlines()[2].split()[1]) < 1e-12
