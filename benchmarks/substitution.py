@@ -30,6 +30,7 @@ def numpy_loop(net: pp.FNN, trace: pp.Trace, eps: np.ndarray) -> list[np.ndarray
 
 
 def measure(layers: int, width: int, batch: int, density: float) -> dict:
+    """Times of the loop, of the solve, and of building plus solving, in one run."""
     net = pp.FNN.random([width] * (layers + 1), activation="tanh", density=density, seed=0)
     rng = np.random.default_rng(1)
     trace = net.forward(rng.standard_normal((width, batch)))
@@ -49,6 +50,7 @@ def measure(layers: int, width: int, batch: int, density: float) -> dict:
 
 
 def main() -> None:
+    """Measure every case, print the Markdown table and save the results."""
     rows = [measure(*case) for case in CASES]
     lines = ["| l | n | r | density | NumPy loop [ms] | solve [ms] | solve / loop "
              "| build + solve / loop |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]

@@ -1,3 +1,5 @@
+"""Notebook 1: forward and backward propagation are triangular solves."""
+
 # %% [markdown]
 # # Forward and backward propagation are triangular solves
 #

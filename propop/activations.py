@@ -61,6 +61,7 @@ class Activation:
     description: str = ""
 
     def __call__(self, y: Any) -> Any:
+        """``f(y)``."""
         return self.f(y)
 
     def secant(self, y: Any) -> tuple[Any, Any]:

@@ -1,5 +1,6 @@
-"""Loss functions and their gradients at the output layer (paper eqs. def_loss_component,
-gradient_z_output_layer).
+"""Loss functions and their gradients at the output layer.
+
+Paper eqs. def_loss_component, def_loss_softmax and gradient_z_output_layer.
 
 Samples are columns: ``output`` is ``(m,)`` or ``(m, r)``. Losses are sums over
 samples (the paper's Delta-W-bar convention); divide by ``r`` for a mean.

@@ -1,4 +1,4 @@
-"""Activations: f and f' against PyTorch and finite differences; linearisations exact at the point."""
+"""Activations: f and f' against PyTorch and finite differences; exact linearisations."""
 
 import numpy as np
 import pytest

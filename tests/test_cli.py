@@ -39,7 +39,7 @@ def test_experiment_rows_against_the_reference():
     assert rows[0].error < 1e-5 and rows[0].levels == 3 and rows[1].iterations >= 1
 
 
-@pytest.mark.parametrize("args, message", [
+@pytest.mark.parametrize(("args", "message"), [
     (["run", "--method", "nope"], "unknown solver 'nope'"),
     (["run", "--layers", "0"], "must be >= 1"),
     (["run", "--density", "1.5"], "must lie in (0, 1]"),

@@ -1,4 +1,4 @@
-"""The one-liners: backprop through any solver against PyTorch; Newton forward against the reference."""
+"""The one-liners: backprop against PyTorch, Newton forward against the reference."""
 
 import numpy as np
 import pytest

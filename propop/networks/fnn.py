@@ -187,10 +187,10 @@ class FNN:
         ``v[k] = f'_k(y) * (W[k]^T v[k+1])`` for ``k = 1..l-1``, ``v[0] = W[0]^T v[1]``.
         """
         eps = self.check_eps(trace, eps)
-        l = self.depth
-        v = [None] * (l + 1)
-        v[l] = self.activations[l - 1].df(trace.y[l - 1]) * eps
-        for k in range(l - 1, -1, -1):
+        depth = self.depth
+        v = [None] * (depth + 1)
+        v[depth] = self.activations[-1].df(trace.y[-1]) * eps
+        for k in range(depth - 1, -1, -1):
             v[k] = self.W[k].T @ v[k + 1]
             if k > 0:
                 v[k] *= self.activations[k - 1].df(trace.y[k - 1])
@@ -204,8 +204,9 @@ class FNN:
         return eps.astype(self.dtype, copy=False)
 
     def gradients(self, trace: Trace, v: Sequence[Any]) -> Gradients:
-        """Weight, bias and input gradients from the errors ``v`` (eqs.
-        gradient_w_hidden_layer, gradient_b_hidden_layer), summed over samples.
+        """Weight, bias and input gradients from the errors ``v``, summed over samples.
+
+        Eqs. gradient_w_hidden_layer and gradient_b_hidden_layer.
 
         A sparse ``W[k]`` gets a sparse gradient on its own pattern.
         """

@@ -38,8 +38,9 @@ class Trace:
 
 @dataclass(frozen=True)
 class Gradients:
-    """Gradients of the loss, summed over the samples of a batch (eqs.
-    gradient_w_hidden_layer, gradient_b_hidden_layer).
+    """Gradients of the loss, summed over the samples of a batch.
+
+    Eqs. gradient_w_hidden_layer and gradient_b_hidden_layer.
 
     Attributes
     ----------

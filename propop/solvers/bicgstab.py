@@ -110,14 +110,14 @@ def bicgstab(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float = 
             active &= ~stalled
         if callback is not None:
             callback(X[:, 0] if vector else X)
-        active = _confirm(xp, tol, active, norms, lambda: true_residual(X), R)
+        active = _confirm(xp, tol, active, norms, true_residual, X, R)
     return finish(system, X[:, 0] if vector else X, tol=tol, iterations=it, history=history,
                   levels=2 * it, maxiter=maxiter, breakdown=breakdown, estimates=True,
                   info={"matvecs": 2 * it + 1, "shadow": shadow})
 
 
 def _confirm(xp: Any, tol: Tolerance, active: Any, norms: np.ndarray,
-             true_residual: Callable[[], Any], R: Any) -> Any:
+             true_residual: Callable[[Any], Any], X: Any, R: Any) -> Any:
     """Retire columns whose true residual meets the tolerance; restart drifted ones.
 
     Columns the recurrence calls converged but the true residual does not get
@@ -126,7 +126,7 @@ def _confirm(xp: Any, tol: Tolerance, active: Any, norms: np.ndarray,
     claimed = active & xp.asarray(tol.met(norms))
     if not bool(claimed.any()):
         return active
-    R_true = true_residual()
+    R_true = true_residual(X)
     truly = xp.asarray(tol.met(column_norms(R_true)))
     drifted = claimed & ~truly
     R[:, drifted] = R_true[:, drifted]

@@ -1,5 +1,7 @@
-"""One stopping rule for every method: ``||c - A x|| <= max(atol, rtol ||c||)`` per sample,
-on the true residual (SciPy's rule, DESIGN section 3)."""
+"""One stopping rule for every method, on the true residual (DESIGN section 3).
+
+``||c - A x|| <= max(atol, rtol ||c||)`` per sample: SciPy's rule.
+"""
 
 from __future__ import annotations
 
@@ -29,8 +31,11 @@ def check_options(rtol: float, atol: float, maxiter: int | None) -> None:
 
 
 def default_maxiter(system: Any) -> int:
-    """``2 nblocks + 10``: Krylov methods are exact after ``nblocks`` steps in exact
-    arithmetic (the off-diagonal part is nilpotent); the rest is room for rounding."""
+    """``2 nblocks + 10``: room for rounding beyond the exact ``nblocks`` steps.
+
+    Krylov methods are exact after ``nblocks`` steps in exact arithmetic: the
+    off-diagonal part is nilpotent.
+    """
     return 2 * system.nblocks + 10
 
 

@@ -17,7 +17,9 @@ __all__ = ["substitution", "spsolve_triangular"]
 @register("substitution", kind="direct", exact=True, backends=("numpy", "cupy"))
 def substitution(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
                  verify: bool = False, **ignored: Any) -> Solution:
-    """Block forward/back substitution: the sequential baseline (eqs. def_forw_prop2, def_back_prop2).
+    """Block forward/back substitution: the sequential baseline.
+
+    Eqs. def_forw_prop2 and def_back_prop2, written on the system's blocks.
 
     Block row ``k`` is ``x_k = (c_k + s_k * (M x_nbr)) / d_k``; one product with
     the shared coupling matrix serves all samples. ``levels`` is the number of

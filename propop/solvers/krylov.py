@@ -13,7 +13,9 @@ Each adapter translates propop's options explicitly (DESIGN section 3):
 The default ``maxiter`` is :func:`~propop.solvers.convergence.default_maxiter`: the
 off-diagonal part is nilpotent, so ``nblocks`` iterations are exact in exact
 arithmetic, and a library left to its own default (``10 N``) spends minutes
-producing NaN after a breakdown. These solvers take one vector: a batch is solved sample by sample through
+producing NaN after a breakdown.
+
+These solvers take one vector: a batch is solved sample by sample through
 ``system.sample(i)``, and ``callback(x)`` is called after each sample with the
 whole ``x``. The final status is decided on the true residual.
 """

@@ -208,11 +208,11 @@ class TriangularSystem:
 
     # -- views --------------------------------------------------------------------
     def scaled(self) -> TriangularSystem:
-        """This system in the unit-diagonal form (itself if it is already)."""
+        """Return the system in the unit-diagonal form (itself if it is already)."""
         return self if self.form == "scaled" else self._with(form="scaled")
 
     def paper(self) -> TriangularSystem:
-        """This system in the paper's form with diagonal blocks ``D``/``E``."""
+        """Return the system in the paper's form with diagonal blocks ``D``/``E``."""
         return self if self.form == "paper" else self._with(form="paper")
 
     def _with(self, **changes: Any) -> TriangularSystem:
