@@ -10,12 +10,18 @@ __all__ = ["Status", "Solution", "ConvergenceError"]
 
 
 class Status(enum.Enum):
-    """How a solve ended (as lineax's ``RESULTS`` and PETSc's ``KSPConvergedReason``)."""
+    """How a solve ended (as lineax's ``RESULTS`` and PETSc's ``KSPConvergedReason``).
+
+    ``APPROXIMATE``: an explicitly approximate option (such as cyclic reduction's
+    ``shared_diagonal="mean"``) returned its approximation, which misses the
+    tolerance; ``info`` holds its error.
+    """
 
     CONVERGED = "converged"
     MAX_ITER = "reached maxiter"
     BREAKDOWN = "breakdown"
     NONFINITE = "non-finite values"
+    APPROXIMATE = "approximate by request"
 
 
 @dataclass(frozen=True)

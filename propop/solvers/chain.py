@@ -1,0 +1,127 @@
+"""A block bi-diagonal system as a chain ``x_k = diag(L_k) C_k x_{k-1} + G_k``, ``x_0 = G_0``.
+
+The common form of cyclic reduction and parallel cyclic reduction (paper section
+3.1). A lower system reads this way directly; an upper one with its blocks in
+reverse order. Each coupling is kept factored as a left row scaling ``L_k`` and a
+core ``C_k``: at the start ``L_k = s_k / d_k`` (per sample) and ``C_k`` the shared
+weight matrix, so the first reduction never materialises per-sample blocks.
+
+Blocks of unequal widths are zero-padded to the widest, which keeps every level a
+single batched ``matmul`` over stacked blocks and is exact. Stacks:
+
+- ``L``: ``(m, bl, n)``, ``bl`` is 1 (shared) or ``r``;
+- ``C``: ``(m, b, n, n)``, ``b`` is 1 (shared) or ``r``;
+- ``G``: ``(m, r, n)``.
+
+Sparse couplings are densified here: no sparse cyclic reduction is implemented.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .. import backend
+
+__all__ = ["Chain", "product", "apply", "Counter"]
+
+
+@dataclass
+class Counter:
+    """Work and memory of a reduction, counted as it runs."""
+
+    flops: int = 0
+    peak_bytes: int = 0
+    live_bytes: int = 0
+
+    def hold(self, nbytes: int) -> None:
+        """Record ``nbytes`` more of reduced blocks alive now."""
+        self.live_bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+    def release(self, nbytes: int) -> None:
+        """Record ``nbytes`` of reduced blocks freed."""
+        self.live_bytes -= nbytes
+
+
+@dataclass
+class Chain:
+    """Stacks ``L``, ``C``, ``G`` of a chain in padded form (see the module docstring)."""
+
+    L: Any
+    C: Any
+    G: Any
+    order: list  # chain position -> block index of the system
+    sizes: tuple  # block sizes in chain order
+
+    @classmethod
+    def of(cls, system: Any, shared_diagonal: str | None = None) -> Chain:
+        """The chain of a :class:`~propop.TriangularSystem` (any form, batch or not).
+
+        ``shared_diagonal="mean"`` replaces every per-sample scaling by its batch
+        mean: an approximation that makes all cores shared.
+        """
+        be = system.backend
+        xp = be.xp
+        B = system.blocks
+        order = list(B.order())
+        n, m, dtype = max(system.sizes), system.nblocks, system.dtype
+        rhs = system.rhs if system.nrhs is not None else system.rhs[:, None]
+        r = rhs.shape[1]
+        per_sample = any(s is not None and s.ndim == 2 and s.shape[1] > 1 for s in B.scale) or \
+            any(d is not None and d.ndim == 2 and d.shape[1] > 1 for d in B.diagonal)
+        bl = r if per_sample and shared_diagonal is None else 1
+        L = xp.zeros((m, bl, n), dtype=dtype)
+        C = xp.zeros((m, 1, n, n), dtype=dtype)
+        G = xp.zeros((m, r, n), dtype=dtype)
+        blocks = system.split(rhs)
+        for i, k in enumerate(order):
+            d = 1 if B.diagonal[k] is None else _columns(B.diagonal[k])
+            G[i, :, : B.sizes[k]] = (blocks[k] / d).T
+            j = B.incoming(k)
+            if j is None:
+                continue
+            s = 1 if B.scale[j] is None else _columns(B.scale[j])
+            scale = xp.broadcast_to(xp.asarray(s / d, dtype=dtype), (B.sizes[k], r))
+            L[i, :, : B.sizes[k]] = (scale.mean(axis=1, keepdims=True) if bl == 1 else scale).T
+            M = B.coupling[j]
+            M = M.toarray() if be.sparse.issparse(M) else M
+            C[i, 0, : M.shape[0], : M.shape[1]] = M
+        return cls(L, C, G, order, tuple(B.sizes[k] for k in order))
+
+    def solution(self, X: Any, system: Any) -> Any:
+        """Scatter chain-ordered ``X`` of shape ``(m, r, n)`` back into ``system.rhs``'s shape."""
+        xp = backend.namespace(X)
+        parts = [None] * len(self.order)
+        for i, k in enumerate(self.order):
+            parts[k] = X[i, :, : self.sizes[i]].T
+        x = xp.concatenate(parts)
+        return x[:, 0] if system.nrhs is None else x
+
+
+def _columns(a: Any) -> Any:
+    """A scaling as ``(n, 1)`` or ``(n, r)`` columns."""
+    return a[:, None] if a.ndim == 1 else a
+
+
+def product(L1: Any, C1: Any, L2: Any, C2: Any, counter: Counter) -> Any:
+    """The core of ``diag(L1) C1 diag(L2) C2``, i.e. ``(C1 diag(L2)) C2``, per sample.
+
+    Its left scaling stays ``L1``. One batched ``matmul`` over all stacked pairs.
+    """
+    left = C1 * L2[:, :, None, :]
+    out = left @ C2
+    p, b, n, _ = out.shape
+    counter.flops += 2 * p * b * n**3 + p * b * n * n
+    return out
+
+
+def apply(L: Any, C: Any, X: Any, counter: Counter) -> Any:
+    """``diag(L) C X`` for stacked ``X`` of shape ``(p, r, n)``: ``(p, r, n)``."""
+    p, r, n = X.shape
+    counter.flops += 2 * p * r * n * n + p * r * n
+    if C.shape[1] == 1:  # one shared core per block: a matrix-matrix product
+        CX = (C[:, 0] @ X.transpose(0, 2, 1)).transpose(0, 2, 1)
+    else:
+        CX = (C @ X[..., None])[..., 0]
+    return L * CX

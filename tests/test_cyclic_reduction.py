@@ -1,0 +1,135 @@
+"""Cyclic reduction and PCR: exact against substitution, levels, batches, overflow, cost."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import propop as pp
+from propop import cost
+from cases import ACTIVATIONS, Case, relative_error
+
+METHODS = ["cyclic-reduction", "parallel-cyclic-reduction"]
+FLOPS = {"cyclic-reduction": cost.cyclic_reduction_flops,
+         "parallel-cyclic-reduction": cost.parallel_cyclic_reduction_flops}
+
+# The issue's benchmark grid, shrunk in depth to test speed; plus odd/even/powers of two.
+SHAPES = [((8,) * 33, 1), ((32,) * 17, 1), ((16,) * 9, 3), ((12,) * 5, 4), ((6,) * 2, 2),
+          ((6,) * 3, None), ((5, 9, 3, 7, 4, 8), 2), ((4,) * 65, 1), ((4,) * 64, None)]
+
+
+def system_pair(sizes, r, activation="tanh", density=1.0, seed=0):
+    case = Case(sizes, activation=activation, r=r, density=density, seed=seed)
+    net, trace, eps, _ = case.problem()
+    x, _ = case.data()
+    return (pp.backward_system(net, trace, eps),
+            pp.forward_system(net, x, around=trace, linearization="secant"))
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize(("sizes", "r"), SHAPES, ids=lambda v: str(v if v is None or
+                                                                   isinstance(v, int)
+                                                                   else len(v)))
+def test_agrees_with_substitution_and_counts_levels_and_work(method, sizes, r):
+    for system in system_pair(sizes, r):
+        sol = pp.solve(system, method)
+        exact = pp.solve(system, "substitution").x
+        assert sol.converged
+        assert relative_error(sol.x, exact) < 1e-12
+        assert sol.levels == math.ceil(math.log2(system.nblocks))
+        assert sol.info["flops"] == FLOPS[method](sizes, r or 1, shared=(r or 1) == 1)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("density", [1.0, 0.3])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_dense_sparse_and_dtypes(method, density, dtype):
+    case = Case((7, 9, 9, 9, 9, 5), activation="elu", density=density, r=3, dtype=dtype)
+    net, trace, eps, v = case.problem()
+    sol = pp.solve(pp.backward_system(net, trace, eps), method)
+    assert sol.x.dtype == np.dtype(dtype)
+    assert relative_error(sol.x, np.concatenate(v)) < (1e-12 if dtype == "float64" else 1e-5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(1, 6), min_size=2, max_size=12).map(tuple),
+       r=st.sampled_from([None, 1, 3]), activation=st.sampled_from(ACTIVATIONS),
+       seed=st.integers(0, 99))
+def test_random_shapes(sizes, r, activation, seed):
+    """Agreement to 1e-11 on random shapes.
+
+    They include width-1 chains and large secants f(y)/y near y = 0, where reduction
+    and substitution round differently in ill-conditioned products.
+    """
+    for system in system_pair(sizes, r, activation, seed=seed):
+        exact = pp.solve(system, "substitution").x
+        for method in METHODS:
+            assert relative_error(pp.solve(system, method).x, exact) < 1e-11, method
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_paper_form_gives_the_same_answer(method):
+    B, F = system_pair((5, 6, 6, 6, 3), 2, activation="softplus")
+    for system in (B.paper(), F.paper()):
+        assert relative_error(pp.solve(system, method).x,
+                              pp.solve(system, "substitution").x) < 1e-12
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_overflow_of_jacobian_products_is_reported(method):
+    """Vectors stay finite (substitution succeeds) while the products of weights overflow."""
+    net = pp.FNN([1e200 * np.eye(3)] * 3, activation="identity")
+    x = np.full(3, 1e-300)
+    target = net.forward(x).output
+    B = pp.backward_system(net, net.forward(x), np.full(3, 1e-300))
+    assert pp.solve(B, "substitution").converged
+    sol = pp.solve(B, method)
+    assert sol.status is pp.Status.NONFINITE and not sol.converged
+    assert "level 1: the reduced block coupling blocks" in sol.message
+    assert "product of Jacobians overflowed" in sol.message
+    with pytest.raises(pp.ConvergenceError, match="overflowed"):
+        pp.backprop(net, x, target, method=method)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_shared_diagonal_mean_is_approximate_and_says_how_much(method):
+    B, _ = system_pair((6,) * 7, 5, activation="tanh")
+    sol = pp.solve(B, method, shared_diagonal="mean")
+    exact = pp.solve(B, "substitution").x
+    assert sol.status is pp.Status.APPROXIMATE and not sol.converged
+    error = relative_error(sol.x, exact)
+    assert sol.info["approximation_error"] == pytest.approx(error, rel=1e-6)
+    assert error > 1e-6 and "approximate" in sol.message
+    assert sol.info["flops"] == FLOPS[method]((6,) * 7, 5, shared=True)
+    single, _ = system_pair((6,) * 7, 1)  # one sample: the mean is exact
+    assert pp.solve(single, method, shared_diagonal="mean").converged
+    with pytest.raises(ValueError, match="shared_diagonal must be one of"):
+        pp.solve(B, method, shared_diagonal="median")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_per_sample_blocks_cost_r_times_the_shared_ones(method):
+    sizes = (16,) * 17
+    per_sample = FLOPS[method](sizes, 8)
+    shared = FLOPS[method](sizes, 8, shared=True)
+    assert per_sample > 4 * shared  # r = 8 block products per pair instead of one
+    assert cost.batched_direct_work(16, 16, 8) == 8 * 16 * 16**3 + 16 * 16**2 * 8
+
+
+def test_cost_model_formulas():
+    sizes = (4, 4, 4, 4)
+    assert cost.sequential_work(sizes, r=2, gamma=1) == 3 * (16 + 4) * 2
+    assert cost.iterative_work(sizes, r=2, eta=5) == 5 * cost.sequential_work(sizes, r=2)
+    assert cost.iterative_time(sizes, r=2, eta=5) == 5 * (16 + 4) * 2
+    assert cost.direct_work(sizes, r=1, gamma=0) == 2 * (64 + 16) + 2 * 16
+    assert cost.direct_memory(sizes, 3) == 2 * cost.sequential_memory(sizes, 3) == 2 * 16 * 3
+    assert cost.recursive_direct_time(8, 64, 1) == 8**3 * 6 + 64
+
+
+def test_peak_memory_of_reduced_blocks_is_reported():
+    B, _ = system_pair((16,) * 33, 1)
+    sol = pp.solve(B, "cyclic-reduction")
+    weights = 32 * 16 * 16 * 8
+    assert weights <= sol.info["peak_bytes"] <= 3 * weights
