@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -133,3 +134,50 @@ def test_peak_memory_of_reduced_blocks_is_reported():
     sol = pp.solve(B, "cyclic-reduction")
     weights = 32 * 16 * 16 * 8
     assert weights <= sol.info["peak_bytes"] <= 3 * weights
+
+
+def diagonal_net(depth, width, r, seed=0):
+    """Diagonal weights: every product of Jacobians stays diagonal."""
+    rng = np.random.default_rng(seed)
+    W = [sp.diags_array(rng.uniform(0.5, 1.5, width)).tocsr() for _ in range(depth)]
+    net = pp.FNN(W, [0.1 * rng.standard_normal(width) for _ in range(depth)], "tanh")
+    x = rng.standard_normal((width, r))
+    return net, x
+
+
+@pytest.mark.parametrize("r", [1, 3])
+def test_sparse_reduction_of_diagonal_weights_keeps_them_diagonal(r):
+    net, x = diagonal_net(100, 8, r)
+    trace = net.forward(x)
+    B = pp.backward_system(net, trace, np.ones_like(trace.output))
+    sol = pp.solve(B, "cyclic-reduction", dense_threshold=1.0)
+    assert relative_error(sol.x, pp.solve(B, "substitution").x) < 1e-12
+    assert sol.info["sparse_levels"] == sol.levels == 7
+    assert sol.info["fill_in"] == pytest.approx([1.0] * 6)  # the last level has no product
+    dense = pp.solve(B, "cyclic-reduction", sparse=False)
+    assert sol.info["flops"] < dense.info["flops"] / 10
+
+
+@pytest.mark.parametrize(("density", "threshold", "r"), [(0.2, 1.0, 1), (0.2, 1.0, 4),
+                                                          (0.2, 0.3, 2), (0.6, 0.25, 1),
+                                                          (0.1, 0.0, 3)])
+def test_sparse_reduction_agrees_and_switches_to_dense_at_the_threshold(density, threshold,
+                                                                         r):
+    for system in system_pair((10,) * 20, r, density=density):
+        sol = pp.solve(system, "cyclic-reduction", dense_threshold=threshold)
+        assert relative_error(sol.x, pp.solve(system, "substitution").x) < 1e-12
+        assert sol.levels == 5 and len(sol.info["fill_in"]) <= sol.info["sparse_levels"]
+        if threshold == 0.0:
+            assert sol.info["sparse_levels"] == 0
+        if threshold == 1.0:
+            assert sol.info["sparse_levels"] == 5
+
+
+def test_sparse_overflow_and_bad_options():
+    W = [sp.csr_array(1e200 * np.eye(3))] * 3
+    net = pp.FNN(W, activation="identity")
+    B = pp.backward_system(net, net.forward(np.full(3, 1e-300)), np.full(3, 1e-300))
+    sol = pp.solve(B, "cyclic-reduction", dense_threshold=1.0)
+    assert sol.status is pp.Status.NONFINITE and "level 1" in sol.message
+    with pytest.raises(ValueError, match=r"dense_threshold must lie in \[0, 1\]"):
+        pp.solve(B, "cyclic-reduction", dense_threshold=2)

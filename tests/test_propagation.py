@@ -9,6 +9,7 @@ from cases import Case, relative_error
 from reference import dense, torch_gradients
 
 METHODS = ["substitution", "scipy.spsolve_triangular", "jacobi", "bicgstab", "scipy.gmres",
+           "cyclic-reduction", "parallel-cyclic-reduction",
            "pyamg.fgmres"]
 
 
@@ -38,7 +39,7 @@ def test_backprop_cross_entropy_with_labels_matches_autograd():
 
 
 @pytest.mark.parametrize("linearization", ["newton", "secant"])
-@pytest.mark.parametrize("method", ["substitution", "jacobi", "scipy.gmres"])
+@pytest.mark.parametrize("method", ["substitution", "jacobi", "scipy.gmres", "cyclic-reduction"])
 def test_forward_iteration_reproduces_the_sequential_pass(linearization, method):
     case = Case((5, 8, 8, 8, 8, 3), activation="tanh", r=3)
     net, (x, _) = case.net(), case.data()

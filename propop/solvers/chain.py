@@ -56,38 +56,27 @@ class Chain:
 
     @classmethod
     def of(cls, system: Any, shared_diagonal: str | None = None) -> Chain:
-        """The chain of a :class:`~propop.TriangularSystem` (any form, batch or not).
+        """The padded chain of a :class:`~propop.TriangularSystem` (any form, batch or not).
 
         ``shared_diagonal="mean"`` replaces every per-sample scaling by its batch
         mean: an approximation that makes all cores shared.
         """
-        be = system.backend
-        xp = be.xp
-        B = system.blocks
-        order = list(B.order())
-        n, m, dtype = max(system.sizes), system.nblocks, system.dtype
-        rhs = system.rhs if system.nrhs is not None else system.rhs[:, None]
-        r = rhs.shape[1]
-        per_sample = any(s is not None and s.ndim == 2 and s.shape[1] > 1 for s in B.scale) or \
-            any(d is not None and d.ndim == 2 and d.shape[1] > 1 for d in B.diagonal)
-        bl = r if per_sample and shared_diagonal is None else 1
+        xp = system.backend.xp
+        rows = chain_rows(system, shared_diagonal)
+        n, m, dtype = max(system.sizes), len(rows), system.dtype
+        r, bl = rows[0].G.shape[1], max(row.L.shape[1] for row in rows)
         L = xp.zeros((m, bl, n), dtype=dtype)
         C = xp.zeros((m, 1, n, n), dtype=dtype)
         G = xp.zeros((m, r, n), dtype=dtype)
-        blocks = system.split(rhs)
-        for i, k in enumerate(order):
-            d = 1 if B.diagonal[k] is None else _columns(B.diagonal[k])
-            G[i, :, : B.sizes[k]] = (blocks[k] / d).T
-            j = B.incoming(k)
-            if j is None:
-                continue
-            s = 1 if B.scale[j] is None else _columns(B.scale[j])
-            scale = xp.broadcast_to(xp.asarray(s / d, dtype=dtype), (B.sizes[k], r))
-            L[i, :, : B.sizes[k]] = (scale.mean(axis=1, keepdims=True) if bl == 1 else scale).T
-            M = B.coupling[j]
-            M = M.toarray() if be.sparse.issparse(M) else M
-            C[i, 0, : M.shape[0], : M.shape[1]] = M
-        return cls(L, C, G, order, tuple(B.sizes[k] for k in order))
+        for i, row in enumerate(rows):
+            size = row.G.shape[0]
+            G[i, :, :size] = row.G.T
+            L[i, :, :size] = row.L.T
+            if row.M is not None:
+                M = row.M.toarray() if backend.is_sparse(row.M) else row.M
+                C[i, 0, : M.shape[0], : M.shape[1]] = M
+        return cls(L, C, G, [row.block for row in rows], tuple(system.sizes[row.block]
+                                                               for row in rows))
 
     def solution(self, X: Any, system: Any) -> Any:
         """Scatter chain-ordered ``X`` of shape ``(m, r, n)`` back into ``system.rhs``'s shape."""
@@ -97,6 +86,40 @@ class Chain:
             parts[k] = X[i, :, : self.sizes[i]].T
         x = xp.concatenate(parts)
         return x[:, 0] if system.nrhs is None else x
+
+
+@dataclass(frozen=True)
+class Row:
+    """One chain position: ``x = diag(L) M x_prev + G`` with ``L`` ``(n, bl)``, ``G`` ``(n, r)``."""
+
+    block: int
+    L: Any
+    M: Any
+    G: Any
+
+
+def chain_rows(system: Any, shared_diagonal: str | None = None) -> list[Row]:
+    """The rows of a system in chain order, divided by their diagonals.
+
+    ``L = s / d`` is per sample (``bl = r``) only if some scaling is and
+    ``shared_diagonal`` is ``None``; with ``"mean"`` it is the batch mean.
+    """
+    xp = system.backend.xp
+    B = system.blocks
+    rhs = system.split(system.rhs if system.nrhs is not None else system.rhs[:, None])
+    r = rhs[0].shape[1]
+    per_sample = any(a is not None and a.ndim == 2 and a.shape[1] > 1
+                     for a in B.scale + B.diagonal)
+    bl = r if per_sample and shared_diagonal is None else 1
+    rows = []
+    for k in B.order():
+        d = 1 if B.diagonal[k] is None else _columns(B.diagonal[k])
+        j = B.incoming(k)
+        s = 1 if j is None or B.scale[j] is None else _columns(B.scale[j])
+        scale = xp.broadcast_to(xp.asarray(s / d, dtype=system.dtype), (B.sizes[k], r))
+        L = scale.mean(axis=1, keepdims=True) if bl == 1 else scale
+        rows.append(Row(k, L, None if j is None else B.coupling[j], rhs[k] / d))
+    return rows
 
 
 def _columns(a: Any) -> Any:

@@ -32,11 +32,15 @@ methods for solving Poisson's equations", SIAM J. Numer. Anal. 7 (1970).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from .. import backend
 from .chain import Chain, Counter, apply, product
+from .sparse_chain import SparseChain, sparse_reduce
 from .convergence import Tolerance, check_options, finish
 from .direct import substitution
 from .registry import register
@@ -124,26 +128,70 @@ def _parallel_reduce(chain: Chain, counter: Counter, xp: Any) -> tuple[Any, int]
     return G, level
 
 
-def _solve(system: Any, reduce: Any, rtol: float, atol: float, verify: bool,
-           shared_diagonal: str | None) -> Solution:
+def _dense(reduce: Callable) -> Callable:
+    """A system-level reduction on the padded dense chain."""
+
+    def run(system: Any, shared_diagonal: str | None, counter: Counter, **options: Any
+            ) -> tuple[Any, int, dict]:
+        chain = Chain.of(system, shared_diagonal)
+        X, levels = reduce(chain, counter, system.backend.xp)
+        return chain.solution(X, system), levels, {"width": chain.G.shape[2]}
+
+    return run
+
+
+def _sparse_or_dense(system: Any, shared_diagonal: str | None, counter: Counter, *,
+                     sparse: bool | None = None, dense_threshold: float = 0.25
+                     ) -> tuple[Any, int, dict]:
+    """Cyclic reduction on sparse cores where the couplings are sparse, else dense."""
+    be = system.backend
+    if sparse is None:
+        sparse = be.name == "numpy" and any(be.sparse.issparse(M)
+                                            for M in system.blocks.coupling)
+    if not sparse:
+        return _dense(_reduce)(system, shared_diagonal, counter)
+    if be.name != "numpy":
+        raise ValueError("sparse=True needs scipy.sparse couplings on the CPU")
+    if not 0 <= dense_threshold <= 1:
+        raise ValueError(f"dense_threshold must lie in [0, 1], got {dense_threshold}")
+    chain = SparseChain.of(system, shared_diagonal)
+    X, levels, info = sparse_reduce(chain, counter, lambda c, k: _reduce(c, k, be.xp),
+                                    dense_threshold, _check_sparse)
+    parts = [None] * len(X)
+    for i, k in enumerate(chain.order):
+        parts[k] = X[i]
+    x = be.xp.concatenate(parts)
+    return (x[:, 0] if system.nrhs is None else x), levels, dict(
+        info, dense_threshold=dense_threshold)
+
+
+def _check_sparse(cores: list, level: int, blocks: list) -> None:
+    """Raise :class:`_OverflowError` if a sparse reduced core is not finite."""
+    for group, (a, b) in zip(cores, blocks):
+        if not all(np.isfinite(core.data).all() for core in group):
+            raise _OverflowError(
+                f"level {level}: the reduced block coupling blocks {a} and {b} is not "
+                "finite: a long product of Jacobians overflowed; use 'substitution' "
+                "(it multiplies vectors only) or float64")
+
+
+def _solve(system: Any, run: Callable, rtol: float, atol: float, verify: bool,
+           shared_diagonal: str | None, **options: Any) -> Solution:
     check_options(rtol, atol, None)
     if shared_diagonal not in SHARED_DIAGONALS:
         raise ValueError(f"shared_diagonal must be one of {SHARED_DIAGONALS}, "
                          f"got {shared_diagonal!r}")
     xp = system.backend.xp
-    chain = Chain.of(system, shared_diagonal)
     counter = Counter()
     expected = math.ceil(math.log2(system.nblocks)) if system.nblocks > 1 else 0
-    info = {"width": chain.G.shape[2], "shared_cores": chain.L.shape[1] == 1}
     try:
         with backend.quiet(xp):  # overflow is detected level by level and reported
-            X, levels = reduce(chain, counter, xp)
+            x, levels, info = run(system, shared_diagonal, counter, **options)
     except _OverflowError as overflow:
-        x = xp.full_like(system.rhs, xp.nan)
-        return Solution(x=x, status=Status.NONFINITE, message=overflow.message,
-                        levels=expected, info=dict(info, flops=counter.flops))
+        return Solution(x=xp.full_like(system.rhs, xp.nan), status=Status.NONFINITE,
+                        message=overflow.message, levels=expected,
+                        info={"flops": counter.flops})
     info.update(flops=counter.flops, peak_bytes=counter.peak_bytes)
-    x = chain.solution(X, system)
     approximate = shared_diagonal is not None
     tol = Tolerance.of(system, rtol, atol) if (verify or approximate) else None
     solution = finish(system, x, tol=tol, levels=levels, info=info,
@@ -169,6 +217,7 @@ def _approximation_report(system: Any, solution: Solution) -> Solution:
 @register("cyclic-reduction", kind="direct", exact=True, backends=("numpy", "cupy"))
 def cyclic_reduction(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
                      verify: bool = False, shared_diagonal: str | None = None,
+                     sparse: bool | None = None, dense_threshold: float = 0.25,
                      **ignored: Any) -> Solution:
     """Odd-even cyclic reduction: ceil(log2 nblocks) levels, exact.
 
@@ -181,6 +230,13 @@ def cyclic_reduction(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
         batch-mean scalings. Approximate; ``info["approximation_error"]`` holds
         its error against the exact solution and the status is ``APPROXIMATE``
         unless it meets ``rtol``.
+    sparse : bool or None
+        Reduce with sparse products (default: where the couplings are
+        ``scipy.sparse``). ``info["fill_in"]`` then lists, per level, the
+        non-zeros of a reduced block relative to an original one.
+    dense_threshold : float
+        Density of the reduced blocks beyond which the remaining levels run
+        dense (padded stacks, one batched ``matmul`` a level).
 
     Notes
     -----
@@ -188,7 +244,8 @@ def cyclic_reduction(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
     again. ``info["flops"]`` counts the floating-point operations executed
     (padded widths) and ``info["peak_bytes"]`` the reduced blocks alive at once.
     """
-    return _solve(system, _reduce, rtol, atol, verify, shared_diagonal)
+    return _solve(system, _sparse_or_dense, rtol, atol, verify, shared_diagonal,
+                  sparse=sparse, dense_threshold=dense_threshold)
 
 
 @register("parallel-cyclic-reduction", kind="direct", exact=True, backends=("numpy", "cupy"))
@@ -197,8 +254,9 @@ def parallel_cyclic_reduction(system: Any, *, rtol: float = 1e-10, atol: float =
                               **ignored: Any) -> Solution:
     """Parallel cyclic reduction (the paper's form): ceil(log2 nblocks) levels.
 
-    Options as for ``cyclic-reduction``. Work is ``O(nblocks log nblocks)``
+    Options as for ``cyclic-reduction``, except that sparse couplings are
+    densified (no sparse PCR). Work is ``O(nblocks log nblocks)``
     block products against cyclic reduction's ``O(nblocks)``; in exchange there
     is no back-substitution phase.
     """
-    return _solve(system, _parallel_reduce, rtol, atol, verify, shared_diagonal)
+    return _solve(system, _dense(_parallel_reduce), rtol, atol, verify, shared_diagonal)
