@@ -150,7 +150,7 @@ def test_sparse_reduction_of_diagonal_weights_keeps_them_diagonal(r):
     net, x = diagonal_net(100, 8, r)
     trace = net.forward(x)
     B = pp.backward_system(net, trace, np.ones_like(trace.output))
-    sol = pp.solve(B, "cyclic-reduction", dense_threshold=1.0)
+    sol = pp.solve(B, "cyclic-reduction", sparse=True, dense_threshold=1.0)
     assert relative_error(sol.x, pp.solve(B, "substitution").x) < 1e-12
     assert sol.info["sparse_levels"] == sol.levels == 7
     assert sol.info["fill_in"] == pytest.approx([1.0] * 6)  # the last level has no product
@@ -164,7 +164,7 @@ def test_sparse_reduction_of_diagonal_weights_keeps_them_diagonal(r):
 def test_sparse_reduction_agrees_and_switches_to_dense_at_the_threshold(density, threshold,
                                                                          r):
     for system in system_pair((10,) * 20, r, density=density):
-        sol = pp.solve(system, "cyclic-reduction", dense_threshold=threshold)
+        sol = pp.solve(system, "cyclic-reduction", sparse=True, dense_threshold=threshold)
         assert relative_error(sol.x, pp.solve(system, "substitution").x) < 1e-12
         assert sol.levels == 5 and len(sol.info["fill_in"]) <= sol.info["sparse_levels"]
         if threshold == 0.0:
@@ -177,7 +177,16 @@ def test_sparse_overflow_and_bad_options():
     W = [sp.csr_array(1e200 * np.eye(3))] * 3
     net = pp.FNN(W, activation="identity")
     B = pp.backward_system(net, net.forward(np.full(3, 1e-300)), np.full(3, 1e-300))
-    sol = pp.solve(B, "cyclic-reduction", dense_threshold=1.0)
+    sol = pp.solve(B, "cyclic-reduction", sparse=True, dense_threshold=1.0)
     assert sol.status is pp.Status.NONFINITE and "level 1" in sol.message
     with pytest.raises(ValueError, match=r"dense_threshold must lie in \[0, 1\]"):
         pp.solve(B, "cyclic-reduction", dense_threshold=2)
+
+
+def test_sparse_path_is_the_default_only_for_wide_sparse_layers():
+    narrow, _ = system_pair((10,) * 5, 1, density=0.2)
+    assert "fill_in" not in pp.solve(narrow, "cyclic-reduction").info
+    wide = Case((256, 256, 256), r=None, density=0.01).problem()
+    sol = pp.solve(pp.backward_system(*wide[:3]), "cyclic-reduction")
+    assert "fill_in" in sol.info
+    assert relative_error(sol.x, np.concatenate(wide[3])) < 1e-12

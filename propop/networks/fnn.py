@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -103,6 +104,11 @@ class FNN:
         """Widths ``(n_0, n_1, ..., n_l)``."""
         return (self.W[0].shape[1],) + tuple(Wk.shape[0] for Wk in self.W)
 
+    @functools.cached_property
+    def WT(self) -> tuple:
+        """The transposed weights ``W[k]^T``, made once (a sparse transpose is a new object)."""
+        return tuple(Wk.T for Wk in self.W)
+
     @property
     def depth(self) -> int:
         """Number of layers ``l``."""
@@ -191,7 +197,7 @@ class FNN:
         v = [None] * (depth + 1)
         v[depth] = self.activations[-1].df(trace.y[-1]) * eps
         for k in range(depth - 1, -1, -1):
-            v[k] = self.W[k].T @ v[k + 1]
+            v[k] = self.WT[k] @ v[k + 1]
             if k > 0:
                 v[k] *= self.activations[k - 1].df(trace.y[k - 1])
         return v

@@ -59,8 +59,12 @@ class Chain:
         """The padded chain of a :class:`~propop.TriangularSystem` (any form, batch or not).
 
         ``shared_diagonal="mean"`` replaces every per-sample scaling by its batch
-        mean: an approximation that makes all cores shared.
+        mean: an approximation that makes all cores shared. Equal block sizes
+        take a stacked path with no per-block Python work.
         """
+        stacked = _stacked(system, shared_diagonal)
+        if stacked is not None:
+            return stacked
         xp = system.backend.xp
         rows = chain_rows(system, shared_diagonal)
         n, m, dtype = max(system.sizes), len(rows), system.dtype
@@ -81,10 +85,15 @@ class Chain:
     def solution(self, X: Any, system: Any) -> Any:
         """Scatter chain-ordered ``X`` of shape ``(m, r, n)`` back into ``system.rhs``'s shape."""
         xp = backend.namespace(X)
-        parts = [None] * len(self.order)
-        for i, k in enumerate(self.order):
-            parts[k] = X[i, :, : self.sizes[i]].T
-        x = xp.concatenate(parts)
+        if len(set(self.sizes)) == 1:  # equal widths: one permutation, no padding
+            where = xp.empty(len(self.order), dtype=int)
+            where[xp.asarray(self.order)] = xp.arange(len(self.order))
+            x = X[where].transpose(0, 2, 1).reshape(-1, X.shape[1])
+        else:
+            parts = [None] * len(self.order)
+            for i, k in enumerate(self.order):
+                parts[k] = X[i, :, : self.sizes[i]].T
+            x = xp.concatenate(parts)
         return x[:, 0] if system.nrhs is None else x
 
 
@@ -120,6 +129,64 @@ def chain_rows(system: Any, shared_diagonal: str | None = None) -> list[Row]:
         L = scale.mean(axis=1, keepdims=True) if bl == 1 else scale
         rows.append(Row(k, L, None if j is None else B.coupling[j], rhs[k] / d))
     return rows
+
+
+def _stack_columns(xp: Any, arrays: list, n: int, dtype: Any) -> Any:
+    """Stack scalings (``None`` is one) into ``(m, n, c)``; ``None`` if shapes differ."""
+    shapes = {a.shape for a in arrays if a is not None}
+    if len(shapes) > 1:
+        return None
+    shape = shapes.pop() if shapes else (n,)
+    ones = xp.ones(shape, dtype=dtype)
+    flat = xp.concatenate([ones if a is None else a for a in arrays])  # one copy, no per-block
+    out = flat.reshape((len(arrays),) + shape).astype(dtype, copy=False)
+    return out[:, :, None] if out.ndim == 2 else out
+
+
+def _stacked(system: Any, shared_diagonal: str | None) -> Chain | None:
+    """The chain of an equal-width system by whole-array operations (``None`` otherwise)."""
+    if len(set(system.sizes)) != 1:
+        return None
+    xp, B, dtype = system.backend.xp, system.blocks, system.dtype
+    m, n = system.nblocks, system.sizes[0]
+    order = list(B.order())
+    rhs = system.rhs if system.nrhs is not None else system.rhs[:, None]
+    G = rhs.reshape(m, n, -1)[order]
+    D = _stack_columns(xp, [B.diagonal[k] for k in order], n, dtype)
+    couplings = [B.incoming(k) for k in order[1:]]
+    S = _stack_columns(xp, [B.scale[j] for j in couplings], n, dtype)
+    if D is None or S is None:
+        return None
+    G = G / D
+    L = xp.ones((m, n, max(S.shape[2], D.shape[2])), dtype=dtype)
+    L[1:] = S / D[1:]
+    if shared_diagonal is not None or L.shape[2] == 1:
+        L = L.mean(axis=2, keepdims=True)
+    C = xp.zeros((m, 1, n, n), dtype=dtype)
+    C[1:, 0] = _stack_matrices(system.backend, [B.coupling[j] for j in couplings], n, dtype)
+    return Chain(L.transpose(0, 2, 1), C, G.transpose(0, 2, 1), order, system.sizes)
+
+
+def _stack_matrices(be: backend.Backend, matrices: list, n: int, dtype: Any) -> Any:
+    """Dense ``(m, n, n)`` stack of ``n x n`` matrices, sparse ones scattered in one go."""
+    xp = be.xp
+    if not any(be.sparse.issparse(M) for M in matrices):
+        return xp.concatenate(matrices).reshape(len(matrices), n, n).astype(dtype, copy=False)
+    compressed = [M if M.format in ("csr", "csc") else M.tocsr() for M in matrices]
+    if len({M.format for M in compressed}) > 1:
+        compressed = [M.tocsr() for M in compressed]
+    counts = xp.diff(xp.concatenate([M.indptr for M in compressed]).reshape(-1, n + 1),
+                     axis=1).reshape(-1)
+    major = xp.repeat(xp.tile(xp.arange(n), len(compressed)), counts)
+    block = xp.repeat(xp.arange(len(compressed)), counts.reshape(-1, n).sum(axis=1))
+    minor = xp.concatenate([M.indices for M in compressed])
+    data = xp.concatenate([M.data for M in compressed])
+    out = xp.zeros((len(compressed), n, n), dtype=dtype)
+    if compressed[0].format == "csr":
+        out[block, major, minor] = data
+    else:
+        out[block, minor, major] = data
+    return out
 
 
 def _columns(a: Any) -> Any:

@@ -26,7 +26,7 @@ def _fnn_backward(net: FNN, trace: Trace, eps: Any, *, form: str = "scaled") -> 
     rhs = xp.zeros((sum(net.sizes),) + eps.shape[1:], dtype=net.dtype)
     xp.multiply(slopes[-1], eps, out=rhs[-net.sizes[-1]:])
     return TriangularSystem(
-        [Wk.T for Wk in net.W], [None] + slopes, rhs,
+        list(net.WT), [None] + slopes, rhs,
         lower=False, sizes=net.sizes, form=form, names=_names("v", net.depth),
         paper_hint=", where f'(y) = 0 so that E = 1/f'(y) does not exist",
     )

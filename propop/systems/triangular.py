@@ -191,8 +191,18 @@ class TriangularSystem:
             if s.shape != want and not (rhs.ndim == 2 and s.shape == (self.sizes[k], 1)):
                 raise ValueError(f"{self.names[k]}: row scaling has shape {s.shape}, "
                                  f"expected {want}")
-            require_finite(s, f"{self.names[k]}: row scaling")
+        self._require_finite_scales()
         require_finite(rhs, "rhs")
+
+    def _require_finite_scales(self) -> None:
+        """One pass over all scalings; the per-block search only when one is bad."""
+        xp = self.backend.xp
+        scales = [s.reshape(-1) for s in self._row_scale if s is not None]
+        if not scales or bool(xp.isfinite(xp.concatenate(scales)).all()):
+            return
+        for k, s in enumerate(self._row_scale):
+            if s is not None:
+                require_finite(s, f"{self.names[k]}: row scaling")
 
     def _require_paper_form(self) -> None:
         xp = self.backend.xp

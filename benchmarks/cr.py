@@ -1,0 +1,151 @@
+"""Cyclic reduction against the hand-written NumPy loop on a CPU (issue 3's grid).
+
+For each FNN backward system: the time of ``cyclic-reduction``,
+``parallel-cyclic-reduction``, ``substitution`` and ``scipy.spsolve_triangular``
+relative to the loop ``v = f'(y) * (W^T v)``, all measured in one run (warm-up,
+median of 5 round-robin rounds), the solves on a prebuilt system. The flop ratio
+(counted by the solver, against the loop's ``2 nnz(W) r`` per layer) explains
+who wins: reduction pays ``n^3`` per block product (``r`` of them per pair for a
+batch) where the loop pays ``n^2 r``. The loop is given ``f'(y)`` ready, as the
+solvers are. Peak memory is the weights plus the solve's peak allocation
+(tracemalloc), relative to the same for ``substitution``: the paper's accounting
+for its "at most twice the memory" claim.
+
+Run: ``python -m benchmarks.cr`` (a few minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import time
+import tracemalloc
+
+import numpy as np
+import scipy.sparse as sp
+
+import propop as pp
+from propop import cost
+
+from .common import median_times, save
+from .substitution import derivatives, numpy_loop
+
+GRID = [(4096, 8, 1), (1024, 32, 1), (256, 128, 1), (64, 256, 32)]
+METHODS = ["substitution", "cyclic-reduction", "parallel-cyclic-reduction",
+           "scipy.spsolve_triangular"]
+SKIP_FLOPS = 3e11  # methods predicted above this many flops are not run
+SKIP_SECONDS = 30.0  # nor those whose warm-up run took longer
+
+
+def diagonal_net(depth: int, width: int) -> pp.FNN:
+    """Diagonal weights: products of Jacobians stay diagonal."""
+    rng = np.random.default_rng(0)
+    W = [sp.diags_array(rng.uniform(0.5, 1.5, width)).tocsr() for _ in range(depth)]
+    return pp.FNN(W, [0.1 * rng.standard_normal(width) for _ in range(depth)], "tanh")
+
+
+def predicted_flops(method: str, sizes: tuple, r: int) -> float:
+    """Flops a reduction will count, from the cost model (0 for the others)."""
+    if method == "cyclic-reduction":
+        return cost.cyclic_reduction_flops(sizes, r, shared=r == 1)
+    if method == "parallel-cyclic-reduction":
+        return cost.parallel_cyclic_reduction_flops(sizes, r, shared=r == 1)
+    return 0.0
+
+
+def _nbytes(W) -> int:
+    """Bytes of a dense or sparse weight matrix."""
+    return W.data.nbytes + W.indices.nbytes + W.indptr.nbytes if sp.issparse(W) else W.nbytes
+
+
+def peak_bytes(function) -> int:
+    """Peak bytes allocated while ``function`` runs (tracemalloc)."""
+    tracemalloc.start()
+    function()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak
+
+
+def measure(label: str, net: pp.FNN, r: int) -> list[dict]:
+    """One row per method for the backward system of ``net`` with batch ``r``."""
+    rng = np.random.default_rng(1)
+    width = net.sizes[0]
+    trace = net.forward(rng.standard_normal((width, r)))
+    eps = rng.standard_normal((net.sizes[-1], r))
+    system = pp.backward_system(net, trace, eps)
+    loop_flops = 2 * r * sum(Wk.nnz if sp.issparse(Wk) else Wk.size for Wk in net.W)
+    slopes = derivatives(net, trace)  # the loop gets f'(y) ready, as the solvers do
+    reference = np.concatenate(numpy_loop(net.WT, slopes, eps))
+    contenders = {"loop": lambda: numpy_loop(net.WT, slopes, eps)}
+    skipped = {}
+    for method in METHODS:
+        flops = predicted_flops(method, net.sizes, r)
+        if flops > SKIP_FLOPS:
+            skipped[method] = f"not run: {flops:.1e} flops predicted"
+            continue
+        start = time.perf_counter()
+        pp.solve(system, method)  # warm-up (builds the explicit matrix where needed)
+        seconds = time.perf_counter() - start
+        if seconds > SKIP_SECONDS:
+            skipped[method] = f"not repeated: {seconds:.0f} s for one run"
+            continue
+        contenders[method] = (lambda m=method: pp.solve(system, m))
+    times = median_times(contenders, repeats=5, warmup=0)
+    weights = sum(_nbytes(Wk) for Wk in net.W)  # held by every method: the paper counts them
+    base_memory = weights + peak_bytes(lambda: pp.solve(system, "substitution"))
+    rows = []
+    for method in METHODS:
+        row = {"case": label, "l": net.depth, "n": width, "r": r, "method": method,
+               "loop_ms": 1e3 * times["loop"]}
+        if method in skipped:
+            rows.append(dict(row, note=skipped[method]))
+            continue
+        sol = pp.solve(system, method)
+        error = np.linalg.norm(sol.x - reference) / np.linalg.norm(reference)
+        rows.append(dict(
+            row, ms=1e3 * times[method], ratio=times[method] / times["loop"],
+            levels=sol.levels, error=float(error),
+            flop_ratio=sol.info.get("flops", 0) / loop_flops,
+            memory_ratio=(weights + peak_bytes(lambda m=method: pp.solve(system, m)))
+            / base_memory))
+    return rows
+
+
+def cases():
+    """The grid, dense and at density 0.05, then the diagonal-weight case."""
+    for depth, n, r in GRID:
+        for density in (1.0, 0.05):
+            label = f"{'dense' if density == 1 else 'density 0.05'}"
+            yield label, pp.FNN.random([n] * (depth + 1), activation="tanh", density=density,
+                                       seed=0), r
+    yield "diagonal W", diagonal_net(65536, 8), 1
+
+
+def table(rows: list[dict]) -> str:
+    """The rows as a Markdown table."""
+    lines = ["| case | l | n | r | method | time [ms] | vs NumPy loop | levels | flops / loop's "
+             "| memory / substitution's | error |",
+             "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        head = f"| {row['case']} | {row['l']} | {row['n']} | {row['r']} | {row['method']} |"
+        if "note" in row:
+            lines.append(f"{head} {row['note']} | | | | | |")
+            continue
+        flops = f"{row['flop_ratio']:.1f}" if row["flop_ratio"] else "-"
+        lines.append(f"{head} {row['ms']:.1f} | {row['ratio']:.2f}x | {row['levels']} | "
+                     f"{flops} | {row['memory_ratio']:.1f}x | {row['error']:.0e} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    """Measure every case, print and save the table."""
+    rows = []
+    for label, net, r in cases():
+        rows.extend(measure(label, net, r))
+        print(table(rows[-len(METHODS):]).splitlines()[-len(METHODS):], flush=True)
+    text = table(rows)
+    print(text)
+    print(f"written to {save('cr', rows, text)}")
+
+
+if __name__ == "__main__":
+    main()
