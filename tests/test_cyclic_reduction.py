@@ -21,12 +21,12 @@ SHAPES = [((8,) * 33, 1), ((32,) * 17, 1), ((16,) * 9, 3), ((12,) * 5, 4), ((6,)
           ((6,) * 3, None), ((5, 9, 3, 7, 4, 8), 2), ((4,) * 65, 1), ((4,) * 64, None)]
 
 
-def system_pair(sizes, r, activation="tanh", density=1.0, seed=0):
+def system_pair(sizes, r, activation="tanh", density=1.0, seed=0, linearization="secant"):
     case = Case(sizes, activation=activation, r=r, density=density, seed=seed)
     net, trace, eps, _ = case.problem()
     x, _ = case.data()
     return (pp.backward_system(net, trace, eps),
-            pp.forward_system(net, x, around=trace, linearization="secant"))
+            pp.forward_system(net, x, around=trace, linearization=linearization))
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -59,12 +59,13 @@ def test_dense_sparse_and_dtypes(method, density, dtype):
        r=st.sampled_from([None, 1, 3]), activation=st.sampled_from(ACTIVATIONS),
        seed=st.integers(0, 99))
 def test_random_shapes(sizes, r, activation, seed):
-    """Agreement to 1e-11 on random shapes.
+    """Agreement to 1e-11 on random shapes, where width-1 chains are ill-conditioned.
 
-    They include width-1 chains and large secants f(y)/y near y = 0, where reduction
-    and substitution round differently in ill-conditioned products.
+    The forward system uses Newton's slopes here: the secant ``f(y)/y`` of an
+    activation with ``f(0) != 0`` is unbounded near ``y = 0``, which makes the
+    system arbitrarily ill-conditioned for any exact method.
     """
-    for system in system_pair(sizes, r, activation, seed=seed):
+    for system in system_pair(sizes, r, activation, seed=seed, linearization="newton"):
         exact = pp.solve(system, "substitution").x
         for method in METHODS:
             assert relative_error(pp.solve(system, method).x, exact) < 1e-11, method
@@ -190,3 +191,16 @@ def test_sparse_path_is_the_default_only_for_wide_sparse_layers():
     sol = pp.solve(pp.backward_system(*wide[:3]), "cyclic-reduction")
     assert "fill_in" in sol.info
     assert relative_error(sol.x, np.concatenate(wide[3])) < 1e-12
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize(("depth", "width", "r"), [
+    (4096, 8, 1), (1024, 32, 1), (256, 128, 1),
+    pytest.param(64, 256, 32, marks=pytest.mark.slow)], ids=str)
+def test_the_benchmark_grid_at_full_size(method, depth, width, r):
+    """The issue's benchmark shapes themselves (the largest takes seconds: marked slow)."""
+    case = Case((width,) * (depth + 1), activation="tanh", r=r)
+    net, trace, eps, v = case.problem()
+    sol = pp.solve(pp.backward_system(net, trace, eps), method)
+    assert sol.levels == math.ceil(math.log2(depth + 1))
+    assert relative_error(sol.x, np.concatenate(v)) < 1e-12

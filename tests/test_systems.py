@@ -94,7 +94,9 @@ def test_paper_form_backward_diagonal_is_one_over_derivative():
     np.testing.assert_allclose(E.split(E.rhs)[-1], eps)
 
 
-def test_forward_system_around_a_perturbed_trace_approaches_the_truth():
+@pytest.mark.parametrize("method", ["substitution", "cyclic-reduction",
+                                    "parallel-cyclic-reduction"])
+def test_forward_system_around_a_perturbed_trace_approaches_the_truth(method):
     """The paper's approximate forward: the error shrinks as the trace nears the true one."""
     case = Case((6, 8, 8, 8, 4), activation="tanh")
     net, trace, _, _ = case.problem()
@@ -103,7 +105,7 @@ def test_forward_system_around_a_perturbed_trace_approaches_the_truth():
     errors = []
     for delta in [1e-1, 1e-2, 1e-3, 0.0]:
         around = [y + delta * n for y, n in zip(trace.y, noise)]
-        z = pp.solve(pp.forward_system(net, x, around=around), "substitution").x
+        z = pp.solve(pp.forward_system(net, x, around=around), method).x
         errors.append(relative_error(z, np.concatenate(trace.z)))
     assert errors[0] > errors[1] > errors[2] > 0 and errors[3] < 1e-14
 

@@ -28,21 +28,25 @@ def substitution(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
     only finiteness is checked: overflow is reported, never returned.
     """
     check_options(rtol, atol, None)
-    B = system.blocks
-    x = system.backend.xp.empty_like(system.rhs)
+    xp = system.backend.xp
+    x = xp.empty_like(system.rhs)
     xs = system.split(x)
-    with backend.quiet(system.backend.xp):  # overflow is reported by finish()
-        for k in B.order():
-            j = B.incoming(k)
-            if j is None:
-                xs[k][...] = B.rhs[k]
+    with backend.quiet(xp):  # overflow is reported by finish()
+        for step in system.blocks.steps:
+            out = xs[step.block]
+            if step.source is None:
+                out[...] = step.rhs
             else:
-                product = B.coupling[j] @ xs[B.pair(j)[1]]
-                if B.scale[j] is not None:
-                    product *= B.scale[j]
-                xs[k][...] = product + B.rhs[k]
-            if B.diagonal[k] is not None:
-                xs[k] /= B.diagonal[k]
+                if step.sparse:
+                    out[...] = step.coupling @ xs[step.source]
+                else:
+                    xp.matmul(step.coupling, xs[step.source], out=out)
+                if step.scale is not None:
+                    out *= step.scale
+                if not step.rhs_is_zero:
+                    out += step.rhs
+            if step.diagonal is not None:
+                out /= step.diagonal
     tol = Tolerance.of(system, rtol, atol) if verify else None
     return finish(system, x, tol=tol, levels=system.nblocks, verify=verify)
 

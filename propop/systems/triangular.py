@@ -29,7 +29,7 @@ from typing import Any
 from .. import backend
 from .._checks import require_finite
 
-__all__ = ["TriangularSystem", "Blocks", "FORMS"]
+__all__ = ["TriangularSystem", "Blocks", "Step", "FORMS"]
 
 FORMS = ("scaled", "paper")
 
@@ -78,6 +78,35 @@ class Blocks:
         """The coupling that block row ``k`` reads in substitution, if any."""
         j = k - 1 if self.lower else k
         return j if 0 <= j < len(self.coupling) else None
+
+    @functools.cached_property
+    def steps(self) -> tuple[Step, ...]:
+        """Block rows in substitution order with everything a step needs, made once."""
+        steps = []
+        for k in self.order():
+            j = self.incoming(k)
+            c = self.rhs[k]
+            steps.append(Step(
+                block=k, source=None if j is None else self.pair(j)[1],
+                coupling=None if j is None else self.coupling[j],
+                scale=None if j is None else self.scale[j], rhs=c,
+                rhs_is_zero=not bool(c.any()), diagonal=self.diagonal[k],
+                sparse=j is not None and backend.is_sparse(self.coupling[j])))
+        return tuple(steps)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One block row of a substitution: ``x_k = (c_k + s * (M x_source)) / d``."""
+
+    block: int
+    source: int | None
+    coupling: Any
+    scale: Any
+    rhs: Any
+    rhs_is_zero: bool
+    diagonal: Any
+    sparse: bool
 
 
 class TriangularSystem:
