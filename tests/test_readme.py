@@ -18,4 +18,5 @@ def test_readme_example_runs(capsys):
     out = capsys.readouterr().out
     assert "status=CONVERGED" in out
     assert out.splitlines()[1].endswith(" 4")  # Jacobi: exact after l + 1 = 4 sweeps
-    assert float(out.splitlines()[2].split()[1]) < 1e-12
+    assert out.splitlines()[2] == "2"  # cyclic reduction: ceil(log2(l + 1)) levels
+    assert float(out.splitlines()[3].split()[1]) < 1e-12
