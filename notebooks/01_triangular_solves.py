@@ -34,11 +34,13 @@ print("\n".join(" ".join(row) for row in pattern))
 
 # %% [markdown]
 # Solve with several methods; the exact ones agree with the sequential backward pass
-# to rounding, the iterative ones to their tolerance.
+# to rounding, the iterative ones to their tolerance. Cyclic reduction needs
+# ceil(log2(5)) = 3 levels where substitution takes 5 sequential steps.
 
 # %%
 reference = np.concatenate(net.backward(trace, eps))
-for method in ["substitution", "jacobi", "bicgstab", "scipy.gmres", "scipy.bicgstab"]:
+for method in ["substitution", "cyclic-reduction", "parallel-cyclic-reduction", "jacobi",
+               "bicgstab", "scipy.gmres", "scipy.bicgstab"]:
     sol = pp.solve(B, method)
     error = np.linalg.norm(sol.x - reference) / np.linalg.norm(reference)
     print(f"{method:16s} {sol.status.name:10s} iterations={sol.iterations:2d} "
