@@ -63,7 +63,8 @@ def backprop(net: Any, x: Any, target: Any, loss: str = "mse",
 
 def forward(net: Any, x: Any, method: str = "substitution", *,
             linearization: str = "newton", rtol: float = 1e-10, maxiter: int | None = None,
-            around: Trace | None = None, check: bool = True, **options: Any) -> Trace:
+            around: Trace | None = None, check: bool = True, linear_rtol: float | None = None,
+            **options: Any) -> Trace:
     """Forward propagation by iterated linearised systems (eq. forw_prop_sys).
 
     Each iteration linearises every activation at the current ``y``, solves
@@ -72,9 +73,11 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     is Newton's method on the whole network; the first ``k`` layers are exact
     after ``k`` iterations, so at most ``l`` iterations give the exact pass.
 
-    Stops when the nonlinear residual ``max_k ||z_{k+1} - f(y_k)|| / ||z_{k+1}||``
+    Stops when the nonlinear residual ``max_k ||z_{k+1} - f(y_k)|| / ||f(y_k)||``
     is at most ``rtol``. ``trace.info`` holds ``iterations``, ``residuals`` and
-    the linear ``solutions``.
+    the linear ``solutions``. ``around`` starts the iteration from a trace
+    (default: all states zero); ``linear_rtol`` is the tolerance of each linear
+    solve (default ``min(rtol, 1e-10)``); other options go to the solver.
 
     Raises
     ------
@@ -84,7 +87,7 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     """
     check_options(rtol, 0.0, maxiter)
     maxiter = net.depth if maxiter is None else int(maxiter)
-    linear_rtol = options.pop("linear_rtol", min(rtol, 1e-10))
+    linear_rtol = min(rtol, 1e-10) if linear_rtol is None else linear_rtol
     trace = around if around is not None else _trace_from_states(net, x, None)
     residuals, solutions = [_nonlinear_residual(net, trace)], []
     while len(solutions) < maxiter and not residuals[-1] <= rtol:

@@ -42,23 +42,25 @@ def _scipy_call(function: Callable, sample: Any, x0: Any, rtol: float, atol: flo
                 maxiter: int | None, options: dict) -> tuple[Any, int, list, int]:
     """Run a SciPy solver on one sample; return ``(x, info, history, iterations)``."""
     history: list[float] = []
-    count = [0]
     norm_c = float(np.linalg.norm(sample.rhs))
+
+    def record(value: Any) -> None:
+        """Arnoldi residual estimates for GMRES; a count (``nan``) for x-callbacks."""
+        history.append(value * norm_c if np.isscalar(value) else float("nan"))
+
     if function is spla.gmres:
         restart = min(int(options.get("restart") or 20), maxiter)
         options = {**options, "restart": restart, "maxiter": math.ceil(maxiter / restart),
                    "callback_type": "pr_norm"}
-        callback = lambda pr: history.append(pr * norm_c)  # noqa: E731
     elif function is spla.lgmres:  # outer cycles of inner_m steps, counted as cycles
         inner = min(int(options.get("inner_m") or 30), maxiter)
         options = {**options, "inner_m": inner, "maxiter": math.ceil(maxiter / inner)}
-        callback = lambda xk: count.__setitem__(0, count[0] + 1)  # noqa: E731
-    else:  # x-callbacks: count iterations; a true residual each would cost a product
+    else:  # x-callbacks are only counted: a true residual each would cost a product
         options = {**options, "maxiter": maxiter}
-        callback = lambda xk: count.__setitem__(0, count[0] + 1)  # noqa: E731
     x, info = function(sample.operator, sample.rhs, x0=x0, rtol=rtol, atol=atol,
-                       callback=callback, **options)
-    return x, info, history, len(history) or count[0]
+                       callback=record, **options)
+    estimates = [h for h in history if not np.isnan(h)]
+    return x, info, estimates, len(history)
 
 
 def _pyamg_call(function: Callable, sample: Any, x0: Any, rtol: float, atol: float,
