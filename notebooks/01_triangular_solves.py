@@ -64,3 +64,21 @@ else:
     worst = max(np.abs(gk - Wk.grad.numpy()).max() for gk, Wk in zip(g.W, W))
     print(f"largest difference from autograd: {worst:.1e}")
     assert worst < 1e-10
+
+# %% [markdown]
+# Pictures of the same: the system's pattern, the residual histories of the
+# iterative methods (Jacobi's drops to zero at sweep l + 1), and parallel levels
+# against depth. Needs matplotlib (`pip install "propop[plot]"`).
+
+# %%
+from propop import plot
+
+try:
+    import matplotlib  # noqa: F401  (drawn inline in Jupyter, on Agg when headless)
+except ImportError:
+    print("matplotlib not installed: skipping the plots")
+else:
+    plot.plot_system(B)
+    plot.plot_convergence([pp.solve(B, m) for m in ("jacobi", "bicgstab", "scipy.gmres")])
+    ax = plot.plot_levels()
+    print("plotted:", [line.get_label() for line in ax.lines])

@@ -1,0 +1,105 @@
+"""Plots of what propop studies: system structure, convergence, parallel levels.
+
+matplotlib is optional (``pip install "propop[plot]"``); it is imported when a
+plot is drawn. Every function draws on ``ax`` (a new figure's axes if omitted)
+and returns the matplotlib ``Axes``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .networks.fnn import FNN
+from .solvers.registry import solve
+from .systems import backward_system
+
+__all__ = ["plot_system", "plot_convergence", "plot_levels"]
+
+ENTRY_LIMIT = 2000  # above this many unknowns, plot the block pattern instead
+
+
+def _axes(ax: Any) -> Any:
+    if ax is not None:
+        return ax
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError as error:  # pragma: no cover - exercised without matplotlib
+        raise ImportError("propop.plot needs matplotlib: pip install 'propop[plot]'"
+                          ) from error
+    return plt.figure().add_subplot()
+
+
+def block_pattern(system: Any) -> np.ndarray:
+    """The ``nblocks x nblocks`` pattern: ``True`` where a block is non-zero."""
+    B = system.blocks
+    pattern = np.eye(system.nblocks, dtype=bool)
+    for j in range(len(B.coupling)):
+        pattern[B.pair(j)] = True
+    return pattern
+
+
+def plot_system(system: Any, ax: Any = None, sample: int = 0) -> Any:
+    """Spy plot of one sample's matrix, or of the block pattern for large systems.
+
+    Systems with at most ``ENTRY_LIMIT`` unknowns per sample show every entry
+    (paper eqs. forw_prop_sys, back_prop_sys); larger ones show the
+    ``nblocks x nblocks`` block pattern, one mark per non-zero block.
+    """
+    ax = _axes(ax)
+    single = system.sample(sample) if system.nrhs is not None else system
+    if single.size <= ENTRY_LIMIT:
+        ax.spy(single.matrix.tocsr(), markersize=max(0.5, 200 / single.size))
+        ax.set_title(f"{'lower' if system.lower else 'upper'} system, N = {single.size}")
+    else:
+        ax.spy(block_pattern(system), markersize=max(1.0, 200 / system.nblocks))
+        ax.set_title(f"block pattern, {system.nblocks} blocks")
+    return ax
+
+
+def plot_convergence(solutions: Sequence[Any], ax: Any = None, relative: bool = True) -> Any:
+    """Residual histories (semilogy), one line per solution, labelled by method.
+
+    With ``relative``, each history is divided by its initial residual.
+    """
+    ax = _axes(ax)
+    for solution in solutions:
+        history = np.asarray(solution.residuals, dtype=float)
+        if relative and history.size and history[0] > 0:
+            history = history / history[0]
+        ax.semilogy(np.arange(history.size), history, marker=".",
+                    label=f"{solution.method} ({solution.status.name.lower()})")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("relative residual" if relative else "residual")
+    ax.legend()
+    return ax
+
+
+def levels_by_depth(depths: Sequence[int], methods: Sequence[str], width: int = 4,
+                    seed: int = 0) -> dict[str, list[int]]:
+    """``Solution.levels`` of each method on random tanh FNNs of each depth."""
+    out: dict[str, list[int]] = {method: [] for method in methods}
+    rng = np.random.default_rng(seed)
+    for depth in depths:
+        net = FNN.random([width] * (depth + 1), activation="tanh", seed=seed)
+        trace = net.forward(rng.standard_normal(width))
+        system = backward_system(net, trace, np.ones(width))
+        for method in methods:
+            out[method].append(solve(system, method).levels)
+    return out
+
+
+def plot_levels(depths: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256),
+                methods: Sequence[str] = ("substitution", "cyclic-reduction",
+                                          "parallel-cyclic-reduction"),
+                ax: Any = None, width: int = 4) -> Any:
+    """Parallel levels against depth: ``l + 1`` sequential steps against ``log2``."""
+    ax = _axes(ax)
+    for method, levels in levels_by_depth(depths, methods, width).items():
+        ax.loglog(depths, levels, marker="o", label=method, base=2)
+    ax.set_xlabel("layers l")
+    ax.set_ylabel("levels (parallel steps)")
+    ax.legend()
+    return ax

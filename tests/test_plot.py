@@ -1,0 +1,57 @@
+"""Plots draw what they claim: the entries or block pattern, the histories, the levels."""
+
+import math
+
+import numpy as np
+import pytest
+
+import propop as pp
+from cases import Case
+
+matplotlib = pytest.importorskip("matplotlib", reason="plots need matplotlib")
+matplotlib.use("Agg")
+from propop import plot  # noqa: E402
+
+
+def backward(sizes, r=2):
+    net, trace, eps, _ = Case(sizes, r=r).problem()
+    return pp.backward_system(net, trace, eps)
+
+
+def test_small_system_shows_every_entry():
+    B = backward((4, 5, 3))
+    ax = plot.plot_system(B)
+    shown = ax.lines[0].get_xydata() if ax.lines else None
+    A = B.sample(0).matrix.tocoo()
+    assert shown is not None and len(shown) == A.nnz
+    assert "upper system, N = 12" in ax.get_title()
+
+
+def test_large_system_shows_the_block_pattern():
+    B = backward((50,) * 45)
+    ax = plot.plot_system(B)
+    pattern = plot.block_pattern(B)
+    upper_bidiagonal = np.eye(45, dtype=bool) | np.eye(45, k=1, dtype=bool)
+    np.testing.assert_array_equal(pattern, upper_bidiagonal)
+    assert len(ax.lines[0].get_xydata()) == pattern.sum()
+    assert "block pattern, 45 blocks" in ax.get_title()
+
+
+def test_convergence_lines_are_the_residual_histories():
+    B = backward((5,) * 7)
+    solutions = [pp.solve(B, m) for m in ("jacobi", "bicgstab", "scipy.gmres")]
+    ax = plot.plot_convergence(solutions)
+    assert len(ax.lines) == 3
+    for line, sol in zip(ax.lines, solutions):
+        np.testing.assert_allclose(line.get_ydata(),
+                                   np.array(sol.residuals) / sol.residuals[0])
+    assert "jacobi (converged)" in [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_levels_follow_depth_and_log_depth():
+    depths = [1, 2, 3, 8, 31]
+    ax = plot.plot_levels(depths)
+    by_label = {line.get_label(): line.get_ydata() for line in ax.lines}
+    np.testing.assert_array_equal(by_label["substitution"], [d + 1 for d in depths])
+    np.testing.assert_array_equal(by_label["cyclic-reduction"],
+                                  [math.ceil(math.log2(d + 1)) for d in depths])
