@@ -36,8 +36,8 @@ def block_pattern(system: Any) -> np.ndarray:
     """The ``nblocks x nblocks`` pattern: ``True`` where a block is non-zero."""
     B = system.blocks
     pattern = np.eye(system.nblocks, dtype=bool)
-    for j in range(len(B.coupling)):
-        pattern[B.pair(j)] = True
+    for e in B.edges:
+        pattern[e.row, e.col] = True
     return pattern
 
 

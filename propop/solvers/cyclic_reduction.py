@@ -185,6 +185,7 @@ def _solve(system: Any, run: Callable, rtol: float, atol: float, verify: bool,
     if shared_diagonal not in SHARED_DIAGONALS:
         raise ValueError(f"shared_diagonal must be one of {SHARED_DIAGONALS}, "
                          f"got {shared_diagonal!r}")
+    system.blocks.require_chain()  # a clear error for systems that are not block bi-diagonal
     xp = system.backend.xp
     counter = Counter()
     expected = math.ceil(math.log2(system.nblocks)) if system.nblocks > 1 else 0

@@ -56,13 +56,15 @@ def diagonal_dominance(system: Any) -> Dominance:
     True
     """
     B = system.blocks
+    totals: dict[int, Any] = {}
+    for e in B.edges:
+        sums = _row_abs_sums(e.matrix)
+        sums = sums if e.scale is None else abs(e.scale) * (sums if e.scale.ndim == 1
+                                                            else sums[:, None])
+        totals[e.row] = totals.get(e.row, 0) + sums
     ratios = [0.0] * system.nblocks
-    for j, (M, s) in enumerate(zip(B.coupling, B.scale)):
-        row = B.pair(j)[0]
-        sums = _row_abs_sums(M)
-        sums = sums if s is None else abs(s) * (sums if s.ndim == 1 else sums[:, None])
+    for row, sums in totals.items():
         d = B.diagonal[row]
-        if d is not None:
-            sums = sums / abs(d)
+        sums = sums if d is None else sums / abs(d)
         ratios[row] = float(backend.to_host(sums.max())) if sums.size else 0.0
     return Dominance(tuple(ratios), max(ratios) < 1)

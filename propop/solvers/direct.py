@@ -34,13 +34,10 @@ def substitution(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
     with backend.quiet(xp):  # overflow is reported by finish()
         for step in system.blocks.steps:
             out = xs[step.block]
-            if step.source is None:
+            if not step.sources:
                 out[...] = step.rhs
             else:
-                if step.sparse:
-                    out[...] = step.coupling @ xs[step.source]
-                else:
-                    xp.matmul(step.coupling, xs[step.source], out=out)
+                _sum_into(xp, out, step.sources, xs)
                 if step.scale is not None:
                     out *= step.scale
                 if not step.rhs_is_zero:
@@ -49,6 +46,17 @@ def substitution(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
                 out /= step.diagonal
     tol = Tolerance.of(system, rtol, atol) if verify else None
     return finish(system, x, tol=tol, levels=system.nblocks, verify=verify)
+
+
+def _sum_into(xp: Any, out: Any, sources: tuple, xs: list) -> None:
+    """``out[...] = sum_e M_e x_e``, the first product written in place where possible."""
+    (col, M, sparse), rest = sources[0], sources[1:]
+    if sparse:
+        out[...] = M @ xs[col]
+    else:
+        xp.matmul(M, xs[col], out=out)
+    for col, M, _ in rest:
+        out += M @ xs[col]
 
 
 @register("scipy.spsolve_triangular", kind="direct", exact=True)

@@ -29,19 +29,24 @@ from typing import Any
 from .. import backend
 from .._checks import require_finite
 
-__all__ = ["TriangularSystem", "Blocks", "Step", "FORMS"]
+__all__ = ["TriangularSystem", "Blocks", "Edge", "Step", "FORMS"]
 
 FORMS = ("scaled", "paper")
 
 
 @dataclass(frozen=True)
+class Edge:
+    """One off-diagonal block ``-diag(scale) @ matrix`` in block ``row``, ``col``."""
+
+    row: int
+    col: int
+    matrix: Any
+    scale: Any
+
+
+@dataclass(frozen=True)
 class Blocks:
     """The structured view of a system, in its own form.
-
-    Coupling ``j`` joins blocks ``j`` and ``j + 1``: for a lower system it sits in
-    block row ``j + 1`` and column ``j``, for an upper one in row ``j`` and column
-    ``j + 1`` (see :meth:`pair`). The off-diagonal block is
-    ``-diag(scale[j]) @ coupling[j]``.
 
     Attributes
     ----------
@@ -50,23 +55,51 @@ class Blocks:
         Block sizes ``n_0..n_{nb-1}``.
     diagonal : tuple
         Per block, ``None`` (identity) or the diagonal entries, ``(n_k,)`` or ``(n_k, r)``.
-    coupling : tuple
-        Per pair, the shared matrix (dense or sparse).
-    scale : tuple
-        Per pair, ``None`` or the row scaling of the off-diagonal block.
+    edges : tuple of Edge
+        The off-diagonal blocks, each ``-diag(scale) @ matrix`` with a matrix
+        shared by all samples (dense, sparse) and the row's scaling.
     rhs : tuple
         Per block, a view of the system's right-hand side.
+
+    A system is a **chain** (block bi-diagonal, paper eqs. forw_prop_sys and
+    back_prop_sys) when edge ``j`` joins blocks ``j + 1`` and ``j`` (lower) or
+    ``j`` and ``j + 1`` (upper); then ``coupling[j]``, ``scale[j]`` and
+    :meth:`pair` describe it, as cyclic reduction needs.
     """
 
     lower: bool
     sizes: tuple
     diagonal: tuple
-    coupling: tuple
-    scale: tuple
+    edges: tuple
     rhs: tuple
 
+    @functools.cached_property
+    def is_chain(self) -> bool:
+        """Whether the system is block bi-diagonal with edges in chain order."""
+        return (len(self.edges) == len(self.sizes) - 1
+                and all((e.row, e.col) == self.pair(j) for j, e in enumerate(self.edges)))
+
+    def require_chain(self) -> None:
+        """Raise ``ValueError`` unless the system is block bi-diagonal (a chain)."""
+        if not self.is_chain:
+            raise ValueError("this system is not block bi-diagonal (a chain): each block "
+                             "row must have at most one neighbour; use 'substitution', "
+                             "'jacobi' or a Krylov method")
+
+    @property
+    def coupling(self) -> tuple:
+        """Per pair of a chain, the shared matrix."""
+        self.require_chain()
+        return tuple(e.matrix for e in self.edges)
+
+    @property
+    def scale(self) -> tuple:
+        """Per pair of a chain, ``None`` or the row scaling of the off-diagonal block."""
+        self.require_chain()
+        return tuple(e.scale for e in self.edges)
+
     def pair(self, j: int) -> tuple[int, int]:
-        """``(row, column)`` of off-diagonal block ``j``."""
+        """``(row, column)`` of off-diagonal block ``j`` of a chain."""
         return (j + 1, j) if self.lower else (j, j + 1)
 
     def order(self) -> range:
@@ -75,48 +108,50 @@ class Blocks:
         return range(nb) if self.lower else range(nb - 1, -1, -1)
 
     def incoming(self, k: int) -> int | None:
-        """The coupling that block row ``k`` reads in substitution, if any."""
+        """The coupling that block row ``k`` of a chain reads in substitution, if any."""
+        self.require_chain()
         j = k - 1 if self.lower else k
-        return j if 0 <= j < len(self.coupling) else None
+        return j if 0 <= j < len(self.edges) else None
 
     @functools.cached_property
     def steps(self) -> tuple[Step, ...]:
         """Block rows in substitution order with everything a step needs, made once."""
+        into: dict[int, list[Edge]] = {}
+        for e in self.edges:
+            into.setdefault(e.row, []).append(e)
         steps = []
         for k in self.order():
-            j = self.incoming(k)
+            edges = into.get(k, [])
             c = self.rhs[k]
             steps.append(Step(
-                block=k, source=None if j is None else self.pair(j)[1],
-                coupling=None if j is None else self.coupling[j],
-                scale=None if j is None else self.scale[j], rhs=c,
-                rhs_is_zero=not bool(c.any()), diagonal=self.diagonal[k],
-                sparse=j is not None and backend.is_sparse(self.coupling[j])))
+                block=k,
+                sources=tuple((e.col, e.matrix, backend.is_sparse(e.matrix)) for e in edges),
+                scale=edges[0].scale if edges else None, rhs=c,
+                rhs_is_zero=not bool(c.any()), diagonal=self.diagonal[k]))
         return tuple(steps)
 
 
 @dataclass(frozen=True)
 class Step:
-    """One block row of a substitution: ``x_k = (c_k + s * (M x_source)) / d``."""
+    """One block row of a substitution: ``x_k = (c_k + s * sum_e M_e x_e) / d``."""
 
     block: int
-    source: int | None
-    coupling: Any
+    sources: tuple  # (column block, shared matrix, is sparse) per incoming edge
     scale: Any
     rhs: Any
     rhs_is_zero: bool
     diagonal: Any
-    sparse: bool
 
 
 class TriangularSystem:
-    """A block bi-diagonal lower or upper triangular system ``A x = c``.
+    """A block lower or upper triangular system ``A x = c``, block bi-diagonal or general.
 
     Parameters
     ----------
-    coupling : sequence of matrices
-        ``nb - 1`` shared coupling matrices; ``coupling[j]`` has shape
-        ``(n_{j+1}, n_j)`` for a lower system and ``(n_j, n_{j+1})`` for an upper one.
+    coupling : sequence of matrices, or None
+        For a block bi-diagonal system (a chain): ``nb - 1`` shared coupling
+        matrices; ``coupling[j]`` has shape ``(n_{j+1}, n_j)`` for a lower system
+        and ``(n_j, n_{j+1})`` for an upper one. ``None`` when ``edges`` is given.
     row_scale : sequence
         ``nb`` row scalings ``s_k``: ``None`` (one) or an array of shape
         ``(n_k,)``, or ``(n_k, r)`` / ``(n_k, 1)`` for a batch.
@@ -133,11 +168,16 @@ class TriangularSystem:
         A name per block row for messages, e.g. ``"v[2] (layer 2)"``.
     paper_hint : str
         Why a zero scaling happens, appended to the ``form="paper"`` error.
+    edges : sequence of ``(row, col, matrix)``, optional
+        A general block triangular structure (RNNs, computation graphs): block
+        row ``row`` reads ``matrix @ x_col``, all of a row's edges scaled by its
+        ``s_row``. Lower systems need ``row > col``, upper ones ``row < col``.
     """
 
-    def __init__(self, coupling: Sequence[Any], row_scale: Sequence[Any], rhs: Any, *,
+    def __init__(self, coupling: Sequence[Any] | None, row_scale: Sequence[Any], rhs: Any, *,
                  lower: bool, sizes: Sequence[int], form: str = "scaled",
-                 names: Sequence[str] | None = None, paper_hint: str = "") -> None:
+                 names: Sequence[str] | None = None, paper_hint: str = "",
+                 edges: Sequence[tuple[int, int, Any]] | None = None) -> None:
         if form not in FORMS:
             raise ValueError(f"unknown form {form!r}; choose one of {FORMS}")
         self.sizes = tuple(int(n) for n in sizes)
@@ -145,11 +185,16 @@ class TriangularSystem:
         self.form = form
         self.names = tuple(names) if names is not None else tuple(
             f"block {k}" for k in range(len(self.sizes)))
-        self._coupling = tuple(coupling)
+        if (coupling is None) == (edges is None):
+            raise ValueError("give either coupling (a chain) or edges, not both")
+        if edges is None:
+            pairs = [(j + 1, j) if self.lower else (j, j + 1) for j in range(len(coupling))]
+            edges = [(row, col, M) for (row, col), M in zip(pairs, coupling)]
+        self._edges = tuple((int(row), int(col), M) for row, col, M in edges)
         self._row_scale = tuple(row_scale)
         self._scaled_rhs = rhs
         self._paper_hint = paper_hint
-        self.backend = backend.of(rhs, *self._coupling)
+        self.backend = backend.of(rhs, *(M for _, _, M in self._edges))
         self._validate()
         if form == "paper":
             self._require_paper_form()
@@ -197,9 +242,8 @@ class TriangularSystem:
 
     def _validate(self) -> None:
         nb = self.nblocks
-        if len(self._coupling) != nb - 1 or len(self._row_scale) != nb or len(self.names) != nb:
-            raise ValueError(f"{nb} blocks need {nb - 1} couplings, {nb} row scalings and "
-                             f"{nb} names; got {len(self._coupling)}, "
+        if len(self._row_scale) != nb or len(self.names) != nb:
+            raise ValueError(f"{nb} blocks need {nb} row scalings and {nb} names; got "
                              f"{len(self._row_scale)}, {len(self.names)}")
         rhs = self._scaled_rhs
         if rhs.ndim not in (1, 2) or rhs.shape[0] != self.size:
@@ -207,8 +251,12 @@ class TriangularSystem:
                              f"({self.size}, r)")
         if rhs.dtype.kind != "f":
             raise ValueError(f"rhs has dtype {rhs.dtype}, expected a floating type")
-        for j, M in enumerate(self._coupling):
-            row, col = (j + 1, j) if self.lower else (j, j + 1)
+        for j, (row, col, M) in enumerate(self._edges):
+            if not (0 <= row < nb and 0 <= col < nb) or (row > col) != self.lower \
+                    or row == col:
+                kind = "lower" if self.lower else "upper"
+                raise ValueError(f"coupling {j} sits in block row {row}, column {col}: not "
+                                 f"strictly {kind} triangular in {nb} blocks")
             want = (self.sizes[row], self.sizes[col])
             if tuple(M.shape) != want:
                 raise ValueError(f"coupling {j} (block row {row}, column {col}) has shape "
@@ -255,12 +303,11 @@ class TriangularSystem:
         return self if self.form == "paper" else self._with(form="paper")
 
     def _with(self, **changes: Any) -> TriangularSystem:
-        args = dict(coupling=self._coupling, row_scale=self._row_scale,
-                    rhs=self._scaled_rhs, lower=self.lower, sizes=self.sizes,
-                    form=self.form, names=self.names, paper_hint=self._paper_hint)
+        args = dict(row_scale=self._row_scale, rhs=self._scaled_rhs, lower=self.lower,
+                    sizes=self.sizes, form=self.form, names=self.names,
+                    paper_hint=self._paper_hint, edges=self._edges)
         args.update(changes)
-        return TriangularSystem(args.pop("coupling"), args.pop("row_scale"),
-                                args.pop("rhs"), **args)
+        return TriangularSystem(None, args.pop("row_scale"), args.pop("rhs"), **args)
 
     @functools.cached_property
     def rhs(self) -> Any:
@@ -274,15 +321,13 @@ class TriangularSystem:
     @functools.cached_property
     def blocks(self) -> Blocks:
         """The structured view (:class:`Blocks`) that structure-aware solvers use."""
-        pairs = range(self.nblocks - 1)
-        rows = [j + 1 if self.lower else j for j in pairs]
         paper = self.form == "paper"
         return Blocks(
             lower=self.lower,
             sizes=self.sizes,
             diagonal=tuple(None if not paper or s is None else 1 / s for s in self._row_scale),
-            coupling=self._coupling,
-            scale=tuple(None if paper else self._row_scale[row] for row in rows),
+            edges=tuple(Edge(row, col, M, None if paper else self._row_scale[row])
+                        for row, col, M in self._edges),
             rhs=tuple(self.split(self.rhs)),
         )
 
@@ -320,13 +365,12 @@ class TriangularSystem:
             raise ValueError(f"x has shape {x.shape}, expected {self.rhs.shape}")
         xs = self.split(x)
         out = [xk.copy() if d is None else d * xk for xk, d in zip(xs, B.diagonal)]
-        for j, (M, s) in enumerate(zip(B.coupling, B.scale)):
-            row, col = B.pair(j)
+        for e in B.edges:
             if transpose:
-                out[col] -= M.T @ (xs[row] if s is None else s * xs[row])
+                out[e.col] -= e.matrix.T @ (xs[e.row] if e.scale is None else e.scale * xs[e.row])
             else:
-                product = M @ xs[col]
-                out[row] -= product if s is None else s * product
+                product = e.matrix @ xs[e.col]
+                out[e.row] -= product if e.scale is None else e.scale * product
         return self.backend.xp.concatenate(out)
 
     def residual(self, x: Any) -> Any:
@@ -364,7 +408,7 @@ class TriangularSystem:
         parts = [_triplets(s, i * self.size) for i, s in enumerate(self.samples())]
         rows, cols, vals = (xp.concatenate([p[q] for p in parts]) for q in range(3))
         csr = _csr_class(be)((vals, (rows, cols)), shape=self.shape)
-        dense = not any(be.sparse.issparse(M) for M in self._coupling)
+        dense = not any(be.sparse.issparse(M) for _, _, M in self._edges)
         blocksize = math.gcd(*self.sizes)
         if dense and blocksize > 1 and hasattr(csr, "tobsr"):
             return csr.tobsr(blocksize=(blocksize, blocksize))
@@ -385,12 +429,12 @@ def _triplets(system: TriangularSystem, shift: int) -> tuple[Any, Any, Any]:
         rows.append(idx)
         cols.append(idx)
         vals.append(xp.ones(B.sizes[k], dtype=system.dtype) if d is None else d)
-    for j, (M, s) in enumerate(zip(B.coupling, B.scale)):
-        row, col = B.pair(j)
-        coo = _coo(system.backend, M)
-        rows.append(coo[0] + o[row] + shift)
-        cols.append(coo[1] + o[col] + shift)
-        vals.append(-(coo[2] if s is None else s[coo[0]] * coo[2]).astype(system.dtype))
+    for e in B.edges:
+        coo = _coo(system.backend, e.matrix)
+        rows.append(coo[0] + o[e.row] + shift)
+        cols.append(coo[1] + o[e.col] + shift)
+        vals.append(-(coo[2] if e.scale is None else e.scale[coo[0]] * coo[2])
+                    .astype(system.dtype))
     return xp.concatenate(rows), xp.concatenate(cols), xp.concatenate(vals)
 
 
