@@ -7,7 +7,7 @@ The public API is DESIGN section 6; everything is re-exported here.
 from . import solvers
 from .activations import Activation, available_activations, get_activation, register_activation
 from .losses import loss_gradient, loss_value
-from .networks import FNN, Gradients, Trace
+from .networks import FNN, RNN, Gradients, RNNGradients, Trace
 from .propagation import backprop, forward
 from .solvers import ConvergenceError, Solution, Status, solve
 from .systems import Blocks, TriangularSystem, backward_system, forward_system
@@ -15,7 +15,7 @@ from .systems import Blocks, TriangularSystem, backward_system, forward_system
 __version__ = "0.1.0"
 
 __all__ = [
-    "FNN", "Trace", "Gradients",
+    "FNN", "RNN", "Trace", "Gradients", "RNNGradients",
     "Activation", "register_activation", "get_activation", "available_activations",
     "loss_gradient", "loss_value",
     "TriangularSystem", "Blocks", "backward_system", "forward_system",

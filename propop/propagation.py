@@ -5,9 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from .losses import loss_gradient
-from .networks.fnn import column
-from .networks.trace import Gradients, Trace
+from .networks.trace import Trace
 from .solvers.convergence import check_options
 from .solvers.registry import solve
 from .solvers.solution import ConvergenceError, Solution, Status
@@ -18,7 +16,7 @@ __all__ = ["backprop", "forward"]
 
 def backprop(net: Any, x: Any, target: Any, loss: str = "mse",
              method: str = "substitution", *, rtol: float = 1e-10, check: bool = True,
-             **options: Any) -> Gradients:
+             **options: Any) -> Any:
     """Gradients of the loss by solving the backward system (eq. back_prop_sys).
 
     The forward pass is the sequential reference; the backward pass is
@@ -42,8 +40,9 @@ def backprop(net: Any, x: Any, target: Any, loss: str = "mse",
 
     Returns
     -------
-    Gradients
-        ``g.W``, ``g.b``, ``g.x`` summed over samples, and ``g.solution``.
+    Gradients or RNNGradients
+        ``g.W``, ``g.b`` (and ``g.U`` for an RNN), ``g.x``, summed over samples
+        (and time steps), and ``g.solution``.
 
     Examples
     --------
@@ -54,11 +53,10 @@ def backprop(net: Any, x: Any, target: Any, loss: str = "mse",
     ((5, 3), True)
     """
     trace = net.forward(x)
-    eps = loss_gradient(trace.output, target, loss)
+    eps = net.loss_gradient(trace, target, loss)
     system = backward_system(net, trace, eps)
     solution = solve(system, method, check=check, rtol=rtol, **options)
-    gradients = net.gradients(trace, system.split(solution.x))
-    return Gradients(W=gradients.W, b=gradients.b, x=gradients.x, solution=solution)
+    return replace(net.gradients(trace, net.unstack(system, solution.x)), solution=solution)
 
 
 def forward(net: Any, x: Any, method: str = "substitution", *,
@@ -71,7 +69,8 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     the forward system with ``method``, and recomputes every ``y_k = W_k z_k + b_k``
     from the new ``z`` (all layers at once). With ``linearization="newton"`` this
     is Newton's method on the whole network; the first ``k`` layers are exact
-    after ``k`` iterations, so at most ``l`` iterations give the exact pass.
+    after ``k`` iterations, so at most ``l`` iterations give the exact pass
+    (``tau + l - 1`` for an RNN, whose dependencies also run along time).
 
     Stops when the nonlinear residual ``max_k ||z_{k+1} - f(y_k)|| / ||f(y_k)||``
     is at most ``rtol``. ``trace.info`` holds ``iterations``, ``residuals`` and
@@ -83,18 +82,21 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     ------
     ConvergenceError
         If ``check`` and the iteration did not converge within ``maxiter``
-        (default ``l``) iterations.
+        (default: the number of blocks less one, always enough) iterations.
     """
     check_options(rtol, 0.0, maxiter)
-    maxiter = net.depth if maxiter is None else int(maxiter)
     linear_rtol = min(rtol, 1e-10) if linear_rtol is None else linear_rtol
-    trace = around if around is not None else _trace_from_states(net, x, None)
+    trace = around if around is not None else net.trace_from_states(x, None)
     residuals, solutions = [_nonlinear_residual(net, trace)], []
-    while len(solutions) < maxiter and not residuals[-1] <= rtol:
+    while not residuals[-1] <= rtol:
         system = forward_system(net, x, around=trace, linearization=linearization)
+        if maxiter is None:  # the longest chain of dependencies is shorter than this
+            maxiter = system.nblocks - 1
+        if len(solutions) >= maxiter:
+            break
         solution = solve(system, method, check=check, rtol=linear_rtol, **options)
         solutions.append(solution)
-        trace = _trace_from_states(net, x, system.split(solution.x))
+        trace = net.trace_from_states(x, net.unstack(system, solution.x))
         residuals.append(_nonlinear_residual(net, trace))
     info = {"iterations": len(solutions), "residuals": residuals, "solutions": solutions,
             "converged": residuals[-1] <= rtol}
@@ -102,17 +104,6 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
         solution = solutions[-1] if solutions else None
         raise ConvergenceError(_failed(solution, len(solutions), residuals[-1], rtol))
     return Trace(x=trace.x, y=trace.y, z=trace.z, info=info)
-
-
-def _trace_from_states(net: Any, x: Any, z: list | None) -> Trace:
-    """The trace whose ``y_k = W_k z_k + b_k`` comes from states ``z`` (zeros if ``None``)."""
-    xp = net.backend.xp
-    x = net.check_input(x)
-    if z is None:
-        z = [x] + [xp.zeros((n,) + x.shape[1:], dtype=net.dtype) for n in net.sizes[1:]]
-    y = [Wk @ zk + column(bk, x)
-         for Wk, bk, zk in zip(net.W, net.b, z[:-1])]
-    return Trace(x=x, y=tuple(y), z=tuple([x] + list(z[1:])))
 
 
 def _nonlinear_residual(net: Any, trace: Trace) -> float:

@@ -12,6 +12,7 @@ import scipy.sparse as sp
 from .. import backend
 from .._checks import require_finite, require_shape
 from ..activations import Activation, get_activation
+from ..losses import loss_gradient
 from .trace import Gradients, Trace
 
 __all__ = ["FNN", "column"]
@@ -208,6 +209,26 @@ class FNN:
         require_shape(eps, trace.output.shape, "eps", " (the output's shape)")
         require_finite(eps, "eps")
         return eps.astype(self.dtype, copy=False)
+
+    def loss_gradient(self, trace: Trace, target: Any, loss: str = "mse") -> Any:
+        """``eps = dE/dz^(l)`` of this network's output (see :func:`propop.loss_gradient`)."""
+        return loss_gradient(trace.output, target, loss)
+
+    def unstack(self, system: Any, x: Any) -> list[Any]:
+        """Per-layer blocks (``v[0..l]`` or ``z[0..l]``) of a solution of its system."""
+        return system.split(x)
+
+    def trace_from_states(self, x: Any, z: Sequence[Any] | None) -> Trace:
+        """The trace whose ``y[k] = W[k] z[k] + b[k]`` comes from states ``z``.
+
+        All layers at once (no sequential dependency); ``z = None`` means zeros.
+        """
+        xp = self.backend.xp
+        x = self.check_input(x)
+        if z is None:
+            z = [x] + [xp.zeros((n,) + x.shape[1:], dtype=self.dtype) for n in self.sizes[1:]]
+        y = [Wk @ zk + column(bk, x) for Wk, bk, zk in zip(self.W, self.b, z[:-1])]
+        return Trace(x=x, y=tuple(y), z=tuple([x] + list(z[1:])))
 
     def gradients(self, trace: Trace, v: Sequence[Any]) -> Gradients:
         """Weight, bias and input gradients from the errors ``v``, summed over samples.

@@ -1,0 +1,267 @@
+"""Multi-layer Elman RNNs (paper section 2.2) and their sequential reference propagation.
+
+Layer ``k = 0..l-1`` at time step ``s = 0..tau-1`` computes
+``y[k][s] = W[k] z[k][s] + U[k] z[k+1][s-1] + b[k]`` and ``z[k+1][s] = f_k(y[k][s])``
+with ``z[k+1][-1] = 0`` and ``z[0] = x`` (the paper's theta_k, indices from 0).
+Time is the leading axis: ``xs`` is ``(tau, n_in)`` or ``(tau, n_in, r)``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import backend
+from .._checks import require_finite, require_shape
+from ..activations import Activation, get_activation
+from ..losses import loss_gradient
+from .fnn import _as_weight, _float_dtype
+from .trace import Trace
+
+__all__ = ["RNN", "RNNGradients"]
+
+
+@dataclass(frozen=True)
+class RNNGradients:
+    """Gradients of an RNN, summed over time steps and samples.
+
+    Attributes
+    ----------
+    W, U, b : tuple
+        Per layer, ``dE/dW[k]``, ``dE/dU[k]``, ``dE/db[k]``.
+    x : array
+        ``dE/dx``, shaped like the input sequence.
+    solution : Solution or None
+        The backward solve these came from, if any.
+    """
+
+    W: tuple
+    U: tuple
+    b: tuple
+    x: Any
+    solution: Any = field(default=None, compare=False)
+
+
+class RNN:
+    """A multi-layer Elman RNN ``z[k,s] = f(W_k z[k-1,s] + U_k z[k,s-1] + b_k)``.
+
+    Parameters
+    ----------
+    W, U : sequences of arrays
+        ``W[k]`` is ``(h_{k+1}, h_k)`` (``h_0`` the input width), ``U[k]`` is
+        ``(h_{k+1}, h_{k+1})``; dense or sparse.
+    b : sequence of arrays, optional
+        ``b[k]`` is ``(h_{k+1},)``; for ``torch.nn.RNN`` use ``b_ih + b_hh``.
+    activation : str, Activation or sequence of them
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rnn = RNN.random([3, 5, 4], activation="tanh", seed=0)
+    >>> rnn.forward(np.ones((7, 3))).output.shape
+    (7, 4)
+    """
+
+    def __init__(self, W: Sequence[Any], U: Sequence[Any], b: Sequence[Any] | None = None,
+                 activation: str | Activation | Sequence[Any] = "tanh") -> None:
+        if isinstance(W, (str, bytes)) or not isinstance(W, Sequence) or len(W) == 0:
+            raise ValueError("W must be a non-empty sequence of weight matrices")
+        if len(U) != len(W):
+            raise ValueError(f"got {len(W)} input weights W but {len(U)} recurrent weights U")
+        weights = [_as_weight(Wk, k) for k, Wk in enumerate(W)]
+        recurrent = [_as_weight(Uk, k) for k, Uk in enumerate(U)]
+        be = backend.of(*weights, *recurrent)
+        biases = ([be.xp.zeros(Wk.shape[0]) for Wk in weights] if b is None
+                  else [be.xp.asarray(bk) for bk in b])
+        if len(biases) != len(weights):
+            raise ValueError(f"got {len(weights)} layers but {len(biases)} biases")
+        self.dtype = _float_dtype(weights + recurrent + biases)
+        self.W = tuple(Wk.astype(self.dtype, copy=False) for Wk in weights)
+        self.U = tuple(Uk.astype(self.dtype, copy=False) for Uk in recurrent)
+        self.b = tuple(bk.astype(self.dtype, copy=False) for bk in biases)
+        spec = activation
+        self.activations = ((get_activation(spec),) * len(W) if isinstance(spec, (str, Activation))
+                            else tuple(get_activation(a) for a in spec))
+        if len(self.activations) != len(W):
+            raise ValueError(f"got {len(self.activations)} activations for {len(W)} layers")
+        self.backend = be
+        self._validate()
+
+    def _validate(self) -> None:
+        for k, (Wk, Uk, bk) in enumerate(zip(self.W, self.U, self.b)):
+            if k > 0 and Wk.shape[1] != self.W[k - 1].shape[0]:
+                n = self.W[k - 1].shape[0]
+                raise ValueError(f"layer {k}: W[{k}] has shape {Wk.shape}, expected "
+                                 f"({Wk.shape[0]}, {n}) to follow layer {k - 1}'s width {n}")
+            h = Wk.shape[0]
+            require_shape(Uk, (h, h), f"layer {k}: U[{k}]", f" (square, W[{k}] has {h} rows)")
+            require_shape(bk, (h,), f"layer {k}: b[{k}]", f" to match W[{k}]")
+            for name, a in (("W", Wk), ("U", Uk), ("b", bk)):
+                require_finite(a, f"layer {k}: {name}[{k}]")
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """Widths ``(n_in, h_1, ..., h_l)``."""
+        return (self.W[0].shape[1],) + tuple(Wk.shape[0] for Wk in self.W)
+
+    @property
+    def depth(self) -> int:
+        """Number of layers ``l``."""
+        return len(self.W)
+
+    @functools.cached_property
+    def WT(self) -> tuple:
+        """The transposed input weights, made once."""
+        return tuple(Wk.T for Wk in self.W)
+
+    @functools.cached_property
+    def UT(self) -> tuple:
+        """The transposed recurrent weights, made once."""
+        return tuple(Uk.T for Uk in self.U)
+
+    def __repr__(self) -> str:
+        return f"RNN(sizes={self.sizes}, dtype={self.dtype})"
+
+    @classmethod
+    def random(cls, sizes: Sequence[int], activation: str | Activation = "tanh",
+               seed: int | None = 0, dtype: Any = "float64") -> RNN:
+        """Weights uniform in ``(-1/sqrt(h), 1/sqrt(h))``, as ``torch.nn.RNN`` initialises them."""
+        sizes = [int(n) for n in sizes]
+        if len(sizes) < 2 or min(sizes) < 1:
+            raise ValueError(f"sizes must list at least two positive widths, got {sizes}")
+        rng = np.random.default_rng(seed)
+        W, U, b = [], [], []
+        for n_in, h in zip(sizes[:-1], sizes[1:]):
+            bound = 1 / np.sqrt(h)
+            W.append(rng.uniform(-bound, bound, (h, n_in)).astype(dtype))
+            U.append(rng.uniform(-bound, bound, (h, h)).astype(dtype))
+            b.append(rng.uniform(-bound, bound, h).astype(dtype))
+        return cls(W, U, b, activation)
+
+    def check_input(self, xs: Any) -> Any:
+        """Return ``xs`` as an array of the network's dtype, or raise naming the problem."""
+        xs = self.backend.xp.asarray(xs)
+        if xs.ndim not in (2, 3) or xs.shape[1] != self.sizes[0] or xs.shape[0] < 1:
+            raise ValueError(f"xs has shape {xs.shape}, expected (tau, {self.sizes[0]}) or "
+                             f"(tau, {self.sizes[0]}, r): time first, then features")
+        require_finite(xs, "xs")
+        return xs.astype(self.dtype, copy=False)
+
+    def forward(self, xs: Any) -> Trace:
+        """Sequential reference forward pass; ``trace.y[k]``/``trace.z[k]`` are ``(tau, h, [r])``.
+
+        Each layer's input projection ``W[k] z[k][s]`` is one product over all time
+        steps; the recurrence over time is the sequential part.
+        """
+        xp = self.backend.xp
+        z = [self.check_input(xs)]
+        y = []
+        for Wk, Uk, bk, f in zip(self.W, self.U, self.b, self.activations):
+            inputs = _over_time(Wk, z[-1]) + (bk[:, None] if z[-1].ndim == 3 else bk)
+            yk = xp.empty_like(inputs)
+            zk = xp.empty_like(inputs)
+            for s in range(inputs.shape[0]):
+                yk[s] = inputs[s] if s == 0 else inputs[s] + Uk @ zk[s - 1]
+                zk[s] = f(yk[s])
+            y.append(yk)
+            z.append(zk)
+        return Trace(x=z[0], y=tuple(y), z=tuple(z))
+
+    def loss_gradient(self, trace: Trace, target: Any, loss: str = "mse") -> Any:
+        """``eps = dE/dz`` of the top layer at every step; features are axis 1.
+
+        ``target`` is shaped like the output, or integer labels ``(tau[, r])`` for
+        ``"cross_entropy"`` (softmax over the features of each step). For a loss at
+        the last step only, pass an ``eps`` with zeros elsewhere to
+        :func:`propop.backward_system` directly.
+        """
+        xp = self.backend.xp
+        out = xp.moveaxis(trace.output, 1, 0)
+        target = xp.asarray(target)
+        if target.shape == trace.output.shape:
+            target = xp.moveaxis(target, 1, 0)
+        return xp.moveaxis(loss_gradient(out, target, loss), 0, 1)
+
+    def backward(self, trace: Trace, eps: Any) -> list[Any]:
+        """Sequential backpropagation through time; returns ``v[0..l]``, each ``(tau, h, [r])``.
+
+        ``v[k+1][s] = f'(y[k][s]) * (W[k+1]^T v[k+2][s] + U[k]^T v[k+1][s+1])`` with
+        ``eps`` in place of the first term at the top layer, and
+        ``v[0][s] = W[0]^T v[1][s]`` (eq. back_prop_sys_rnn's recursion).
+        """
+        xp = self.backend.xp
+        eps = xp.asarray(eps)
+        require_shape(eps, trace.output.shape, "eps", " (the output's shape)")
+        require_finite(eps, "eps")
+        v = [None] * (self.depth + 1)
+        above = eps.astype(self.dtype, copy=False)
+        for k in range(self.depth - 1, -1, -1):
+            slope = self.activations[k].df(trace.y[k])
+            vk = xp.empty_like(above)
+            for s in range(above.shape[0] - 1, -1, -1):
+                total = above[s] if s == above.shape[0] - 1 else above[s] + \
+                    self.U[k].T @ vk[s + 1]
+                vk[s] = slope[s] * total
+            v[k + 1] = vk
+            above = _over_time(self.W[k].T, vk)
+        v[0] = above
+        return v
+
+    def gradients(self, trace: Trace, v: Sequence[Any]) -> RNNGradients:
+        """``dW``, ``dU``, ``db`` summed over time and samples, and ``dx = v[0]``."""
+        if len(v) != self.depth + 1:
+            raise ValueError(f"v has {len(v)} entries, expected {self.depth + 1} (v[0..l])")
+        dW, dU, db = [], [], []
+        for k in range(self.depth):
+            vk, zin, zk = v[k + 1], trace.z[k], trace.z[k + 1]
+            dW.append(_outer_over_time(vk, zin))
+            dU.append(_outer_over_time(vk[1:], zk[:-1]))
+            db.append(vk.sum(axis=tuple(a for a in range(vk.ndim) if a != 1)))
+        return RNNGradients(tuple(dW), tuple(dU), tuple(db), v[0])
+
+    def trace_from_states(self, xs: Any, z: Sequence[Any] | None) -> Trace:
+        """The trace whose ``y[k][s] = W z[k][s] + U z[k+1][s-1] + b`` comes from states ``z``.
+
+        All layers and time steps at once; ``z = None`` means zeros.
+        """
+        xp = self.backend.xp
+        xs = self.check_input(xs)
+        tau, batch = xs.shape[0], xs.shape[2:]
+        if z is None:
+            z = [xs] + [xp.zeros((tau, h) + batch, dtype=self.dtype) for h in self.sizes[1:]]
+        y = []
+        for k, (Wk, Uk, bk) in enumerate(zip(self.W, self.U, self.b)):
+            previous = xp.concatenate([xp.zeros_like(z[k + 1][:1]), z[k + 1][:-1]])
+            y.append(_over_time(Wk, z[k]) + _over_time(Uk, previous)
+                     + (bk[:, None] if batch else bk))
+        return Trace(x=xs, y=tuple(y), z=tuple([xs] + list(z[1:])))
+
+    def unstack(self, system: Any, x: Any) -> list[Any]:
+        """Per-layer arrays (``v`` or ``z``, each ``(tau, h, [r])``) of a time-major solution."""
+        xp = self.backend.xp
+        blocks = system.split(x)
+        per = self.depth + 1
+        return [xp.stack(blocks[k::per]) for k in range(per)]
+
+
+def _over_time(M: Any, Z: Any) -> Any:
+    """``M @ Z[s]`` for every time step ``s`` in one product."""
+    xp = backend.namespace(Z)
+    if Z.ndim == 2:  # (tau, n): (M Z^T)^T
+        return xp.asarray((M @ Z.T).T)
+    tau, n, r = Z.shape
+    flat = Z.transpose(1, 0, 2).reshape(n, tau * r)
+    return xp.asarray(M @ flat).reshape(-1, tau, r).transpose(1, 0, 2)
+
+
+def _outer_over_time(V: Any, Z: Any) -> Any:
+    """``sum_s V[s] Z[s]^T`` (over samples too) as one product."""
+    if V.ndim == 2:
+        return V.T @ Z
+    tau, m, r = V.shape
+    return V.transpose(1, 0, 2).reshape(m, tau * r) @ Z.transpose(1, 0, 2).reshape(-1,
+                                                                                 tau * r).T

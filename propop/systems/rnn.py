@@ -1,0 +1,94 @@
+"""Systems of RNNs: the two-level eqs. forw_prop_sys_rnn and back_prop_sys_rnn, row-scaled.
+
+Blocks are time-major, as in the paper: block ``s (l + 1) + k`` holds layer ``k``'s
+vector at step ``s`` (``k = 0`` the input). Within a step the layers couple through
+``W`` (the diagonal blocks ``L^(s)``, ``R^(s)``, themselves block bi-diagonal); across
+steps each layer couples to itself through ``U`` (the blocks ``U-bar``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..networks.rnn import RNN
+from ..networks.trace import Trace
+from .builders import backward_system, forward_system
+from .triangular import TriangularSystem
+
+__all__: list[str] = []
+
+
+def _names(letter: str, tau: int, depth: int) -> list[str]:
+    return [f"{letter}[{k}] at step {s}" + (" (input)" if k == 0 else f" (layer {k - 1})")
+            for s in range(tau) for k in range(depth + 1)]
+
+
+def _stack(xp: Any, rnn: RNN, tau: int, batch: tuple, blocks: dict) -> Any:
+    """The time-major right-hand side with ``blocks[k]`` ``(tau, h, [r])`` at layer ``k``."""
+    per_step = sum(rnn.sizes)
+    rhs = xp.zeros((tau, per_step) + batch, dtype=rnn.dtype)
+    offsets = [sum(rnn.sizes[:k]) for k in range(rnn.depth + 1)]
+    for k, values in blocks.items():
+        rhs[:, offsets[k]: offsets[k] + rnn.sizes[k]] = values
+    return rhs.reshape((tau * per_step,) + batch)
+
+
+def _edges(rnn: RNN, tau: int, lower: bool) -> list[tuple[int, int, Any]]:
+    """``W`` edges within each step and ``U`` edges across steps."""
+    per, edges = rnn.depth + 1, []
+    for s in range(tau):
+        for k in range(1, per):
+            if lower:
+                edges.append((s * per + k, s * per + k - 1, rnn.W[k - 1]))
+                if s > 0:
+                    edges.append((s * per + k, (s - 1) * per + k, rnn.U[k - 1]))
+            else:
+                edges.append((s * per + k - 1, s * per + k, rnn.WT[k - 1]))
+                if s < tau - 1:
+                    edges.append((s * per + k, (s + 1) * per + k, rnn.UT[k - 1]))
+    return edges
+
+
+@backward_system.register
+def _rnn_backward(rnn: RNN, trace: Trace, eps: Any, *, form: str = "scaled"
+                  ) -> TriangularSystem:
+    """Rows ``v[k,s] - f'[k,s] * (W^T v[k+1,s] + U^T v[k,s+1]) = 0``, top rows ``f' * eps``."""
+    xp = rnn.backend.xp
+    eps = xp.asarray(eps, dtype=rnn.dtype)
+    tau, batch = trace.output.shape[0], trace.output.shape[2:]
+    if eps.shape != trace.output.shape:
+        raise ValueError(f"eps has shape {eps.shape}, expected {trace.output.shape} "
+                         "(the output's: time, features[, samples])")
+    slopes = [act.df(y) for act, y in zip(rnn.activations, trace.y)]
+    scales = [None if k == 0 else slopes[k - 1][s]
+              for s in range(tau) for k in range(rnn.depth + 1)]
+    rhs = _stack(xp, rnn, tau, batch, {rnn.depth: slopes[-1] * eps})
+    return TriangularSystem(
+        None, scales, rhs, lower=False, sizes=rnn.sizes * tau, form=form,
+        names=_names("v", tau, rnn.depth), edges=_edges(rnn, tau, lower=False),
+        paper_hint=", where f'(y) = 0 so that E = 1/f'(y) does not exist")
+
+
+@forward_system.register
+def _rnn_forward(rnn: RNN, xs: Any, around: Any = None, *, linearization: str = "secant",
+                 form: str = "scaled") -> TriangularSystem:
+    """Rows ``z[k,s] - a * (W z[k-1,s] + U z[k,s-1]) = a * b + beta``, inputs ``z[0,s] = x_s``."""
+    xp = rnn.backend.xp
+    xs = rnn.check_input(xs)
+    tau, batch = xs.shape[0], xs.shape[2:]
+    points = ([xp.zeros((tau, h) + batch, dtype=rnn.dtype) for h in rnn.sizes[1:]]
+              if around is None else list(around.y if isinstance(around, Trace) else around))
+    blocks, scales_by_layer = {0: xs}, []
+    for k, (act, bk, y) in enumerate(zip(rnn.activations, rnn.b, points)):
+        if tuple(y.shape) != (tau, rnn.sizes[k + 1]) + batch:
+            raise ValueError(f"layer {k}: around.y[{k}] has shape {tuple(y.shape)}, expected "
+                             f"{(tau, rnn.sizes[k + 1]) + batch}")
+        a, beta = act.linearize(y, linearization)
+        scales_by_layer.append(a)
+        blocks[k + 1] = a * (bk[:, None] if batch else bk) + beta
+    scales = [None if k == 0 else scales_by_layer[k - 1][s]
+              for s in range(tau) for k in range(rnn.depth + 1)]
+    return TriangularSystem(
+        None, scales, _stack(xp, rnn, tau, batch, blocks), lower=True,
+        sizes=rnn.sizes * tau, form=form, names=_names("z", tau, rnn.depth),
+        edges=_edges(rnn, tau, lower=True))
