@@ -1,0 +1,120 @@
+"""RNNs against torch.nn.RNN: the reference, the two-level systems and every solver."""
+
+import numpy as np
+import pytest
+
+import propop as pp
+from cases import relative_error
+from reference import torch
+
+METHODS = ["substitution", "scipy.spsolve_triangular", "jacobi", "bicgstab", "scipy.gmres",
+           "pyamg.gmres"]
+
+
+def problem(layers=2, r=4, nonlinearity="tanh", tau=7, seed=0):
+    rnn = pp.RNN.random([3] + [5] * layers, activation=nonlinearity, seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    batch = () if r is None else (r,)
+    xs = rng.standard_normal((tau, 3) + batch)
+    targets = rng.standard_normal((tau, 5) + batch)
+    return rnn, xs, targets
+
+
+def torch_reference(rnn, xs, targets, nonlinearity):
+    """Output and gradients of torch.nn.RNN (b_ih carries b, b_hh = 0) in float64."""
+    layers = rnn.depth
+    module = torch.nn.RNN(3, 5, num_layers=layers, nonlinearity=nonlinearity,
+                          dtype=torch.float64)
+    with torch.no_grad():
+        for k in range(layers):
+            getattr(module, f"weight_ih_l{k}").copy_(torch.tensor(rnn.W[k]))
+            getattr(module, f"weight_hh_l{k}").copy_(torch.tensor(rnn.U[k]))
+            getattr(module, f"bias_ih_l{k}").copy_(torch.tensor(rnn.b[k]))
+            getattr(module, f"bias_hh_l{k}").zero_()
+    as_batch = (lambda a: a) if xs.ndim == 3 else (lambda a: a[:, :, None])
+    X = torch.tensor(as_batch(xs)).permute(0, 2, 1).clone().requires_grad_(True)
+    out, _ = module(X)
+    T = torch.tensor(as_batch(targets)).permute(0, 2, 1)
+    (0.5 * ((out - T) ** 2).sum()).backward()
+    grads = {name: [getattr(module, f"{name}_l{k}").grad.numpy() for k in range(layers)]
+             for name in ("weight_ih", "weight_hh", "bias_ih")}
+    dx = X.grad.permute(0, 2, 1).numpy()
+    return out.detach().permute(0, 2, 1).numpy(), grads, dx if xs.ndim == 3 else dx[:, :, 0]
+
+
+@pytest.mark.parametrize("nonlinearity", ["tanh", "relu"])
+@pytest.mark.parametrize("layers", [1, 2, 3])
+@pytest.mark.parametrize("r", [None, 1, 4])
+def test_reference_matches_torch(nonlinearity, layers, r):
+    rnn, xs, targets = problem(layers, r, nonlinearity)
+    out, grads, dx = torch_reference(rnn, xs, targets, nonlinearity)
+    trace = rnn.forward(xs)
+    g = rnn.gradients(trace, rnn.backward(trace, rnn.loss_gradient(trace, targets)))
+    assert relative_error(trace.output if r else trace.output[:, :, None],
+                          out if r else out) < 1e-13
+    for k in range(layers):
+        assert relative_error(g.W[k], grads["weight_ih"][k]) < 1e-12
+        assert relative_error(g.U[k], grads["weight_hh"][k]) < 1e-12
+        assert relative_error(g.b[k], grads["bias_ih"][k]) < 1e-12
+    assert relative_error(g.x, dx) < 1e-12
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize(("layers", "r", "nonlinearity"), [(1, 4, "tanh"), (3, 1, "relu"),
+                                                          (2, None, "tanh")])
+def test_backprop_through_every_method_matches_torch(method, layers, r, nonlinearity):
+    rnn, xs, targets = problem(layers, r, nonlinearity)
+    _, grads, dx = torch_reference(rnn, xs, targets, nonlinearity)
+    g = pp.backprop(rnn, xs, targets, method=method)
+    assert isinstance(g, pp.RNNGradients) and g.solution.converged
+    for k in range(layers):
+        assert relative_error(g.W[k], grads["weight_ih"][k]) < 1e-9
+        assert relative_error(g.U[k], grads["weight_hh"][k]) < 1e-9
+    assert relative_error(g.x, dx) < 1e-9
+
+
+def test_two_level_structure_operator_and_iterations():
+    rnn, xs, targets = problem(layers=2, r=3, tau=6)
+    trace = rnn.forward(xs)
+    B = pp.backward_system(rnn, trace, rnn.loss_gradient(trace, targets))
+    assert B.nblocks == 6 * 3 and B.sizes == (3, 5, 5) * 6 and not B.blocks.is_chain
+    assert len(B.blocks.edges) == 6 * 2 + 5 * 2  # W within steps, U across steps
+    u = np.random.default_rng(2).standard_normal(B.shape[0])
+    np.testing.assert_allclose(B.operator @ u, B.matrix @ u, rtol=1e-13, atol=1e-14)
+    sol = pp.solve(B, "jacobi", rtol=1e-14)
+    assert sol.iterations == (6 - 1) + 2 + 1  # the longest chain: tau - 1 + l + 1 blocks
+    assert sol.residuals[-2] > 1e-6 * sol.residuals[0]  # and not one sweep earlier
+    with pytest.raises(ValueError, match="not block bi-diagonal"):
+        pp.solve(B, "cyclic-reduction")
+
+
+@pytest.mark.parametrize("linearization", ["newton", "secant"])
+def test_forward_system_and_newton_forward(linearization):
+    rnn, xs, _ = problem(layers=2, r=2, tau=5)
+    trace = rnn.forward(xs)
+    F = pp.forward_system(rnn, xs, around=trace, linearization=linearization)
+    z = rnn.unstack(F, pp.solve(F).x)
+    for a, b in zip(z, trace.z):
+        assert relative_error(a, b) < 1e-13
+    tr = pp.forward(rnn, xs, method="jacobi", linearization=linearization)
+    assert tr.info["converged"] and tr.info["iterations"] <= 5 + 2 - 1
+    assert relative_error(tr.output, trace.output) < 1e-10
+
+
+def test_bad_rnn_input_is_named():
+    rnn, xs, _ = problem()
+    with pytest.raises(ValueError, match=r"xs has shape \(7, 4, 4\), expected \(tau, 3\)"):
+        rnn.forward(np.ones((7, 4, 4)))
+    with pytest.raises(ValueError, match=r"layer 0: U\[0\] has shape \(4, 4\), expected "
+                                         r"\(5, 5\)"):
+        pp.RNN([np.ones((5, 3))], [np.ones((4, 4))])
+    with pytest.raises(ValueError, match=r"layer 1: W\[1\] has shape \(5, 4\), expected "
+                                         r"\(5, 5\)"):
+        pp.RNN([np.ones((5, 3)), np.ones((5, 4))], [np.eye(5), np.eye(5)])
+    with pytest.raises(ValueError, match="got 1 input weights W but 2 recurrent"):
+        pp.RNN([np.ones((5, 3))], [np.eye(5), np.eye(5)])
+    with pytest.raises(ValueError, match="xs contains NaN"):
+        rnn.forward(np.full((2, 3), np.nan))
+    trace = rnn.forward(xs)
+    with pytest.raises(ValueError, match=r"eps has shape \(7, 5\), expected \(7, 5, 4\)"):
+        pp.backward_system(rnn, trace, np.ones((7, 5)))
