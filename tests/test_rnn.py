@@ -118,3 +118,51 @@ def test_bad_rnn_input_is_named():
     trace = rnn.forward(xs)
     with pytest.raises(ValueError, match=r"eps has shape \(7, 5\), expected \(7, 5, 4\)"):
         pp.backward_system(rnn, trace, np.ones((7, 5)))
+
+
+class CountingMatrix(np.ndarray):
+    """A dense matrix that counts its products (``M @ x``), transposes included."""
+
+    products = [0]
+
+    def __matmul__(self, other):
+        CountingMatrix.products[0] += 1
+        return np.asarray(self) @ other
+
+    @property
+    def T(self):
+        return np.asarray(self).T.view(CountingMatrix)
+
+
+@pytest.mark.parametrize("tau", [3, 50])
+@pytest.mark.parametrize("transpose", [False, True])
+def test_structured_operator_takes_one_product_per_template_whatever_tau(tau, transpose):
+    rnn, xs, targets = problem(layers=2, r=3, tau=tau)
+    trace = rnn.forward(xs)
+    B = pp.backward_system(rnn, trace, rnn.loss_gradient(trace, targets))
+    counted = type(B.structure)(B.structure.tau, B.structure.sizes, tuple(
+        type(t)(t.row, t.col, t.offset, np.asarray(t.M).view(CountingMatrix))
+        for t in B.structure.templates))
+    v = np.random.default_rng(3).standard_normal(B.rhs.shape)
+    CountingMatrix.products[0] = 0
+    fast = counted.apply(B, v, transpose)
+    assert CountingMatrix.products[0] == len(B.structure.templates) == 4
+    flat = v.T.reshape(-1)
+    M = B.matrix.T if transpose else B.matrix
+    np.testing.assert_allclose(fast.T.reshape(-1), M @ flat, rtol=1e-12, atol=1e-13)
+
+
+def test_structured_operator_in_every_view():
+    rnn, xs, targets = problem(layers=2, r=3, tau=5)
+    trace = rnn.forward(xs)
+    B = pp.backward_system(rnn, trace, rnn.loss_gradient(trace, targets))
+    F = pp.forward_system(rnn, xs, around=trace)
+    rng = np.random.default_rng(4)
+    for S in (B, F, B.paper(), F.sample(1), B.sample(2).paper()):
+        assert S.structure is not None and S.unstructured().structure is None
+        np.testing.assert_allclose(S.unstructured().apply(S.rhs), S.apply(S.rhs), rtol=1e-12,
+                                   atol=1e-13)
+        u = rng.standard_normal(S.shape[0])
+        np.testing.assert_allclose(S.operator @ u, S.matrix @ u, rtol=1e-12, atol=1e-13)
+        np.testing.assert_allclose(S.operator.rmatvec(u), S.matrix.T @ u, rtol=1e-12,
+                                   atol=1e-13)

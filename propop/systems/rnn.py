@@ -13,6 +13,7 @@ from typing import Any
 from ..networks.rnn import RNN
 from ..networks.trace import Trace
 from .builders import backward_system, forward_system
+from .time_structure import Template, TimeStructure
 from .triangular import TriangularSystem
 
 __all__: list[str] = []
@@ -33,20 +34,15 @@ def _stack(xp: Any, rnn: RNN, tau: int, batch: tuple, blocks: dict) -> Any:
     return rhs.reshape((tau * per_step,) + batch)
 
 
-def _edges(rnn: RNN, tau: int, lower: bool) -> list[tuple[int, int, Any]]:
-    """``W`` edges within each step and ``U`` edges across steps."""
-    per, edges = rnn.depth + 1, []
-    for s in range(tau):
-        for k in range(1, per):
-            if lower:
-                edges.append((s * per + k, s * per + k - 1, rnn.W[k - 1]))
-                if s > 0:
-                    edges.append((s * per + k, (s - 1) * per + k, rnn.U[k - 1]))
-            else:
-                edges.append((s * per + k - 1, s * per + k, rnn.WT[k - 1]))
-                if s < tau - 1:
-                    edges.append((s * per + k, (s + 1) * per + k, rnn.UT[k - 1]))
-    return edges
+def _structure(rnn: RNN, tau: int, lower: bool) -> TimeStructure:
+    """``W`` within each step and ``U`` across steps, as repeated templates."""
+    templates = []
+    for k in range(1, rnn.depth + 1):
+        if lower:
+            templates += [Template(k, k - 1, 0, rnn.W[k - 1]), Template(k, k, -1, rnn.U[k - 1])]
+        else:
+            templates += [Template(k - 1, k, 0, rnn.WT[k - 1]), Template(k, k, 1, rnn.UT[k - 1])]
+    return TimeStructure(tau, rnn.sizes, tuple(templates))
 
 
 @backward_system.register
@@ -65,7 +61,7 @@ def _rnn_backward(rnn: RNN, trace: Trace, eps: Any, *, form: str = "scaled"
     rhs = _stack(xp, rnn, tau, batch, {rnn.depth: slopes[-1] * eps})
     return TriangularSystem(
         None, scales, rhs, lower=False, sizes=rnn.sizes * tau, form=form,
-        names=_names("v", tau, rnn.depth), edges=_edges(rnn, tau, lower=False),
+        names=_names("v", tau, rnn.depth), structure=_structure(rnn, tau, lower=False),
         paper_hint=", where f'(y) = 0 so that E = 1/f'(y) does not exist")
 
 
@@ -91,4 +87,4 @@ def _rnn_forward(rnn: RNN, xs: Any, around: Any = None, *, linearization: str = 
     return TriangularSystem(
         None, scales, _stack(xp, rnn, tau, batch, blocks), lower=True,
         sizes=rnn.sizes * tau, form=form, names=_names("z", tau, rnn.depth),
-        edges=_edges(rnn, tau, lower=True))
+        structure=_structure(rnn, tau, lower=True))

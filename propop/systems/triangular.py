@@ -177,7 +177,8 @@ class TriangularSystem:
     def __init__(self, coupling: Sequence[Any] | None, row_scale: Sequence[Any], rhs: Any, *,
                  lower: bool, sizes: Sequence[int], form: str = "scaled",
                  names: Sequence[str] | None = None, paper_hint: str = "",
-                 edges: Sequence[tuple[int, int, Any]] | None = None) -> None:
+                 edges: Sequence[tuple[int, int, Any]] | None = None,
+                 structure: Any = None) -> None:
         if form not in FORMS:
             raise ValueError(f"unknown form {form!r}; choose one of {FORMS}")
         self.sizes = tuple(int(n) for n in sizes)
@@ -185,8 +186,12 @@ class TriangularSystem:
         self.form = form
         self.names = tuple(names) if names is not None else tuple(
             f"block {k}" for k in range(len(self.sizes)))
+        if structure is not None and edges is None:
+            edges = structure.edges()
         if (coupling is None) == (edges is None):
             raise ValueError("give either coupling (a chain) or edges, not both")
+        self.structure = structure
+        self._periodic: dict[int, list] = {}
         if edges is None:
             pairs = [(j + 1, j) if self.lower else (j, j + 1) for j in range(len(coupling))]
             edges = [(row, col, M) for (row, col), M in zip(pairs, coupling)]
@@ -298,6 +303,10 @@ class TriangularSystem:
         """Return the system in the unit-diagonal form (itself if it is already)."""
         return self if self.form == "scaled" else self._with(form="scaled")
 
+    def unstructured(self) -> TriangularSystem:
+        """The same system without its :attr:`structure`: products edge by edge."""
+        return self if self.structure is None else self._with(structure=None)
+
     def paper(self) -> TriangularSystem:
         """Return the system in the paper's form with diagonal blocks ``D``/``E``."""
         return self if self.form == "paper" else self._with(form="paper")
@@ -305,7 +314,7 @@ class TriangularSystem:
     def _with(self, **changes: Any) -> TriangularSystem:
         args = dict(row_scale=self._row_scale, rhs=self._scaled_rhs, lower=self.lower,
                     sizes=self.sizes, form=self.form, names=self.names,
-                    paper_hint=self._paper_hint, edges=self._edges)
+                    paper_hint=self._paper_hint, edges=self._edges, structure=self.structure)
         args.update(changes)
         return TriangularSystem(None, args.pop("row_scale"), args.pop("rhs"), **args)
 
@@ -354,15 +363,30 @@ class TriangularSystem:
         return [self] if self.nrhs is None else [self.sample(i) for i in range(self.nrhs)]
 
     # -- products -----------------------------------------------------------------
+    def periodic_scales(self, period: int) -> list:
+        """Row scalings of blocks ``k, k + period, ...`` stacked, for each ``k < period``.
+
+        The per-layer, all-steps view of a time-major system (cached).
+        """
+        if period not in self._periodic:
+            xp, rows = self.backend.xp, self._row_scale
+            self._periodic[period] = [None if rows[k] is None else xp.stack(rows[k::period])
+                                      for k in range(period)]
+        return self._periodic[period]
+
     def apply(self, x: Any, transpose: bool = False) -> Any:
         """``A x`` (or ``A^T x``) for ``x`` shaped like :attr:`rhs`, sample by sample.
 
         One product with each coupling matrix for all samples at once
         (eqs. forw_prop_matvec, back_prop_matvec); the matrix is never assembled.
+        With a :attr:`structure`, one product per repeated coupling for all
+        time steps at once.
         """
         B = self.blocks
         if x.shape != self.rhs.shape:
             raise ValueError(f"x has shape {x.shape}, expected {self.rhs.shape}")
+        if self.structure is not None:
+            return self.structure.apply(self, x, transpose)
         xs = self.split(x)
         out = [xk.copy() if d is None else d * xk for xk, d in zip(xs, B.diagonal)]
         for e in B.edges:
