@@ -68,6 +68,11 @@ def experiment(layers: int = 6, width: int = 256, batch: int = 32, activation: s
     system = backward_system(net, trace, eps)
     rows = []
     for name in names:
+        if not solvers.info(name).applies_to(system):
+            needs = " and ".join(solvers.info(name).requires).replace("_", " ")
+            rows.append(Row(name, solvers.info(name).exact, f"N/A (needs a {needs})", 0, 0,
+                            float("nan"), float("nan")))
+            continue
         solution = solvers.solve(system, name)
         times = [solvers.solve(system, name).time for _ in range(repeats)]
         g = net.gradients(trace, system.split(solution.x))
@@ -83,6 +88,10 @@ def format_table(rows: Sequence[Row], baseline: str = "substitution") -> str:
     lines = ["| method | exact | status | iterations | levels | gradient error | time [ms] "
              f"| vs {baseline} |", "|---|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
+        if r.status.startswith("N/A"):
+            lines.append(f"| {r.method} | {'yes' if r.exact else 'no'} | {r.status} | "
+                         "| | | | |")
+            continue
         ratio = f"{r.seconds / base:.2f}x" if base else "-"
         lines.append(f"| {r.method} | {'yes' if r.exact else 'no'} | {r.status} | "
                      f"{r.iterations} | {r.levels} | {r.error:.1e} | "

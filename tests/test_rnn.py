@@ -8,7 +8,7 @@ from cases import relative_error
 from reference import torch
 
 METHODS = ["substitution", "scipy.spsolve_triangular", "jacobi", "bicgstab", "scipy.gmres",
-           "pyamg.gmres"]
+           "pyamg.gmres", "hybrid"]
 
 
 def problem(layers=2, r=4, nonlinearity="tanh", tau=7, seed=0):
@@ -166,3 +166,19 @@ def test_structured_operator_in_every_view():
         np.testing.assert_allclose(S.operator @ u, S.matrix @ u, rtol=1e-12, atol=1e-13)
         np.testing.assert_allclose(S.operator.rmatvec(u), S.matrix.T @ u, rtol=1e-12,
                                    atol=1e-13)
+
+
+@pytest.mark.parametrize("outer", ["jacobi", "gmres"])
+@pytest.mark.parametrize("form", ["scaled", "paper"])
+def test_hybrid_is_exact_after_tau_outer_iterations(outer, form):
+    rnn, xs, targets = problem(layers=3, r=2, tau=8)
+    trace = rnn.forward(xs)
+    B = pp.backward_system(rnn, trace, rnn.loss_gradient(trace, targets), form=form)
+    sol = pp.solve(B, "hybrid", outer=outer, rtol=1e-13)
+    assert sol.converged and sol.iterations <= 8
+    assert sol.info["inner_steps"] == 4 and sol.info["outer_iterations"] == sol.iterations
+    assert relative_error(sol.x, pp.solve(B, "substitution").x) < 1e-12
+    few = pp.solve(B, "hybrid", outer=outer, maxiter=2)
+    assert not few.converged and few.status is pp.Status.MAX_ITER
+    with pytest.raises(ValueError, match="outer must be one of"):
+        pp.solve(B, "hybrid", outer="richardson")

@@ -20,6 +20,10 @@ def rtol_for(dtype):
 
 
 def check_solution(method, system, reference, dtype):
+    if not pp.solvers.info(method).applies_to(system):  # then it must say so
+        with pytest.raises(ValueError, match="needs|not block bi-diagonal"):
+            pp.solve(system, method)
+        return None
     exact = pp.solvers.info(method).exact
     options = {"verify": True} if exact else {}
     sol = pp.solve(system, method, rtol=rtol_for(dtype), **options)
@@ -55,17 +59,41 @@ def test_forward_system_around_the_true_trace(method, case):
 
 
 @pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("r", [None, 2])
+def test_rnn_backward_system(method, r):
+    rnn = pp.RNN.random([3, 4, 4], activation="tanh", seed=0)
+    xs = np.random.default_rng(1).standard_normal((5, 3) + (() if r is None else (r,)))
+    trace = rnn.forward(xs)
+    eps = rnn.loss_gradient(trace, np.zeros_like(trace.output))
+    v = rnn.backward(trace, eps)
+    reference = [v[k][s] for s in range(5) for k in range(3)]  # time-major blocks
+    check_solution(method, pp.backward_system(rnn, trace, eps), reference, "float64")
+
+
+@pytest.mark.parametrize("method", METHODS)
 def test_shadow_r0_methods_do_break_down_on_backward_systems(method):
     """The breakdown list above is a fact, not an excuse: check it is still needed."""
     net, trace, eps, _ = Case((6, 6, 6, 6, 6), r=None).problem()
+    if not pp.solvers.info(method).applies_to(pp.backward_system(net, trace, eps)):
+        return
     sol = pp.solve(pp.backward_system(net, trace, eps), method)
     assert sol.converged == (method not in MAY_BREAK_DOWN), sol.message
+
+
+def rnn_system(tau=9):
+    rnn = pp.RNN.random([3, 4, 4], activation="tanh", seed=0)
+    trace = rnn.forward(np.random.default_rng(1).standard_normal((tau, 3, 2)))
+    return pp.backward_system(rnn, trace, np.ones_like(trace.output))
+
+
+def some_system(method, fnn):
+    return fnn if pp.solvers.info(method).applies_to(fnn) else rnn_system()
 
 
 @pytest.mark.parametrize("method", [m for m in METHODS if not pp.solvers.info(m).exact])
 def test_nonconvergence_is_reported_and_check_raises(method):
     net, trace, eps, _ = Case((6,) * 9, r=2).problem()
-    system = pp.backward_system(net, trace, eps)
+    system = some_system(method, pp.backward_system(net, trace, eps))
     sol = pp.solve(system, method, maxiter=1)
     assert not sol.converged and sol.status is not pp.Status.CONVERGED
     assert sol.message
@@ -79,8 +107,9 @@ def test_nonconvergence_is_reported_and_check_raises(method):
 @pytest.mark.parametrize("method", [m for m in METHODS if not pp.solvers.info(m).exact])
 def test_starting_at_the_solution_takes_no_iteration(method):
     net, trace, eps, v = Case((4, 5, 3), r=2).problem()
-    system = pp.backward_system(net, trace, eps)
-    sol = pp.solve(system, method, x0=np.concatenate(v))
+    system = some_system(method, pp.backward_system(net, trace, eps))
+    exact = pp.solve(system, "substitution").x
+    sol = pp.solve(system, method, x0=exact)
     assert sol.converged and sol.iterations == 0
 
 

@@ -2,6 +2,7 @@
 
 from . import bicgstab as _bicgstab  # noqa: F401  (registers its method)
 from . import cyclic_reduction as _cyclic_reduction  # noqa: F401
+from . import hybrid as _hybrid  # noqa: F401
 from . import direct as _direct  # noqa: F401
 from . import krylov as _krylov  # noqa: F401
 from . import stationary as _stationary  # noqa: F401

@@ -219,7 +219,8 @@ def _approximation_report(system: Any, solution: Solution) -> Solution:
         "exact solution; use shared_diagonal=None (the default) for the exact answer"))
 
 
-@register("cyclic-reduction", kind="direct", exact=True, backends=("numpy", "cupy"))
+@register("cyclic-reduction", kind="direct", exact=True, backends=("numpy", "cupy"),
+          requires=("chain",))
 def cyclic_reduction(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
                      verify: bool = False, shared_diagonal: str | None = None,
                      sparse: bool | None = None, dense_threshold: float = 0.25,
@@ -254,7 +255,8 @@ def cyclic_reduction(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
                   sparse=sparse, dense_threshold=dense_threshold)
 
 
-@register("parallel-cyclic-reduction", kind="direct", exact=True, backends=("numpy", "cupy"))
+@register("parallel-cyclic-reduction", kind="direct", exact=True, backends=("numpy", "cupy"),
+          requires=("chain",))
 def parallel_cyclic_reduction(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
                               verify: bool = False, shared_diagonal: str | None = None,
                               **ignored: Any) -> Solution:

@@ -20,6 +20,7 @@ from .solution import ConvergenceError, Solution
 __all__ = ["SolverInfo", "KINDS", "register", "get", "info", "available", "solve"]
 
 KINDS = ("direct", "iterative", "krylov", "block", "hybrid")
+REQUIREMENTS = ("chain", "time_structure")
 BACKENDS = ("numpy", "cupy")
 ENTRY_POINT_GROUP = "propop.solvers"
 
@@ -34,6 +35,13 @@ class SolverInfo:
     backends: tuple
     description: str
     function: Callable[..., Solution] = dataclasses.field(repr=False, compare=False)
+    requires: tuple = ()
+
+    def applies_to(self, system: Any) -> bool:
+        """Whether ``system`` has the structure this method requires."""
+        needs = {"chain": lambda: system.blocks.is_chain,
+                 "time_structure": lambda: system.structure is not None}
+        return all(needs[need]() for need in self.requires)
 
 
 _REGISTRY: dict[str, SolverInfo] = {}
@@ -41,7 +49,8 @@ _ENTRY_POINTS_LOADED = False
 
 
 def register(name: str, *, kind: str, exact: bool, backends: tuple = ("numpy",),
-             description: str | None = None) -> Callable[[Callable], Callable]:
+             description: str | None = None, requires: tuple = ()
+             ) -> Callable[[Callable], Callable]:
     """Decorator that registers ``function`` as method ``name``.
 
     Parameters
@@ -55,6 +64,9 @@ def register(name: str, *, kind: str, exact: bool, backends: tuple = ("numpy",),
         Array backends the function supports.
     description : str, optional
         One line for listings; defaults to the first line of the docstring.
+    requires : tuple of {"chain", "time_structure"}
+        Structure a system must have: block bi-diagonal (cyclic reduction), or
+        repeated over time steps (RNN-specific methods).
 
     Examples
     --------
@@ -71,13 +83,16 @@ def register(name: str, *, kind: str, exact: bool, backends: tuple = ("numpy",),
     unknown = set(backends) - set(BACKENDS)
     if unknown:
         raise ValueError(f"unknown backends {sorted(unknown)}; choose from {BACKENDS}")
+    if set(requires) - set(REQUIREMENTS):
+        raise ValueError(f"requires must be drawn from {REQUIREMENTS}, got {requires}")
 
     def decorate(function: Callable[..., Solution]) -> Callable[..., Solution]:
         if name in _REGISTRY:
             raise ValueError(f"solver {name!r} is already registered")
         doc = (function.__doc__ or "").strip().splitlines()
         _REGISTRY[name] = SolverInfo(name, kind, bool(exact), tuple(backends),
-                                     description or (doc[0] if doc else ""), function)
+                                     description or (doc[0] if doc else ""), function,
+                                     tuple(requires))
         return function
 
     return decorate

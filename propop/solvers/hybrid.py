@@ -1,0 +1,118 @@
+"""Hybrid direct/iterative solves of RNN systems (paper section 3.4).
+
+The diagonal blocks ``L^(s)``/``R^(s)`` of eqs. forw_prop_sub_sys_rnn and
+back_prop_sub_sys_rnn (the layers of one time step) are solved directly, and the
+whole system iteratively: block Jacobi over time, or GMRES preconditioned by the
+direct diagonal-block solve. The direct solve treats all time steps at once (time
+is a batch axis there): ``l + 1`` sequential steps, each one product per layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import scipy.sparse.linalg as spla
+
+from ..systems.time_structure import _over_time
+from .convergence import Tolerance, check_options, column_norms, finish, initial_guess
+from .registry import register, solve
+from .solution import Solution
+
+__all__ = ["within_step_solve", "hybrid"]
+
+OUTER = ("jacobi", "gmres")
+
+
+def within_step_solve(system: Any, R: Any) -> Any:
+    """``D^{-1} R`` for ``D`` the block diagonal over time steps (the layers of each step).
+
+    A substitution over layers for all time steps and samples at once.
+    """
+    structure = system.structure
+    xp = system.backend.xp
+    per = len(structure.sizes)
+    X = R.reshape((structure.tau, sum(structure.sizes)) + R.shape[1:])
+    offsets = [sum(structure.sizes[:k]) for k in range(per)]
+    rhs = [X[:, o: o + n] for o, n in zip(offsets, structure.sizes)]
+    scales = system.periodic_scales(per)
+    paper = system.form == "paper"
+    within = [t for t in structure.templates if t.offset == 0]
+    y: list[Any] = [None] * per
+    for k in (range(per) if system.lower else range(per - 1, -1, -1)):
+        total = rhs[k].copy()
+        for t in (t for t in within if t.row == k):
+            product = _over_time(xp, t.M, y[t.col])
+            total += product if paper or scales[k] is None else scales[k] * product
+        y[k] = scales[k] * total if paper and scales[k] is not None else total
+    return xp.concatenate(y, axis=1).reshape(R.shape)
+
+
+def _jacobi(system: Any, x: Any, tol: Tolerance, maxiter: int, callback: Callable | None
+            ) -> tuple[Any, list, int]:
+    R = system.residual(x)
+    norms = column_norms(R)
+    history, it = [float(norms.max())], 0
+    while it < maxiter and not tol.met(norms).all() and np.isfinite(norms).all():
+        x = x + within_step_solve(system, R)
+        R = system.residual(x)
+        norms = column_norms(R)
+        history.append(float(norms.max()))
+        it += 1
+        if callback is not None:
+            callback(x)
+    return x, history, it
+
+
+def _gmres(system: Any, x: Any, tol: Tolerance, maxiter: int, callback: Callable | None
+           ) -> tuple[Any, list, int]:
+    columns = [x] if system.nrhs is None else [x[:, i] for i in range(system.nrhs)]
+    iterations, histories = [], []
+    for sample, column in zip(system.samples(), columns):
+        M = spla.LinearOperator(sample.shape, dtype=sample.dtype,
+                                matvec=lambda v, s=sample: within_step_solve(s, v))
+        sol = solve(sample, "scipy.gmres", x0=column, rtol=tol.rtol, atol=tol.atol,
+                    maxiter=maxiter, M=M, callback=callback)
+        column[...] = sol.x
+        iterations.append(sol.iterations)
+        histories.append(list(sol.residuals))
+    length = max(len(h) for h in histories)
+    history = [max(h[min(i, len(h) - 1)] for h in histories) for i in range(length)]
+    return x, history, max(iterations)
+
+
+@register("hybrid", kind="hybrid", exact=False, backends=("numpy", "cupy"),
+          requires=("time_structure",))
+def hybrid(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float = 0.0,
+           maxiter: int | None = None, callback: Callable | None = None,
+           outer: str = "jacobi") -> Solution:
+    """Direct solves of each time step's layers inside an iteration over time (RNNs).
+
+    Parameters
+    ----------
+    outer : {"jacobi", "gmres"}
+        Block Jacobi over time steps (exact after ``tau`` sweeps: the coupling
+        across steps is nilpotent), or SciPy's GMRES, sample by sample,
+        preconditioned by the direct diagonal-block solve (on the NumPy backend).
+
+    Notes
+    -----
+    ``iterations`` counts outer iterations; ``info["inner_steps"]`` is the number
+    of sequential layer steps each direct solve takes (``l + 1``).
+    """
+    check_options(rtol, atol, maxiter)
+    if outer not in OUTER:
+        raise ValueError(f"outer must be one of {OUTER}, got {outer!r}")
+    if system.structure is None:
+        raise ValueError("'hybrid' needs a system with a time structure (an RNN's); use "
+                         "'jacobi', a Krylov method or a direct method for this one")
+    tol = Tolerance.of(system, rtol, atol)
+    maxiter = system.structure.tau + 1 if maxiter is None else int(maxiter)
+    x = initial_guess(system, x0)
+    run = _jacobi if outer == "jacobi" else _gmres
+    x, history, iterations = run(system, x, tol, maxiter, callback)
+    per = len(system.structure.sizes)
+    return finish(system, x, tol=tol, iterations=iterations, history=history,
+                  levels=iterations * per, maxiter=maxiter, estimates=outer == "gmres",
+                  info={"outer": outer, "inner_steps": per, "outer_iterations": iterations})
