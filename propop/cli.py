@@ -16,8 +16,8 @@ import scipy
 
 from . import solvers
 from .activations import available_activations
-from .losses import loss_gradient
 from .networks.fnn import FNN
+from .networks.rnn import RNN
 from .systems import backward_system
 
 __all__ = ["main", "experiment", "Row", "gradient_error"]
@@ -37,33 +37,52 @@ class Row:
 
 
 def gradient_error(g: Any, reference: Any) -> float:
-    """Largest relative 2-norm error over all of ``dW``, ``db`` and ``dx``."""
+    """Largest relative 2-norm error over all of ``dW``, ``dU`` (RNNs), ``db`` and ``dx``."""
     def dense(a: Any) -> np.ndarray:
         return np.asarray(a.toarray() if hasattr(a, "toarray") else a, dtype=float)
 
-    pairs = list(zip(g.W, reference.W)) + list(zip(g.b, reference.b)) + [(g.x, reference.x)]
+    pairs = [(g.x, reference.x)]
+    for name in ("W", "U", "b"):
+        pairs += list(zip(getattr(g, name, ()), getattr(reference, name, ())))
     errors = [np.linalg.norm(dense(a) - dense(b)) / max(np.linalg.norm(dense(b)), 1e-300)
               for a, b in pairs]
     return float(max(errors))
 
 
+def _problem(network: str, layers: int, width: int, batch: int, activation: str,
+             density: float, dtype: str, seed: int, tau: int) -> tuple:
+    """``(net, trace, eps)`` of a random FNN or RNN with random data."""
+    rng = np.random.default_rng(seed)
+    if network == "rnn":
+        net = RNN.random([width] * (layers + 1), activation=activation, seed=seed, dtype=dtype)
+        trace = net.forward(rng.standard_normal((tau, width, batch)).astype(dtype))
+        return net, trace, net.loss_gradient(trace, rng.standard_normal(
+            trace.output.shape).astype(dtype))
+    net = FNN.random([width] * (layers + 1), activation=activation, density=density,
+                     seed=seed, dtype=dtype, bias=0.1)
+    trace = net.forward(rng.standard_normal((width, batch)).astype(dtype))
+    return net, trace, net.loss_gradient(trace, rng.standard_normal(
+        (width, batch)).astype(dtype))
+
+
 def experiment(layers: int = 6, width: int = 256, batch: int = 32, activation: str = "tanh",
                density: float = 1.0, methods: Sequence[str] | None = None,
-               dtype: str = "float64", seed: int = 0, repeats: int = 5) -> list[Row]:
-    """Backward pass of a random FNN through each method, against the sequential reference.
+               dtype: str = "float64", seed: int = 0, repeats: int = 5,
+               network: str = "fnn", tau: int = 100) -> list[Row]:
+    """Backward pass of a random network through each method, against the sequential reference.
 
-    Each method runs once to warm up, then ``repeats`` times; the median time
-    is reported. Errors are of the gradients (``dW``, ``db``, ``dx``).
+    ``network`` is ``"fnn"`` or ``"rnn"`` (``tau`` time steps). Each method runs
+    once to warm up, then ``repeats`` times; the median time is reported. Errors
+    are of the gradients (``dW``, ``dU``, ``db``, ``dx``). Methods that need a
+    structure the system lacks get a row saying so.
     """
     names = [s.name for s in solvers.available()] if methods is None else list(methods)
     for name in names:
         solvers.info(name)  # unknown names fail before any work
-    rng = np.random.default_rng(seed)
-    net = FNN.random([width] * (layers + 1), activation=activation, density=density,
-                     seed=seed, dtype=dtype, bias=0.1)
-    x = rng.standard_normal((width, batch)).astype(dtype)
-    trace = net.forward(x)
-    eps = loss_gradient(trace.output, rng.standard_normal((width, batch)).astype(dtype))
+    if network not in ("fnn", "rnn"):
+        raise ValueError(f"network must be 'fnn' or 'rnn', got {network!r}")
+    net, trace, eps = _problem(network, layers, width, batch, activation, density, dtype,
+                               seed, tau)
     reference = net.gradients(trace, net.backward(trace, eps))
     system = backward_system(net, trace, eps)
     rows = []
@@ -75,7 +94,7 @@ def experiment(layers: int = 6, width: int = 256, batch: int = 32, activation: s
             continue
         solution = solvers.solve(system, name)
         times = [solvers.solve(system, name).time for _ in range(repeats)]
-        g = net.gradients(trace, system.split(solution.x))
+        g = net.gradients(trace, net.unstack(system, solution.x))
         rows.append(Row(name, solvers.info(name).exact, solution.status.name,
                         solution.iterations, solution.levels, gradient_error(g, reference),
                         statistics.median(times)))
@@ -140,7 +159,8 @@ def _parser() -> _Parser:
     parser = _Parser(prog="propop", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     commands.add_parser("solvers", help="list the registered solvers")
-    commands.add_parser("demo", help="every method on a 6-layer, width-256, batch-32 FNN")
+    commands.add_parser("demo", help="every method on an FNN (6 layers, width 256, batch 32) "
+                                     "and an RNN (2 layers, width 16, batch 8, 50 steps)")
     run = commands.add_parser("run", help="chosen methods on a chosen FNN")
     run.add_argument("--layers", type=_positive, default=6)
     run.add_argument("--width", type=_positive, default=256)
@@ -152,7 +172,23 @@ def _parser() -> _Parser:
     run.add_argument("--dtype", default="float64", choices=["float64", "float32"])
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--repeats", type=_positive, default=5)
+    run.add_argument("--network", default="fnn", choices=["fnn", "rnn"])
+    run.add_argument("--tau", type=_positive, default=100, help="time steps (RNN)")
     return parser
+
+
+def _report(settings: dict) -> None:
+    start = time.perf_counter()
+    rows = experiment(**settings)
+    kind = ("an FNN" if settings["network"] == "fnn" else
+            f"a tanh RNN over {settings['tau']} time steps")
+    print(f"Backward pass of {kind}: {settings['layers']} layers of width "
+          f"{settings['width']}, batch {settings['batch']}, {settings['activation']}, "
+          f"density {settings['density']}, {settings['dtype']}; gradient error relative to "
+          f"the sequential reference; median of {settings['repeats']} runs after a "
+          "warm-up.\n")
+    print(format_table(rows))
+    print(f"\n{machine()}; total {time.perf_counter() - start:.1f} s\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -162,25 +198,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "solvers":
         print(_solvers_table())
         return 0
-    settings = dict(layers=6, width=256, batch=32, activation="tanh", density=1.0,
-                    methods=None, dtype="float64", seed=0, repeats=5)
-    if args.command == "run":
-        settings.update(layers=args.layers, width=args.width, batch=args.batch,
-                        activation=args.activation, density=args.density, dtype=args.dtype,
-                        seed=args.seed, repeats=args.repeats,
-                        methods=args.method.split(",") if args.method else None)
+    base = dict(layers=6, width=256, batch=32, activation="tanh", density=1.0,
+                methods=None, dtype="float64", seed=0, repeats=5, network="fnn", tau=100)
+    if args.command == "demo":
+        runs = [base, dict(base, network="rnn", layers=2, width=16, batch=8, tau=50)]
+    else:
+        runs = [dict(base, layers=args.layers, width=args.width, batch=args.batch,
+                     activation=args.activation, density=args.density, dtype=args.dtype,
+                     seed=args.seed, repeats=args.repeats, network=args.network,
+                     tau=args.tau, methods=args.method.split(",") if args.method else None)]
     try:
-        start = time.perf_counter()
-        rows = experiment(**settings)
+        for settings in runs:
+            _report(settings)
     except (KeyError, ValueError) as error:
         parser.error(str(error).strip("'\""))
-    print(f"Backward pass of an FNN: {settings['layers']} layers of width "
-          f"{settings['width']}, batch {settings['batch']}, {settings['activation']}, "
-          f"density {settings['density']}, {settings['dtype']}; gradient error relative to "
-          "the sequential reference; median of "
-          f"{settings['repeats']} runs after a warm-up.\n")
-    print(format_table(rows))
-    print(f"\n{machine()}; total {time.perf_counter() - start:.1f} s")
     return 0
 
 

@@ -60,3 +60,16 @@ def test_demo_runs_every_method_quickly():
     for s in pp.solvers.available():
         assert f"| {s.name} |" in result.stdout
     assert "| substitution | yes | CONVERGED |" in result.stdout
+    assert "tanh RNN over 50 time steps" in result.stdout
+    assert "| hybrid | no | CONVERGED |" in result.stdout
+
+
+def test_run_an_rnn_reports_what_does_not_apply(capsys):
+    assert cli.main(["run", "--network", "rnn", "--layers", "2", "--width", "4", "--batch",
+                     "2", "--tau", "6", "--repeats", "1", "--method",
+                     "substitution,hybrid,cyclic-reduction"]) == 0
+    out = capsys.readouterr().out
+    assert "tanh RNN over 6 time steps" in out
+    assert "| cyclic-reduction | yes | N/A (needs a chain) |" in out
+    rows = [line for line in out.splitlines() if "CONVERGED" in line]
+    assert len(rows) == 2 and max(float(row.split("|")[6]) for row in rows) < 1e-9
