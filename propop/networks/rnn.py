@@ -22,7 +22,7 @@ from ..losses import loss_gradient
 from .fnn import _as_weight, _float_dtype
 from .trace import Trace
 
-__all__ = ["RNN", "RNNGradients"]
+__all__ = ["RNN", "RNNGradients", "over_time"]
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,7 @@ class RNN:
         z = [self.check_input(xs)]
         y = []
         for Wk, Uk, bk, f in zip(self.W, self.U, self.b, self.activations):
-            inputs = _over_time(Wk, z[-1]) + (bk[:, None] if z[-1].ndim == 3 else bk)
+            inputs = over_time(Wk, z[-1]) + (bk[:, None] if z[-1].ndim == 3 else bk)
             yk = xp.empty_like(inputs)
             zk = xp.empty_like(inputs)
             for s in range(inputs.shape[0]):
@@ -207,7 +207,7 @@ class RNN:
                     self.U[k].T @ vk[s + 1]
                 vk[s] = slope[s] * total
             v[k + 1] = vk
-            above = _over_time(self.W[k].T, vk)
+            above = over_time(self.W[k].T, vk)
         v[0] = above
         return v
 
@@ -236,7 +236,7 @@ class RNN:
         y = []
         for k, (Wk, Uk, bk) in enumerate(zip(self.W, self.U, self.b)):
             previous = xp.concatenate([xp.zeros_like(z[k + 1][:1]), z[k + 1][:-1]])
-            y.append(_over_time(Wk, z[k]) + _over_time(Uk, previous)
+            y.append(over_time(Wk, z[k]) + over_time(Uk, previous)
                      + (bk[:, None] if batch else bk))
         return Trace(x=xs, y=tuple(y), z=tuple([xs] + list(z[1:])))
 
@@ -248,14 +248,12 @@ class RNN:
         return [xp.stack(blocks[k::per]) for k in range(per)]
 
 
-def _over_time(M: Any, Z: Any) -> Any:
-    """``M @ Z[s]`` for every time step ``s`` in one product."""
+def over_time(M: Any, Z: Any) -> Any:
+    """``M @ Z[s]`` for every time step ``s`` as one product; ``Z`` is ``(tau, n, ...)``."""
     xp = backend.namespace(Z)
-    if Z.ndim == 2:  # (tau, n): (M Z^T)^T
-        return xp.asarray((M @ Z.T).T)
-    tau, n, r = Z.shape
-    flat = Z.transpose(1, 0, 2).reshape(n, tau * r)
-    return xp.asarray(M @ flat).reshape(-1, tau, r).transpose(1, 0, 2)
+    tau, n = Z.shape[:2]
+    flat = xp.moveaxis(Z, 0, 1).reshape(n, -1)
+    return xp.moveaxis(xp.asarray(M @ flat).reshape((-1, tau) + Z.shape[2:]), 1, 0)
 
 
 def _outer_over_time(V: Any, Z: Any) -> Any:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse.linalg as spla
 
-from ..systems.time_structure import _over_time
+from ..networks.rnn import over_time
 from .convergence import Tolerance, check_options, column_norms, finish, initial_guess
 from .registry import register, solve
 from .solution import Solution
@@ -43,7 +43,7 @@ def within_step_solve(system: Any, R: Any) -> Any:
     for k in (range(per) if system.lower else range(per - 1, -1, -1)):
         total = rhs[k].copy()
         for t in (t for t in within if t.row == k):
-            product = _over_time(xp, t.M, y[t.col])
+            product = over_time(t.M, y[t.col])
             total += product if paper or scales[k] is None else scales[k] * product
         y[k] = scales[k] * total if paper and scales[k] is not None else total
     return xp.concatenate(y, axis=1).reshape(R.shape)

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..networks.rnn import over_time
+
 __all__ = ["Template", "TimeStructure"]
 
 
@@ -54,21 +56,14 @@ class TimeStructure:
         out = [xk / s if paper and s is not None else xk.copy()
                for xk, s in zip(layers, scales)]
         for t in self.templates:
-            s = None if paper else scales[t.row]
-            if transpose:  # out_col[s + offset] -= M^T (s_row x_row)[s]
-                source = layers[t.row] if s is None else s * layers[t.row]
-                out[t.col] -= _shifted(xp, _over_time(xp, t.M.T, source), -t.offset)
-            else:  # out_row[s] -= s_row[s] (M x_col[s + offset])
-                product = _shifted(xp, _over_time(xp, t.M, layers[t.col]), t.offset)
-                out[t.row] -= product if s is None else s * product
+            scale = None if paper else scales[t.row]
+            if transpose:  # out_col[s + offset] -= M^T (scale_row x_row)[s]
+                source = layers[t.row] if scale is None else scale * layers[t.row]
+                out[t.col] -= _shifted(xp, over_time(t.M.T, source), -t.offset)
+            else:  # out_row[s] -= scale_row[s] (M x_col[s + offset])
+                product = _shifted(xp, over_time(t.M, layers[t.col]), t.offset)
+                out[t.row] -= product if scale is None else scale * product
         return xp.concatenate(out, axis=1).reshape(x.shape)
-
-
-def _over_time(xp: Any, M: Any, Z: Any) -> Any:
-    """``M @ Z[s]`` for every step ``s`` as one product: ``Z`` is ``(tau, n, [r])``."""
-    tau, n = Z.shape[:2]
-    flat = xp.moveaxis(Z, 0, 1).reshape(n, -1)
-    return xp.moveaxis(xp.asarray(M @ flat).reshape((-1, tau) + Z.shape[2:]), 1, 0)
 
 
 def _shifted(xp: Any, Y: Any, offset: int) -> Any:
