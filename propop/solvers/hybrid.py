@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import scipy.sparse.linalg as spla
 
 from ..networks.rnn import over_time
-from .convergence import Tolerance, check_options, column_norms, finish, initial_guess
+from .convergence import Tolerance, check_options, finish, initial_guess
 from .registry import register, solve
 from .solution import Solution
+from .stationary import fixed_point
 
 __all__ = ["within_step_solve", "hybrid"]
 
@@ -51,18 +51,8 @@ def within_step_solve(system: Any, R: Any) -> Any:
 
 def _jacobi(system: Any, x: Any, tol: Tolerance, maxiter: int, callback: Callable | None
             ) -> tuple[Any, list, int]:
-    R = system.residual(x)
-    norms = column_norms(R)
-    history, it = [float(norms.max())], 0
-    while it < maxiter and not tol.met(norms).all() and np.isfinite(norms).all():
-        x = x + within_step_solve(system, R)
-        R = system.residual(x)
-        norms = column_norms(R)
-        history.append(float(norms.max()))
-        it += 1
-        if callback is not None:
-            callback(x)
-    return x, history, it
+    return fixed_point(system, x, tol, maxiter, callback,
+                       lambda R: within_step_solve(system, R))
 
 
 def _gmres(system: Any, x: Any, tol: Tolerance, maxiter: int, callback: Callable | None

@@ -11,11 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from .convergence import Tolerance, check_options, column_norms, finish, initial_guess
 from .registry import register
 from .solution import Solution
 
-__all__ = ["jacobi", "richardson"]
+__all__ = ["jacobi", "richardson", "fixed_point"]
 
 
 def _inverse_diagonal(system: Any, R: Any) -> Any:
@@ -27,24 +29,36 @@ def _inverse_diagonal(system: Any, R: Any) -> Any:
     return system.backend.xp.concatenate(parts)
 
 
-def _iterate(system: Any, omega: float, x0: Any, rtol: float, atol: float,
-             maxiter: int | None, callback: Callable | None) -> Solution:
-    """``x <- x + omega D^{-1} (c - A x)`` until the true residual meets the tolerance."""
-    check_options(rtol, atol, maxiter)
-    maxiter = system.nblocks if maxiter is None else int(maxiter)
-    tol = Tolerance.of(system, rtol, atol)
-    x = initial_guess(system, x0)
+def fixed_point(system: Any, x: Any, tol: Tolerance, maxiter: int,
+                callback: Callable | None, correction: Callable[[Any], Any]
+                ) -> tuple[Any, list[float], int]:
+    """``x <- x + correction(c - A x)`` until the true residual meets ``tol``.
+
+    Returns ``(x, residual history, iterations)``; stops early on a non-finite
+    residual (the caller's :func:`finish` reports it).
+    """
     R = system.residual(x)
     norms = column_norms(R)
     history, it = [float(norms.max())], 0
-    while it < maxiter and not tol.met(norms).all() and bool((norms < float("inf")).all()):
-        x = x + omega * _inverse_diagonal(system, R)
+    while it < maxiter and not tol.met(norms).all() and bool(np.isfinite(norms).all()):
+        x = x + correction(R)
         R = system.residual(x)
         norms = column_norms(R)
         history.append(float(norms.max()))
         it += 1
         if callback is not None:
             callback(x)
+    return x, history, it
+
+
+def _iterate(system: Any, omega: float, x0: Any, rtol: float, atol: float,
+             maxiter: int | None, callback: Callable | None) -> Solution:
+    """``x <- x + omega D^{-1} (c - A x)``: Jacobi and Richardson."""
+    check_options(rtol, atol, maxiter)
+    maxiter = system.nblocks if maxiter is None else int(maxiter)
+    tol = Tolerance.of(system, rtol, atol)
+    x, history, it = fixed_point(system, initial_guess(system, x0), tol, maxiter, callback,
+                                 lambda R: omega * _inverse_diagonal(system, R))
     return finish(system, x, tol=tol, iterations=it, history=history, levels=it,
                   maxiter=maxiter, info={"matvecs": it + 1, "omega": omega})
 
