@@ -73,3 +73,20 @@ def test_entry_points_are_loaded_on_first_look_up(monkeypatch):
     assert "plugin.direct" in {s.name for s in pp.solvers.available()}
     registry._REGISTRY.pop("plugin.direct")
     assert importlib.metadata.entry_points  # the real look-up stays importable
+
+
+def test_method_names_in_messages_are_registered():
+    """Advice such as "use 'scipy.gmres'" must name methods that exist."""
+    import pathlib
+    import re
+
+    names = {s.name for s in pp.solvers.available()}
+    package = pathlib.Path(pp.__file__).parent
+    quoted = set()
+    for path in package.rglob("*.py"):
+        text = path.read_text()
+        quoted.update(re.findall(r"(?:use|try|or) '([a-z.-]+)'", text))
+        quoted.update(re.findall(r"'([a-z]+(?:[.-][a-z]+)+)'", text))
+    assert {"substitution", "scipy.gmres"} <= quoted, "the patterns are out of date"
+    not_methods = {"fnn", "rnn", "swish-doc"}  # network kinds, a doctest's activation
+    assert quoted - not_methods <= names

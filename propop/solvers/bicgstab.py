@@ -136,5 +136,5 @@ def _confirm(xp: Any, tol: Tolerance, active: Any, norms: np.ndarray,
 def _breakdown(what: str, columns: Any, iteration: int) -> str:
     first = int(np.flatnonzero(np.asarray(columns.tolist()))[0])
     return (f"BiCGStab breakdown at iteration {iteration}: {what} vanished in sample "
-            f"{first}; use shadow='random' (the default), another seed, 'gmres' or "
+            f"{first}; use shadow='random' (the default), another seed, 'scipy.gmres' or "
             "a direct method")

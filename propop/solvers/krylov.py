@@ -107,7 +107,7 @@ def _adapter(call: Callable, function: Callable, name: str) -> Callable[..., Sol
             if callback is not None:
                 callback(x)
         breakdown = next((f"{name} reported breakdown (info={i}) in sample {s}; try "
-                          "'bicgstab' (propop's, random shadow residual) or 'gmres'"
+                          "'bicgstab' (propop's, random shadow residual) or 'scipy.gmres'"
                           for s, i in enumerate(infos) if i < 0), "")
         return finish(system, x, tol=tol, iterations=max(iterations), levels=max(iterations),
                       history=[float(initial.max())] + _merge(histories), maxiter=maxiter,
