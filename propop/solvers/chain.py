@@ -23,7 +23,7 @@ from typing import Any
 
 from .. import backend
 
-__all__ = ["Chain", "product", "apply", "Counter"]
+__all__ = ["Chain", "product", "apply", "Counter", "chain_rows", "in_system_order"]
 
 
 @dataclass
@@ -90,10 +90,7 @@ class Chain:
             where[xp.asarray(self.order)] = xp.arange(len(self.order))
             x = X[where].transpose(0, 2, 1).reshape(-1, X.shape[1])
         else:
-            parts = [None] * len(self.order)
-            for i, k in enumerate(self.order):
-                parts[k] = X[i, :, : self.sizes[i]].T
-            x = xp.concatenate(parts)
+            x = in_system_order(self.order, [X[i, :, :n].T for i, n in enumerate(self.sizes)])
         return x[:, 0] if system.nrhs is None else x
 
 
@@ -105,6 +102,14 @@ class Row:
     L: Any
     M: Any
     G: Any
+
+
+def in_system_order(order: list, blocks: list) -> Any:
+    """Concatenate chain-ordered ``(n_k, r)`` blocks in the system's block order."""
+    parts = [None] * len(order)
+    for block, values in zip(order, blocks):
+        parts[block] = values
+    return backend.namespace(blocks[0]).concatenate(parts)
 
 
 def chain_rows(system: Any, shared_diagonal: str | None = None) -> list[Row]:

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from .chain import Chain, Counter, apply, product
+from .chain import Chain, Counter, apply, in_system_order, product
 from .sparse_chain import SparseChain, sparse_reduce
 from .convergence import Tolerance, check_options, finish
 from .direct import substitution
@@ -60,6 +60,13 @@ class _OverflowError(Exception):
         super().__init__(message)
         self.message = message
 
+    @classmethod
+    def between(cls, level: int, a: int, b: int) -> _OverflowError:
+        """The error for the reduced block coupling blocks ``a`` and ``b`` at ``level``."""
+        return cls(f"level {level}: the reduced block coupling blocks {a} and {b} is not "
+                   "finite: a long product of Jacobians overflowed; use 'substitution' "
+                   "(it multiplies vectors only) or float64")
+
 
 def _check_finite(xp: Any, cores: Any, level: int, start: int, stride: int, span: int,
                   chain: Chain) -> None:
@@ -73,9 +80,7 @@ def _check_finite(xp: Any, cores: Any, level: int, start: int, stride: int, span
     if bool(finite.all()):
         return
     a = start + stride * int(xp.argmin(finite))
-    raise _OverflowError(f"level {level}: the reduced block coupling blocks {chain.order[a]} and "
-                    f"{chain.order[a - span]} is not finite: a long product of Jacobians "
-                    "overflowed; use 'substitution' (it multiplies vectors only) or float64")
+    raise _OverflowError.between(level, chain.order[a], chain.order[a - span])
 
 
 def _reduce(chain: Chain, counter: Counter, xp: Any) -> tuple[Any, int]:
@@ -161,10 +166,7 @@ def _sparse_or_dense(system: Any, shared_diagonal: str | None, counter: Counter,
     chain = SparseChain.of(system, shared_diagonal)
     X, levels, info = sparse_reduce(chain, counter, lambda c, k: _reduce(c, k, be.xp),
                                     dense_threshold, _check_sparse)
-    parts = [None] * len(X)
-    for i, k in enumerate(chain.order):
-        parts[k] = X[i]
-    x = be.xp.concatenate(parts)
+    x = in_system_order(chain.order, X)
     return (x[:, 0] if system.nrhs is None else x), levels, dict(
         info, dense_threshold=dense_threshold)
 
@@ -173,10 +175,7 @@ def _check_sparse(cores: list, level: int, blocks: list) -> None:
     """Raise :class:`_OverflowError` if a sparse reduced core is not finite."""
     for group, (a, b) in zip(cores, blocks):
         if not all(np.isfinite(core.data).all() for core in group):
-            raise _OverflowError(
-                f"level {level}: the reduced block coupling blocks {a} and {b} is not "
-                "finite: a long product of Jacobians overflowed; use 'substitution' "
-                "(it multiplies vectors only) or float64")
+            raise _OverflowError.between(level, a, b)
 
 
 def _solve(system: Any, run: Callable, rtol: float, atol: float, verify: bool,
