@@ -67,9 +67,9 @@ def test_demo_runs_every_method_quickly():
 def test_run_an_rnn_reports_what_does_not_apply(capsys):
     assert cli.main(["run", "--network", "rnn", "--layers", "2", "--width", "4", "--batch",
                      "2", "--tau", "6", "--repeats", "1", "--method",
-                     "substitution,hybrid,cyclic-reduction"]) == 0
+                     "substitution,hybrid,cyclic-reduction,parallel-cyclic-reduction"]) == 0
     out = capsys.readouterr().out
     assert "tanh RNN over 6 time steps" in out
-    assert "| cyclic-reduction | yes | N/A (needs a chain) |" in out
+    assert "| parallel-cyclic-reduction | yes | N/A (needs a chain) |" in out
     rows = [line for line in out.splitlines() if "CONVERGED" in line]
-    assert len(rows) == 2 and max(float(row.split("|")[6]) for row in rows) < 1e-9
+    assert len(rows) == 3 and max(float(row.split("|")[6]) for row in rows) < 1e-9

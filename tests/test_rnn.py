@@ -1,5 +1,7 @@
 """RNNs against torch.nn.RNN: the reference, the two-level systems and every solver."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -8,7 +10,9 @@ from cases import relative_error
 from reference import torch
 
 METHODS = ["substitution", "scipy.spsolve_triangular", "jacobi", "bicgstab", "scipy.gmres",
-           "pyamg.gmres", "hybrid"]
+           "pyamg.gmres", "hybrid", "cyclic-reduction"]
+EXACT = [("substitution", {}), ("scipy.spsolve_triangular", {}), ("cyclic-reduction", {}),
+         ("cyclic-reduction", {"within": "substitution"})]
 
 
 def problem(layers=2, r=4, nonlinearity="tanh", tau=7, seed=0):
@@ -84,8 +88,58 @@ def test_two_level_structure_operator_and_iterations():
     sol = pp.solve(B, "jacobi", rtol=1e-14)
     assert sol.iterations == (6 - 1) + 2 + 1  # the longest chain: tau - 1 + l + 1 blocks
     assert sol.residuals[-2] > 1e-6 * sol.residuals[0]  # and not one sweep earlier
-    with pytest.raises(ValueError, match="not block bi-diagonal"):
-        pp.solve(B, "cyclic-reduction")
+    for name, system in [("parallel-cyclic-reduction", B), ("cyclic-reduction", B.unstructured())]:
+        with pytest.raises(ValueError, match="not block bi-diagonal"):
+            pp.solve(system, name)
+
+
+@pytest.mark.parametrize(("method", "options"), EXACT)
+@pytest.mark.parametrize("nonlinearity", ["tanh", "relu"])
+@pytest.mark.parametrize("layers", [1, 2, 3])
+@pytest.mark.parametrize("r", [1, 4])
+def test_exact_methods_match_torch_to_rounding(method, options, nonlinearity, layers, r):
+    rnn, xs, targets = problem(layers, r, nonlinearity, tau=9)
+    _, grads, dx = torch_reference(rnn, xs, targets, nonlinearity)
+    g = pp.backprop(rnn, xs, targets, method=method, **options)
+    assert g.solution.converged
+    for k in range(layers):
+        assert relative_error(g.W[k], grads["weight_ih"][k]) < 1e-12
+        assert relative_error(g.U[k], grads["weight_hh"][k]) < 1e-12
+        assert relative_error(g.b[k], grads["bias_ih"][k]) < 1e-12
+    assert relative_error(g.x, dx) < 1e-12
+
+
+@pytest.mark.parametrize("layers", [1, 2, 3, 4, 7])
+@pytest.mark.parametrize("tau", [1, 2, 5, 16, 17])
+@pytest.mark.parametrize("lower", [True, False])
+def test_two_level_cyclic_reduction_levels_follow_the_formula(layers, tau, lower):
+    rnn, xs, targets = problem(layers, 2, tau=tau)
+    trace = rnn.forward(xs)
+    system = (pp.forward_system(rnn, xs, around=trace) if lower else
+              pp.backward_system(rnn, trace, rnn.loss_gradient(trace, targets)))
+    reference = pp.solve(system, "substitution").x
+    kept = layers + 1 if lower else layers  # a backward system's input layer comes after
+    for within, inner in [("cyclic-reduction", math.ceil(math.log2(kept))),
+                          ("substitution", kept - 1)]:
+        sol = pp.solve(system, "cyclic-reduction", within=within)
+        outer = math.ceil(math.log2(tau)) if tau > 1 else 0
+        assert sol.info["levels"] == {"layers": inner, "time": outer}
+        assert sol.levels == inner + outer
+        assert relative_error(sol.x, reference) < 1e-13
+
+
+def test_two_level_cyclic_reduction_reports_overflow_and_bad_options():
+    rnn, xs, targets = problem(layers=2, r=2, tau=64)
+    rnn = pp.RNN([w * 1e3 for w in rnn.W], [u * 1e3 for u in rnn.U], rnn.b,
+                 activation="identity")
+    trace = rnn.forward(xs)
+    system = pp.backward_system(rnn, trace, rnn.loss_gradient(trace, targets))
+    sol = pp.solve(system, "cyclic-reduction")
+    assert sol.status is pp.Status.NONFINITE and "step" in sol.message
+    with pytest.raises(ValueError, match="within must be one of"):
+        pp.solve(system, "cyclic-reduction", within="jacobi")
+    with pytest.raises(ValueError, match="shared_diagonal is not supported on RNN"):
+        pp.solve(system, "cyclic-reduction", shared_diagonal="mean")
 
 
 @pytest.mark.parametrize("linearization", ["newton", "secant"])

@@ -212,9 +212,15 @@ def product(L1: Any, C1: Any, L2: Any, C2: Any, counter: Counter) -> Any:
 
 
 def apply(L: Any, C: Any, X: Any, counter: Counter) -> Any:
-    """``diag(L) C X`` for stacked ``X`` of shape ``(p, r, n)``: ``(p, r, n)``."""
-    p, r, n = X.shape
-    counter.flops += 2 * p * r * n * n + p * r * n
+    """``diag(L) C X`` for stacked ``X`` of shape ``(p, r, n)`` or ``(p, r, n, c)``.
+
+    The second form carries ``c`` columns per sample (a matrix right-hand side).
+    """
+    p, r, n = X.shape[:3]
+    columns = X.shape[3] if X.ndim == 4 else 1
+    counter.flops += (2 * n * n + n) * p * r * columns
+    if X.ndim == 4:
+        return L[..., None] * (C @ X)
     if C.shape[1] == 1:  # one shared core per block: a matrix-matrix product
         CX = (C[:, 0] @ X.transpose(0, 2, 1)).transpose(0, 2, 1)
     else:

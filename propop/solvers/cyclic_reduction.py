@@ -41,6 +41,7 @@ import numpy as np
 from .. import backend
 from .chain import Chain, Counter, apply, in_system_order, product
 from .sparse_chain import SparseChain, sparse_reduce
+from .time_reduction import WITHIN, reduce_over_time
 from .convergence import Tolerance, check_options, finish
 from .direct import substitution
 from .registry import register
@@ -149,9 +150,19 @@ def _dense(reduce: Callable) -> Callable:
     return run
 
 
+def _over_time(system: Any, shared_diagonal: str | None, counter: Counter, *,
+               within: str, **ignored: Any) -> tuple[Any, int, dict]:
+    """Two-level cyclic reduction of an RNN system (:mod:`.time_reduction`)."""
+    if shared_diagonal is not None:
+        raise ValueError("shared_diagonal is not supported on RNN systems: their reduced "
+                         "blocks are per sample and per step anyway")
+    xp = system.backend.xp
+    return reduce_over_time(system, lambda chain, c: _reduce(chain, c, xp), counter, within)
+
+
 def _sparse_or_dense(system: Any, shared_diagonal: str | None, counter: Counter, *,
-                     sparse: bool | None = None, dense_threshold: float = 0.25
-                     ) -> tuple[Any, int, dict]:
+                     sparse: bool | None = None, dense_threshold: float = 0.25,
+                     **ignored: Any) -> tuple[Any, int, dict]:
     """Cyclic reduction on sparse cores where the couplings are sparse, else dense."""
     be = system.backend
     if not 0 <= dense_threshold <= 1:
@@ -184,7 +195,6 @@ def _solve(system: Any, run: Callable, rtol: float, atol: float, verify: bool,
     if shared_diagonal not in SHARED_DIAGONALS:
         raise ValueError(f"shared_diagonal must be one of {SHARED_DIAGONALS}, "
                          f"got {shared_diagonal!r}")
-    system.blocks.require_chain()  # a clear error for systems that are not block bi-diagonal
     xp = system.backend.xp
     counter = Counter()
     expected = math.ceil(math.log2(system.nblocks)) if system.nblocks > 1 else 0
@@ -219,12 +229,18 @@ def _approximation_report(system: Any, solution: Solution) -> Solution:
 
 
 @register("cyclic-reduction", kind="direct", exact=True, backends=("numpy", "cupy"),
-          requires=("chain",))
+          requires=("reducible",))
 def cyclic_reduction(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
                      verify: bool = False, shared_diagonal: str | None = None,
                      sparse: bool | None = None, dense_threshold: float = 0.25,
-                     **ignored: Any) -> Solution:
+                     within: str = "cyclic-reduction", **ignored: Any) -> Solution:
     """Odd-even cyclic reduction: ceil(log2 nblocks) levels, exact.
+
+    On a block bi-diagonal system (FNN) it reduces the chain of blocks. On an
+    RNN system it is two-level (:mod:`propop.solvers.time_reduction`): over the
+    layers of every step, then over time with dense per-step blocks;
+    ``levels = ceil(log2(l + 1)) + ceil(log2 tau)`` and ``info["levels"]``
+    gives both parts.
 
     Parameters
     ----------
@@ -243,6 +259,9 @@ def cyclic_reduction(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
     dense_threshold : float
         Density of the reduced blocks beyond which the remaining levels run
         dense (padded stacks, one batched ``matmul`` a level).
+    within : {"cyclic-reduction", "substitution"}
+        RNN systems: how the layers of each step are solved, in
+        ``ceil(log2(l + 1))`` levels or ``l`` cheaper ones.
 
     Notes
     -----
@@ -250,8 +269,15 @@ def cyclic_reduction(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
     again. ``info["flops"]`` counts the floating-point operations executed
     (padded widths) and ``info["peak_bytes"]`` the reduced blocks alive at once.
     """
-    return _solve(system, _sparse_or_dense, rtol, atol, verify, shared_diagonal,
-                  sparse=sparse, dense_threshold=dense_threshold)
+    if within not in WITHIN:
+        raise ValueError(f"within must be one of {WITHIN}, got {within!r}")
+    run = _sparse_or_dense
+    if system.structure is not None:
+        run = _over_time
+    else:
+        system.blocks.require_chain()  # a clear error for other non-bi-diagonal systems
+    return _solve(system, run, rtol, atol, verify, shared_diagonal,
+                  sparse=sparse, dense_threshold=dense_threshold, within=within)
 
 
 @register("parallel-cyclic-reduction", kind="direct", exact=True, backends=("numpy", "cupy"),
@@ -266,4 +292,5 @@ def parallel_cyclic_reduction(system: Any, *, rtol: float = 1e-10, atol: float =
     block products against cyclic reduction's ``O(nblocks)``; in exchange there
     is no back-substitution phase.
     """
+    system.blocks.require_chain()  # a clear error for systems that are not block bi-diagonal
     return _solve(system, _dense(_parallel_reduce), rtol, atol, verify, shared_diagonal)

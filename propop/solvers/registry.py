@@ -20,7 +20,7 @@ from .solution import ConvergenceError, Solution
 __all__ = ["SolverInfo", "KINDS", "register", "get", "info", "available", "solve"]
 
 KINDS = ("direct", "iterative", "krylov", "block", "hybrid")
-REQUIREMENTS = ("chain", "time_structure")
+REQUIREMENTS = ("chain", "time_structure", "reducible")
 BACKENDS = ("numpy", "cupy")
 ENTRY_POINT_GROUP = "propop.solvers"
 
@@ -40,7 +40,8 @@ class SolverInfo:
     def applies_to(self, system: Any) -> bool:
         """Whether ``system`` has the structure this method requires."""
         needs = {"chain": lambda: system.blocks.is_chain,
-                 "time_structure": lambda: system.structure is not None}
+                 "time_structure": lambda: system.structure is not None,
+                 "reducible": lambda: system.blocks.is_chain or system.structure is not None}
         return all(needs[need]() for need in self.requires)
 
 
@@ -64,9 +65,10 @@ def register(name: str, *, kind: str, exact: bool, backends: tuple = ("numpy",),
         Array backends the function supports.
     description : str, optional
         One line for listings; defaults to the first line of the docstring.
-    requires : tuple of {"chain", "time_structure"}
-        Structure a system must have: block bi-diagonal (cyclic reduction), or
-        repeated over time steps (RNN-specific methods).
+    requires : tuple of {"chain", "time_structure", "reducible"}
+        Structure a system must have: block bi-diagonal (parallel cyclic
+        reduction), repeated over time steps (RNN-specific methods), or either
+        of the two (cyclic reduction).
 
     Examples
     --------

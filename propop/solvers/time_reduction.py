@@ -1,0 +1,189 @@
+"""Two-level cyclic reduction of RNN systems: over layers inside a step, then over time.
+
+Written for propop (no library reduces these systems). An RNN system (eqs.
+forw_prop_sys_rnn, back_prop_sys_rnn) is block bi-diagonal over time steps,
+``D_s x_s = c_s + G_s x_{s -+ 1}``, whose diagonal blocks ``D_s`` (eqs.
+forw_prop_sub_sys_rnn, back_prop_sub_sys_rnn: the layers of one step) are
+themselves block bi-diagonal over layers and ``G_s`` holds the ``U`` couplings.
+The paper (end of section 3.1) solves it in ``O(log l log tau)`` steps; here:
+
+1. **Over layers** (``within``): ``Y_s = D_s^{-1} [G_s | c_s]`` for every step
+   and sample at once, by cyclic reduction over the ``l + 1`` layers
+   (``ceil(log2(l + 1))`` levels, the paper's inner reduction) or by
+   substitution (``l`` levels, less work). Time and samples are batch axes.
+2. **Over time**: the carried layers (those the next step reads through ``U``)
+   stacked into one dense block per step give the chain
+   ``y_s = A_s y_{s -+ 1} + g_s``, ``A_s = (D_s^{-1} G_s)`` restricted to them;
+   odd-even cyclic reduction solves it in ``ceil(log2 tau)`` levels.
+3. ``x_s = D_s^{-1} c_s + D_s^{-1} G_s y_{s -+ 1}``: one batched product.
+
+Because the reduction of a bi-diagonal chain never changes its diagonal blocks,
+``D_s^{-1}`` is needed once, not at every time level: the depth is
+``ceil(log2(l + 1)) + ceil(log2 tau)``, within the paper's product bound.
+The price is the dense per-step blocks: ``O(tau r H^3)`` work for ``H`` carried
+features, against the sequential ``O(tau r H^2)``, so this pays off only for
+small widths and with parallel hardware.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import backend
+from .chain import Chain, Counter, apply
+
+__all__ = ["reduce_over_time", "WITHIN"]
+
+WITHIN = ("cyclic-reduction", "substitution")
+
+
+def reduce_over_time(system: Any, reduce: Any, counter: Counter, within: str
+                     ) -> tuple[Any, int, dict]:
+    """Solve an RNN system by the three stages of the module docstring.
+
+    ``reduce(chain, counter)`` is odd-even cyclic reduction returning
+    ``(X, levels)``; returns ``(x, levels, info)``.
+    """
+    if within not in WITHIN:
+        raise ValueError(f"within must be one of {WITHIN}, got {within!r}")
+    system = system.scaled()
+    layers = _LayerChain(system)
+    inner = layers.chain(counter)
+    if within == "cyclic-reduction":
+        Y, inner_levels = reduce(inner, counter)
+    else:
+        Y, inner_levels = _substitute(inner, counter), inner.G.shape[0] - 1
+    del inner
+    A, g = layers.carried(Y)
+    steps = slice(None, None, 1 if system.lower else -1)  # chain order over time
+    xp = system.backend.xp
+    ones = xp.ones((A.shape[0], 1, A.shape[2]), dtype=system.dtype)
+    names = [f"step {s}" for s in range(A.shape[0])][steps]
+    y, time_levels = reduce(Chain(ones, A[steps], g[steps], names, ()), counter)
+    del A, g
+    previous = xp.zeros_like(y)  # chain order: the value each step reads
+    previous[1:] = y[:-1]
+    x = layers.solution(Y, previous[steps], counter)
+    levels = {"layers": inner_levels, "time": time_levels}
+    return (x[:, 0] if system.nrhs is None else x), inner_levels + time_levels, {
+        "levels": levels, "within": within, "carried": y.shape[2]}
+
+
+def _substitute(chain: Chain, counter: Counter) -> Any:
+    """``x_k = diag(L_k) C_k x_{k-1} + G_k`` in chain order, one position at a time."""
+    X = [chain.G[0]]
+    for k in range(1, chain.G.shape[0]):
+        X.append(apply(chain.L[k: k + 1], chain.C[k: k + 1], X[-1][None], counter)[0]
+                 + chain.G[k])
+    return backend.namespace(X[0]).stack(X)
+
+
+class _LayerChain:
+    """The layers of one step as a chain, batched over steps and samples (``b = tau r``).
+
+    Position ``i`` of the chain is layer ``order[i]``; its core is the ``W``
+    template reading the previous position, its scaling the layer's ``f'`` (or
+    secant slope) per step and sample, and its right-hand side ``[G_s | c_s]``.
+    Only the first ``kept`` positions, up to the last layer the recurrence
+    involves, are reduced with matrix right-hand sides; the rest (the input layer
+    of a backward system) follow from the solution in one product each.
+    """
+
+    def __init__(self, system: Any) -> None:
+        structure, xp = system.structure, system.backend.xp
+        self.system, self.sizes, self.tau = system, structure.sizes, structure.tau
+        per = len(self.sizes)
+        self.within = {t.row: t for t in structure.templates if t.offset == 0}
+        self.across = [t for t in structure.templates if t.offset != 0]
+        self.order = self._chain_order(system.lower)
+        self.carried_layers = sorted({t.col for t in self.across})
+        involved = set(self.carried_layers) | {t.row for t in self.across}
+        self.kept = 1 + max((self.order.index(k) for k in involved), default=0)
+        self.carried_offset, width = {}, 0
+        for k in self.carried_layers:
+            self.carried_offset[k], width = width, width + self.sizes[k]
+        self.width = width
+        rhs = system.rhs if system.nrhs is not None else system.rhs[:, None]
+        self.r = rhs.shape[1]
+        R = xp.moveaxis(rhs.reshape(self.tau, sum(self.sizes), self.r), 2, 1)  # (tau, r, H)
+        offsets = [sum(self.sizes[:k]) for k in range(per)]
+        self.rhs = [R[:, :, o: o + h].reshape(-1, h) for o, h in zip(offsets, self.sizes)]
+        self.scale = [self._columns(a) for a in system.periodic_scales(per)]
+
+    def _chain_order(self, lower: bool) -> list:
+        """Layer indices in chain order; a clear error if the step is no chain."""
+        step = -1 if lower else 1
+        if any(t.offset != step for t in self.across):
+            raise ValueError("cyclic reduction over time needs every recurrent coupling to "
+                             f"read the {'previous' if lower else 'next'} step")
+        first = [k for k in range(len(self.sizes)) if k not in self.within]
+        order = first[:1]
+        while len(first) == 1 and len(order) < len(self.sizes):
+            following = [k for k, t in self.within.items() if t.col == order[-1]]
+            if len(following) != 1:
+                break
+            order.append(following[0])
+        if len(order) != len(self.sizes):
+            raise ValueError("cyclic reduction over time needs the layers of a step to form "
+                             "a chain (one within-step coupling per layer but the first)")
+        return order
+
+    def chain(self, counter: Counter) -> Chain:
+        """The padded chain of the first ``kept`` positions, ``c = width + 1`` columns."""
+        system, xp = self.system, self.system.backend.xp
+        n, m, b = max(self.sizes), self.kept, self.tau * self.r
+        L = xp.ones((m, b, n), dtype=system.dtype)
+        C = xp.zeros((m, 1, n, n), dtype=system.dtype)
+        G = xp.zeros((m, b, n, self.width + 1), dtype=system.dtype)
+        for i, k in enumerate(self.order[:m]):
+            h, s = self.sizes[k], self.scale[k]
+            G[i, :, :h, -1] = self.rhs[k]
+            if s is not None:
+                L[i, :, :h] = s
+            if k in self.within:
+                M = _dense(self.within[k].M)
+                C[i, 0, : M.shape[0], : M.shape[1]] = M
+            for t in (t for t in self.across if t.row == k):
+                M, o = _dense(t.M), self.carried_offset[t.col]
+                G[i, :, :h, o: o + M.shape[1]] = M[None] if s is None else s[:, :, None] * M
+        counter.hold(G.nbytes)
+        return Chain(L, C, G, [f"block {k} of every step" for k in self.order[:m]], ())
+
+    def carried(self, Y: Any) -> tuple[Any, Any]:
+        """``A = (D^{-1} G)`` and ``g = (D^{-1} c)`` on the carried rows, ``(tau, r, ...)``."""
+        xp = self.system.backend.xp
+        rows = [Y[self.order.index(k), :, : self.sizes[k]] for k in self.carried_layers]
+        Z = (rows[0] if len(rows) == 1 else xp.concatenate(rows, axis=1)).reshape(
+            (self.tau, self.r, self.width, self.width + 1))
+        return Z[..., :-1], Z[..., -1]
+
+    def solution(self, Y: Any, previous: Any, counter: Counter) -> Any:
+        """``x = D^{-1} c + D^{-1} G y_prev`` in the system's layout ``(tau H, r)``."""
+        xp = self.system.backend.xp
+        prev = previous.reshape(-1, self.width)[:, :, None]  # (b, width, 1)
+        x: list[Any] = [None] * len(self.sizes)
+        for i, k in enumerate(self.order):
+            h = self.sizes[k]
+            if i < self.kept:
+                x[k] = Y[i, :, :h, -1] + (Y[i, :, :h, :-1] @ prev)[..., 0]
+                counter.flops += 2 * prev.shape[0] * h * self.width
+                continue
+            M = _dense(self.within[k].M)
+            product = x[self.order[i - 1]] @ M.T
+            x[k] = (product if self.scale[k] is None else self.scale[k] * product) + self.rhs[k]
+            counter.flops += 2 * product.size * M.shape[1]
+        out = xp.concatenate(x, axis=1).reshape(self.tau, self.r, -1)
+        return out.transpose(0, 2, 1).reshape(-1, self.r)
+
+    def _columns(self, scale: Any) -> Any:
+        """A ``(tau, h[, r])`` scaling as ``(tau r, h)``; ``None`` stays ``None``."""
+        if scale is None:
+            return None
+        if scale.ndim == 2:
+            scale = scale[:, :, None]
+        full = scale if scale.shape[2] == self.r else scale.repeat(self.r, axis=2)
+        return full.transpose(0, 2, 1).reshape(self.tau * self.r, scale.shape[1])
+
+
+def _dense(M: Any) -> Any:
+    return M.toarray() if backend.is_sparse(M) else M
