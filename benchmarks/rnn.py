@@ -7,8 +7,10 @@ the summed squared-error loss at every step. propop: ``pp.backprop(rnn, xs, t,
 method=...)``; the loop: the textbook BPTT in NumPy; PyTorch: ``torch.nn.RNN``
 with autograd on the CPU (float64, like the others). One run, warm-up, median of 5.
 
-Cyclic reduction is not in the table: propop's reduction needs a block
-bi-diagonal chain, and the two-level reduction over time is not written yet.
+``cyclic-reduction`` is the two-level reduction (over the layers of a step, then
+over time with dense per-step blocks): ``O(log tau)`` levels but ``O(tau r h^3)``
+work against the loop's ``O(tau r h^2)``, so on 2 cores it is expected to lose
+at hidden 20; peak memory is reported from its own count of live blocks.
 
 Run: ``python -m benchmarks.rnn`` (several minutes on 2 cores)
 """
@@ -77,12 +79,18 @@ def measure(hidden: int, batch: int, tau: int) -> dict:
     times = median_times({
         "loop": lambda: numpy_bptt(W, U, b, xs, t),
         "substitution": lambda: pp.backprop(rnn, xs, t, method="substitution"),
+        "cr": lambda: pp.backprop(rnn, xs, t, method="cyclic-reduction"),
         "torch": lambda: torch_bptt(module, X, T),
     }, repeats=5)
+    cr = pp.backprop(rnn, xs, t, method="cyclic-reduction")
     return {"hidden": hidden, "batch": batch, "tau": tau,
             **{f"{k}_s": v for k, v in times.items()},
             "vs_loop": times["substitution"] / times["loop"],
             "speedup_vs_torch": times["torch"] / times["substitution"],
+            "cr_vs_loop": times["cr"] / times["loop"],
+            "cr_speedup_vs_torch": times["torch"] / times["cr"],
+            "cr_levels": cr.solution.levels, "cr_peak_mb": cr.solution.info["peak_bytes"] / 1e6,
+            "cr_error_vs_loop": float(np.abs(cr.W[0] - g.W[0]).max() / np.abs(g.W[0]).max()),
             "error_vs_loop": float(error), "error_vs_torch": float(torch_error),
             "torch_threads": torch.get_num_threads()}
 
@@ -93,13 +101,16 @@ def main() -> None:
     for case in CASES:
         rows.append(measure(*case))
         print(rows[-1], flush=True)
-    lines = ["| hidden | batch | tau | NumPy loop [s] | substitution [s] | PyTorch [s] "
-             "| substitution / loop | speed-up over PyTorch | error vs PyTorch |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| hidden | batch | tau | NumPy loop [s] | PyTorch [s] | substitution [s] "
+             "| substitution / loop | substitution speed-up over PyTorch | CR [s] | CR / loop "
+             "| CR speed-up over PyTorch | CR levels | CR peak [MB] | error vs PyTorch |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['hidden']} | {r['batch']} | {r['tau']} | {r['loop_s']:.3f} | "
-                     f"{r['substitution_s']:.3f} | {r['torch_s']:.3f} | {r['vs_loop']:.2f}x | "
-                     f"{r['speedup_vs_torch']:.1f}x | {r['error_vs_torch']:.0e} |")
+                     f"{r['torch_s']:.3f} | {r['substitution_s']:.3f} | {r['vs_loop']:.2f}x | "
+                     f"{r['speedup_vs_torch']:.1f}x | {r['cr_s']:.3f} | {r['cr_vs_loop']:.2f}x | "
+                     f"{r['cr_speedup_vs_torch']:.2f}x | {r['cr_levels']} | "
+                     f"{r['cr_peak_mb']:.0f} | {r['error_vs_torch']:.0e} |")
     table = "\n".join(lines) + f"\n\nPyTorch threads: {rows[0]['torch_threads']}."
     print(table)
     print(f"written to {save('rnn', rows, table)}")

@@ -159,8 +159,9 @@ def _parser() -> _Parser:
     parser = _Parser(prog="propop", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     commands.add_parser("solvers", help="list the registered solvers")
-    commands.add_parser("demo", help="every method on an FNN (6 layers, width 256, batch 32) "
-                                     "and an RNN (2 layers, width 16, batch 8, 50 steps)")
+    commands.add_parser("demo", help="every method on an FNN (6 layers, width 256, batch 32), "
+                                     "an RNN (2 layers, width 16, batch 8, 50 steps) and a "
+                                     "linear FNN (width 64), whose samples share one matrix")
     run = commands.add_parser("run", help="chosen methods on a chosen FNN")
     run.add_argument("--layers", type=_positive, default=6)
     run.add_argument("--width", type=_positive, default=256)
@@ -201,7 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = dict(layers=6, width=256, batch=32, activation="tanh", density=1.0,
                 methods=None, dtype="float64", seed=0, repeats=5, network="fnn", tau=100)
     if args.command == "demo":
-        runs = [base, dict(base, network="rnn", layers=2, width=16, batch=8, tau=50)]
+        runs = [base, dict(base, network="rnn", layers=2, width=16, batch=8, tau=50),
+                dict(base, activation="identity", width=64)]  # one matrix: block methods
     else:
         runs = [dict(base, layers=args.layers, width=args.width, batch=args.batch,
                      activation=args.activation, density=args.density, dtype=args.dtype,

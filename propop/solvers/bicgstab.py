@@ -25,6 +25,7 @@ from .convergence import (Tolerance, check_options, column_norms, default_maxite
                           initial_guess)
 from .registry import register
 from .solution import Solution
+from .views import Block
 
 __all__ = ["bicgstab"]
 
@@ -40,7 +41,7 @@ def _ratio(xp: Any, num: Any, den: Any, active: Any) -> Any:
 @register("bicgstab", kind="krylov", exact=False, backends=("numpy", "cupy"))
 def bicgstab(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float = 0.0,
              maxiter: int | None = None, callback: Callable | None = None,
-             shadow: str = "random", seed: int = 0) -> Solution:
+             shadow: str = "random", seed: int = 0, M: Any = None) -> Solution:
     """BiCGStab with a random shadow residual; all samples in lock-step.
 
     Parameters
@@ -50,6 +51,8 @@ def bicgstab(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float = 
         SciPy, to reproduce its breakdown.
     seed : int
         Seed of the random shadow residual.
+    M : spec, optional
+        Right preconditioner (:mod:`propop.solvers.preconditioners`).
 
     Notes
     -----
@@ -61,17 +64,10 @@ def bicgstab(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float = 
     check_options(rtol, atol, maxiter)
     if shadow not in SHADOWS:
         raise ValueError(f"shadow must be one of {SHADOWS}, got {shadow!r}")
-    xp = system.backend.xp
     maxiter = default_maxiter(system) if maxiter is None else int(maxiter)
     tol = Tolerance.of(system, rtol, atol)
-    vector = system.nrhs is None
-
-    def A(P: Any) -> Any:
-        return system.apply(P[:, 0])[:, None] if vector else system.apply(P)
-
-    def true_residual(X: Any) -> Any:
-        return system.residual(X[:, 0] if vector else X).reshape(X.shape)
-
+    block = Block(system, M)
+    xp, A, true_residual = block.xp, block.A, block.residual
     X = initial_guess(system, x0).reshape(system.size, -1)
     R = true_residual(X)
     Rhat = (xp.asarray(np.random.default_rng(seed).standard_normal(R.shape), dtype=R.dtype)
@@ -94,12 +90,14 @@ def bicgstab(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float = 
             active &= ~broken
         beta = _ratio(xp, rho * alpha, rho_old * omega, active)          # 2
         P = R + beta * (P - omega * V)                                   # 3
-        V = A(P)                                                         # 4
+        P_hat = block.M(P)
+        V = A(P_hat)                                                     # 4
         alpha = _ratio(xp, rho, xp.sum(Rhat * V, axis=0), active)        # 5
         S = R - alpha * V                                                # 6
-        T = A(S)                                                         # 7
+        S_hat = block.M(S)
+        T = A(S_hat)                                                     # 7
         omega = _ratio(xp, xp.sum(T * S, axis=0), xp.sum(T * T, axis=0), active)  # 8
-        X += alpha * P + omega * S                                       # 9
+        X += alpha * P_hat + omega * S_hat                               # 9
         R = xp.where(active, S - omega * T, R)                           # 10
         rho_old = xp.where(active, rho, rho_old)
         norms = column_norms(R)
@@ -109,9 +107,9 @@ def bicgstab(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float = 
             breakdown = _breakdown("omega = t.s / t.t", stalled, it)
             active &= ~stalled
         if callback is not None:
-            callback(X[:, 0] if vector else X)
+            callback(block.out(X))
         active = _confirm(xp, tol, active, norms, true_residual, X, R)
-    return finish(system, X[:, 0] if vector else X, tol=tol, iterations=it, history=history,
+    return finish(system, block.out(X), tol=tol, iterations=it, history=history,
                   levels=2 * it, maxiter=maxiter, breakdown=breakdown, estimates=True,
                   info={"matvecs": 2 * it + 1, "shadow": shadow})
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -43,7 +42,7 @@ from .chain import Chain, Counter, apply, in_system_order, product
 from .sparse_chain import SparseChain, sparse_reduce
 from .time_reduction import WITHIN, reduce_over_time
 from .convergence import Tolerance, check_options, finish
-from .direct import substitution
+from .direct import approximation_report
 from .registry import register
 from .solution import Solution, Status
 
@@ -211,21 +210,8 @@ def _solve(system: Any, run: Callable, rtol: float, atol: float, verify: bool,
     solution = finish(system, x, tol=tol, levels=levels, info=info,
                       verify=verify or approximate)
     if approximate:
-        return _approximation_report(system, solution)
+        return approximation_report(system, solution)
     return solution
-
-
-def _approximation_report(system: Any, solution: Solution) -> Solution:
-    """Mark a ``shared_diagonal`` answer approximate and give its error against the exact one."""
-    exact = substitution(system).x
-    xp = system.backend.xp
-    error = float(xp.linalg.norm(solution.x - exact) / max(float(xp.linalg.norm(exact)), 1e-300))
-    info = dict(solution.info, approximation_error=error)
-    if solution.converged:
-        return replace(solution, info=info)
-    return replace(solution, status=Status.APPROXIMATE, info=info, message=(
-        f"shared_diagonal='mean' is approximate: relative error {error:.2e} against the "
-        "exact solution; use shared_diagonal=None (the default) for the exact answer"))
 
 
 @register("cyclic-reduction", kind="direct", exact=True, backends=("numpy", "cupy"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from scipy.sparse.linalg import spsolve_triangular as scipy_solve
@@ -9,9 +10,9 @@ from scipy.sparse.linalg import spsolve_triangular as scipy_solve
 from .. import backend
 from .convergence import Tolerance, check_options, finish
 from .registry import register
-from .solution import Solution
+from .solution import Solution, Status
 
-__all__ = ["substitution", "spsolve_triangular"]
+__all__ = ["substitution", "spsolve_triangular", "approximation_report"]
 
 
 @register("substitution", kind="direct", exact=True, backends=("numpy", "cupy"))
@@ -77,3 +78,17 @@ def spsolve_triangular(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
     return finish(system, x, tol=tol, levels=system.size,
                   info={"matrix_format": system.matrix.format, "nnz": matrix.nnz},
                   verify=verify)
+
+
+def approximation_report(system: Any, solution: Solution) -> Solution:
+    """Mark a ``shared_diagonal="mean"`` answer approximate, with its error against the exact."""
+    exact = substitution(system).x
+    xp = system.backend.xp
+    scale = max(float(xp.linalg.norm(exact)), 1e-300)
+    error = float(xp.linalg.norm(solution.x - exact)) / scale
+    info = dict(solution.info, approximation_error=error)
+    if solution.converged:
+        return replace(solution, info=info)
+    return replace(solution, status=Status.APPROXIMATE, info=info, message=(
+        f"shared_diagonal='mean' is approximate: relative error {error:.2e} against the "
+        "exact solution; use shared_diagonal=None (the default) for the exact answer"))

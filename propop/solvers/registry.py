@@ -20,7 +20,7 @@ from .solution import ConvergenceError, Solution
 __all__ = ["SolverInfo", "KINDS", "register", "get", "info", "available", "solve"]
 
 KINDS = ("direct", "iterative", "krylov", "block", "hybrid")
-REQUIREMENTS = ("chain", "time_structure", "reducible")
+REQUIREMENTS = ("chain", "time_structure", "reducible", "shared_matrix")
 BACKENDS = ("numpy", "cupy")
 ENTRY_POINT_GROUP = "propop.solvers"
 
@@ -41,7 +41,8 @@ class SolverInfo:
         """Whether ``system`` has the structure this method requires."""
         needs = {"chain": lambda: system.blocks.is_chain,
                  "time_structure": lambda: system.structure is not None,
-                 "reducible": lambda: system.blocks.is_chain or system.structure is not None}
+                 "reducible": lambda: system.blocks.is_chain or system.structure is not None,
+                 "shared_matrix": lambda: system.shares_matrix}
         return all(needs[need]() for need in self.requires)
 
 
@@ -65,10 +66,10 @@ def register(name: str, *, kind: str, exact: bool, backends: tuple = ("numpy",),
         Array backends the function supports.
     description : str, optional
         One line for listings; defaults to the first line of the docstring.
-    requires : tuple of {"chain", "time_structure", "reducible"}
+    requires : tuple of {"chain", "time_structure", "reducible", "shared_matrix"}
         Structure a system must have: block bi-diagonal (parallel cyclic
-        reduction), repeated over time steps (RNN-specific methods), or either
-        of the two (cyclic reduction).
+        reduction), repeated over time steps (RNN-specific methods), either of
+        the two (cyclic reduction), or one matrix for all samples (block Krylov).
 
     Examples
     --------

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -358,6 +358,67 @@ class TriangularSystem:
                   for s in self._row_scale]
         return self._with(row_scale=scales, rhs=self._scaled_rhs[:, i])
 
+    @functools.cached_property
+    def shares_matrix(self) -> bool:
+        """Whether every sample of a batch has the same matrix (equal scaling columns)."""
+        return self.nrhs is None or all(
+            s is None or s.shape[1] == 1 or bool(self.backend.xp.all(s == s[:, :1]))
+            for s in self._row_scale)
+
+    @property
+    def _scaled_once(self) -> bool:
+        """Whether every scaling is stored once for all columns (``None`` or ``(n_k, 1)``)."""
+        return self.nrhs is None or all(s is None or s.shape[1] == 1 for s in self._row_scale)
+
+    def shared(self, how: str = "exact") -> TriangularSystem:
+        """The system with one matrix for all samples: several right-hand sides.
+
+        Parameters
+        ----------
+        how : {"exact", "mean"}
+            ``"exact"``: every row scaling must be the same for all samples (a
+            linear network, or a batch repeated), else ``ValueError`` names the
+            first block that differs. ``"mean"``: the batch mean of each scaling,
+            an approximation (the scaled right-hand side is kept).
+        """
+        if how not in ("exact", "mean"):
+            raise ValueError(f"how must be one of ('exact', 'mean'), got {how!r}")
+        if self._scaled_once:
+            return self
+        xp = self.backend.xp
+        scales = []
+        for k, s in enumerate(self._row_scale):
+            if s is not None and how == "exact" and not bool(xp.all(s == s[:, :1])):
+                raise ValueError(f"{self.names[k]}: the row scaling differs between samples, "
+                                 "so each sample has its own matrix and this needs one shared "
+                                 "matrix; use a batched method "
+                                 "('batched-gmres', 'batched-bicgstab'), or the batch-mean "
+                                 "matrix (how='mean'; shared_diagonal='mean' in the block "
+                                 "methods), an approximation")
+            scales.append(None if s is None else (s[:, :1] if how == "exact"
+                                                  else s.mean(axis=1, keepdims=True)))
+        return self._with(row_scale=scales)
+
+    def with_rhs(self, rhs: Any) -> TriangularSystem:
+        """The same matrix with right-hand side ``rhs`` given in this system's form.
+
+        ``rhs`` has shape ``(N,)`` or ``(N, r)``; a system that
+        :attr:`shares_matrix` takes any number of columns.
+        """
+        xp = self.backend.xp
+        rhs = xp.asarray(rhs, dtype=self.dtype)
+        if rhs.ndim != len(self._scaled_rhs.shape) or rhs.shape[0] != self.size or (
+                rhs.ndim == 2 and rhs.shape[1] != self.nrhs and not self._scaled_once):
+            raise ValueError(f"rhs has shape {rhs.shape}, expected {self.rhs.shape}")
+        if self.form == "paper":
+            rhs = xp.concatenate([c if d is None else c / d for c, d in
+                                  zip(self.split(rhs), self.blocks.diagonal)])
+        return self._with(rhs=rhs)
+
+    def restricted(self, keep: Callable[[int, int], bool]) -> TriangularSystem:
+        """The system with only the couplings ``(row, col)`` for which ``keep`` holds."""
+        return self._with(edges=[e for e in self._edges if keep(e[0], e[1])], structure=None)
+
     def samples(self) -> list[TriangularSystem]:
         """All single-sample systems: ``[self]`` for a single-vector system."""
         return [self] if self.nrhs is None else [self.sample(i) for i in range(self.nrhs)]
@@ -383,7 +444,9 @@ class TriangularSystem:
         time steps at once.
         """
         B = self.blocks
-        if x.shape != self.rhs.shape:
+        if x.shape != self.rhs.shape and not (
+                self.nrhs is not None and x.ndim == 2 and x.shape[0] == self.size
+                and self._scaled_once):
             raise ValueError(f"x has shape {x.shape}, expected {self.rhs.shape}")
         if self.structure is not None:
             return self.structure.apply(self, x, transpose)

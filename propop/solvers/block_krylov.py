@@ -1,0 +1,282 @@
+"""Block Krylov methods for several right-hand sides of one matrix (paper section 3.3).
+
+Written for propop: no maintained PyPI package has nonsymmetric block Krylov
+methods that work with current SciPy. Both methods need one matrix for all
+columns (:attr:`~propop.TriangularSystem.shares_matrix`: a linear network,
+several right-hand sides of one sample, or ``shared_diagonal="mean"``); a
+mini-batch of a nonlinear network is ``r`` different matrices, for which the
+batched methods (:mod:`.batched_krylov`) are the right tool. Each iteration
+applies the operator once to a whole ``(N, p)`` block, and the block Krylov
+space grows by up to ``p`` directions per application instead of one.
+
+- ``block-gmres`` (Simoncini and Gallopoulos 1996): block Arnoldi with block
+  classical Gram-Schmidt done twice, the block least-squares problem
+  ``min ||E_1 B - H Y||`` solved by QR at every step for per-column residual
+  estimates, restarts, and deflation: a rank-revealing factorisation (SVD) of
+  every new block drops linearly dependent directions at once, and converged
+  columns leave at the next restart.
+- ``block-bicgstab`` (Guennouni, Jbilou and Sadok 2003, Algorithm 2): the
+  ``r x r`` matrix coefficients ``alpha``, ``beta`` and a scalar ``omega``.
+
+References
+----------
+D. P. O'Leary, "The block conjugate gradient algorithm and related methods",
+Linear Algebra Appl. 29 (1980); V. Simoncini, E. Gallopoulos, "Convergence
+properties of block GMRES and matrix polynomials", Linear Algebra Appl. 247
+(1996); A. El Guennouni, K. Jbilou, H. Sadok, "A block version of BiCGSTAB for
+linear systems with multiple right-hand sides", ETNA 16 (2003).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .convergence import (Tolerance, check_options, column_norms, default_maxiter, finish,
+                          initial_guess)
+from .direct import approximation_report
+from .registry import register
+from .solution import Solution
+from .views import Block
+
+__all__ = ["block_gmres", "block_bicgstab"]
+
+SHARED_DIAGONALS = (None, "mean")
+
+
+def _shared(system: Any, shared_diagonal: str | None) -> Any:
+    """The one-matrix system the block methods work on, or a clear error."""
+    if shared_diagonal not in SHARED_DIAGONALS:
+        raise ValueError(f"shared_diagonal must be one of {SHARED_DIAGONALS}, "
+                         f"got {shared_diagonal!r}")
+    return system.shared("exact" if shared_diagonal is None else "mean")
+
+
+def _orthonormal(xp: Any, W: Any, drop: float) -> tuple[Any, Any]:
+    """``W = Q T`` with orthonormal ``Q`` of the numerical rank of ``W`` (deflation)."""
+    U, s, Vh = xp.linalg.svd(W, full_matrices=False)
+    keep = int((s > drop * max(float(s[0]), 1e-300)).sum()) if s.size else 0
+    return U[:, :keep], s[:keep, None] * Vh[:keep]
+
+
+class _Arnoldi:
+    """A block Arnoldi basis and the QR factorisation of its block Hessenberg ``H``.
+
+    ``H`` is never stored: each new block column is reduced at once by the
+    orthogonal factors of the earlier ones and one QR of its
+    ``(p_j + p_{j+1}) x p_j`` lower part; the same factors rotate the
+    right-hand side ``E_1 E``, whose rows below the triangle give the residual
+    norm of every column at no extra cost.
+    """
+
+    def __init__(self, xp: Any, R: Any, drop: float) -> None:
+        self.xp, self.drop = xp, drop
+        V, self.G = _orthonormal(xp, R, drop)  # R = V_0 G: the rotated rhs starts as E
+        self.V, self.rotations, self.columns, self.ncols = [V], [], [], 0
+
+    @property
+    def width(self) -> int:
+        """The width of the newest basis block."""
+        return self.V[-1].shape[1]
+
+    def extend(self, W: Any) -> bool:
+        """Add ``W = A M^{-1} V_j`` to the basis; ``False`` if it adds no direction."""
+        xp = self.xp
+        basis = xp.concatenate(self.V, axis=1)
+        coefficients = basis.T @ W
+        W = W - basis @ coefficients
+        again = basis.T @ W  # classical Gram-Schmidt twice: orthogonal to rounding
+        V, T = _orthonormal(xp, W - basis @ again, self.drop)
+        c = xp.concatenate([coefficients + again, T])  # the new block column of H
+        for start, Q in self.rotations:
+            c[start: start + Q.shape[0]] = Q.T @ c[start: start + Q.shape[0]]
+        start = self.ncols
+        Q = xp.linalg.qr(c[start:], mode="complete")[0]
+        c[start:] = Q.T @ c[start:]
+        self.G = xp.concatenate([self.G, xp.zeros((V.shape[1], self.G.shape[1]),
+                                                  dtype=self.G.dtype)])
+        self.G[start:] = Q.T @ self.G[start:]
+        self.rotations.append((start, Q))
+        self.ncols += W.shape[1]
+        self.columns.append(c[: self.ncols])
+        self.V.append(V)
+        return V.shape[1] > 0
+
+    def estimates(self) -> Any:
+        """The residual norm of every column, ``||E_1 E - H Y||``."""
+        return self.xp.linalg.norm(self.G[self.ncols:], axis=0)
+
+    def correction(self) -> Any:
+        """``V Y`` with ``Y`` the least-squares solution (a triangular solve)."""
+        xp = self.xp
+        T = xp.zeros((self.ncols, self.ncols), dtype=self.G.dtype)
+        first = 0
+        for c in self.columns:
+            T[: c.shape[0], first: first + c.shape[1]] = c
+            first += c.shape[1]
+        Y = xp.linalg.solve(T, self.G[: self.ncols])
+        return xp.concatenate(self.V[:-1], axis=1) @ Y
+
+
+@register("block-gmres", kind="block", exact=False, backends=("numpy", "cupy"),
+          requires=("shared_matrix",))
+def block_gmres(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float = 0.0,
+                maxiter: int | None = None, callback: Callable | None = None,
+                restart: int | None = None, M: Any = None, shared_diagonal: str | None = None,
+                deflation_tol: float | None = None) -> Solution:
+    """Block GMRES for several right-hand sides of one matrix, with deflation.
+
+    Parameters
+    ----------
+    restart : int, optional
+        Block iterations per cycle; default ``min(nblocks + 1, 50)``.
+    M : spec, optional
+        Right preconditioner (:mod:`propop.solvers.preconditioners`).
+    shared_diagonal : {None, "mean"}
+        ``None``: the system must share one matrix over its columns, else
+        ``ValueError``. ``"mean"``: solve the batch-mean matrix instead, an
+        approximation reported as in ``cyclic-reduction``.
+    deflation_tol : float, optional
+        Relative singular value below which a direction counts as linearly
+        dependent and is dropped; default ``sqrt(eps)``.
+
+    Notes
+    -----
+    ``iterations`` counts block operator applications;
+    ``info["matvecs"]`` the columns they carried, ``info["block_widths"]``
+    the width of each block.
+    """
+    check_options(rtol, atol, maxiter)
+    shared = _shared(system, shared_diagonal)
+    maxiter = default_maxiter(system) if maxiter is None else int(maxiter)
+    m = min(system.nblocks + 1, 50) if restart is None else int(restart)
+    if m < 1:
+        raise ValueError(f"restart must be >= 1, got {restart}")
+    drop = float(np.sqrt(np.finfo(system.dtype).eps)) if deflation_tol is None \
+        else float(deflation_tol)
+    block, tol = Block(shared, M), Tolerance.of(shared, rtol, atol)
+    xp = block.xp
+    X = initial_guess(shared, x0).reshape(shared.size, -1)
+    R = block.residual(X)
+    norms = column_norms(R)
+    history, it, widths, stagnated = [float(norms.max())], 0, [], ""
+    while it < maxiter and not tol.met(norms).all():
+        active = np.flatnonzero(~tol.met(norms))
+        arnoldi = _Arnoldi(xp, R[:, active], drop)
+        for _ in range(min(m, maxiter - it)):
+            it += 1
+            widths.append(arnoldi.width)
+            grew = arnoldi.extend(block.A(block.M(arnoldi.V[-1])))
+            estimates = arnoldi.estimates()
+            history.append(float(estimates.max()))
+            if not grew or _met(tol, estimates, active):
+                break
+        X[:, active] += block.M(arnoldi.correction())
+        R, norms, stagnated = block.end_cycle(X, norms, history, callback, tol, it, m,
+                                              "block GMRES")
+        if stagnated:
+            break
+    solution = finish(system, block.out(X), tol=Tolerance.of(system, rtol, atol),
+                      iterations=it, history=history, levels=it, maxiter=maxiter,
+                      breakdown=stagnated, estimates=True,
+                      info={"restart": m, "matvecs": int(sum(widths)), "block_widths": widths,
+                            "operator_applications": it})
+    return _judged(system, solution)
+
+
+def _met(tol: Tolerance, estimates: Any, active: np.ndarray) -> bool:
+    """Whether the estimates of the ``active`` columns meet their thresholds."""
+    return bool((np.asarray(estimates.tolist()) <= tol.thresholds[active]).all())
+
+
+def _judged(system: Any, solution: Solution) -> Solution:
+    """Report a ``shared_diagonal="mean"`` answer as the approximation it is."""
+    return solution if system.shares_matrix else approximation_report(system, solution)
+
+
+@register("block-bicgstab", kind="block", exact=False, backends=("numpy", "cupy"),
+          requires=("shared_matrix",))
+def block_bicgstab(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float = 0.0,
+                   maxiter: int | None = None, callback: Callable | None = None,
+                   M: Any = None, shared_diagonal: str | None = None, seed: int = 0
+                   ) -> Solution:
+    """Block BiCGStab (Guennouni et al. 2003) for several right-hand sides of one matrix.
+
+    Parameters
+    ----------
+    M : spec, optional
+        Right preconditioner (:mod:`propop.solvers.preconditioners`).
+    shared_diagonal : {None, "mean"}
+        As for ``block-gmres``.
+    seed : int
+        Seed of the random shadow block ``R~`` (``R~ = R_0`` stalls on the
+        backward system, as for ``bicgstab``).
+
+    Notes
+    -----
+    Two block operator applications per iteration. A singular ``R~^T V`` is a
+    breakdown, reported with the iteration.
+    """
+    check_options(rtol, atol, maxiter)
+    shared = _shared(system, shared_diagonal)
+    maxiter = default_maxiter(system) if maxiter is None else int(maxiter)
+    block, tol = Block(shared, M), Tolerance.of(shared, rtol, atol)
+    xp = block.xp
+    X = initial_guess(shared, x0).reshape(shared.size, -1)
+    R = block.residual(X)
+    shadow = xp.asarray(np.random.default_rng(seed).standard_normal(R.shape), dtype=R.dtype)
+    P, norms = R.copy(), column_norms(R)
+    history, it, breakdown = [float(norms.max())], 0, ""
+    while it < maxiter and not tol.met(norms).all():
+        it += 1
+        P_hat = block.M(P)
+        V = block.A(P_hat)
+        SV = shadow.T @ V
+        if _singular(xp, SV):
+            breakdown = _breakdown(xp, it, block.residual(X))
+            break
+        alpha = xp.linalg.solve(SV, shadow.T @ R)
+        S = R - V @ alpha
+        S_hat = block.M(S)
+        T = block.A(S_hat)
+        tt = float(xp.sum(T * T))
+        omega = float(xp.sum(T * S)) / tt if tt > 0 else 0.0
+        X = X + P_hat @ alpha + omega * S_hat
+        R = S - omega * T
+        beta = xp.linalg.solve(SV, -(shadow.T @ T))
+        P = R + (P - omega * V) @ beta
+        norms = column_norms(R)
+        history.append(float(norms.max()))
+        if callback is not None:
+            callback(block.out(X))
+        if tol.met(norms).all():  # confirm on the true residual
+            R = block.residual(X)
+            norms = column_norms(R)
+    solution = finish(system, block.out(X), tol=Tolerance.of(system, rtol, atol),
+                      iterations=it, history=history, levels=2 * it, maxiter=maxiter,
+                      breakdown=breakdown, estimates=True,
+                      info={"matvecs": 2 * it * X.shape[1] + X.shape[1],
+                            "operator_applications": 2 * it + 1})
+    return _judged(system, solution)
+
+
+def _breakdown(xp: Any, it: int, R: Any) -> str:
+    """Why ``R~^T A P`` became singular, and what to do."""
+    rank = int((xp.linalg.svd(R, compute_uv=False) > np.sqrt(np.finfo(R.dtype).eps)
+                * float(xp.linalg.norm(R))).sum())
+    if rank < R.shape[1]:
+        return (f"block BiCGStab breakdown at iteration {it}: the {R.shape[1]} residuals are "
+                f"linearly dependent (rank {rank}; a backward system's right-hand sides "
+                "span at most the output width); use 'block-gmres', which deflates them")
+    return (f"block BiCGStab breakdown at iteration {it}: R~^T A P is singular; use another "
+            "seed, 'block-gmres' or a direct method")
+
+
+def _singular(xp: Any, S: Any) -> bool:
+    """Whether the small matrix ``S`` is numerically singular (or not finite)."""
+    if not bool(xp.isfinite(S).all()):
+        return True
+    s = xp.linalg.svd(S, compute_uv=False)
+    return bool(s[-1] <= s[0] * np.finfo(S.dtype).eps * S.shape[0])

@@ -1,0 +1,101 @@
+"""Preconditioners for the Krylov methods: ``M=`` (paper section 3.2, scaling as preconditioning).
+
+A preconditioner is built once per system from a spec (DESIGN section 3): a
+name, a ``(name, {options})`` tuple, or a function ``R -> M^{-1} R`` on
+``(N,)``/``(N, k)`` arrays. The methods apply it on the right, so the residuals
+they watch are the true ones.
+
+- ``"diagonal"``: the paper's ``D^{-1}`` / ``E^{-1}``, the inverse of the block
+  diagonal. A no-op on the scaled form (whose diagonal is ``I``); on
+  ``form="paper"`` it turns the system into the scaled one.
+- ``"block-jacobi"`` (``group=g``): an exact solve of every group of ``g``
+  consecutive blocks (layers), the couplings between groups dropped; ``g = 1``
+  is ``"diagonal"``, ``g = nblocks`` the exact inverse.
+- ``"air"``: PyAMG's approximate ideal restriction AMG
+  (``pyamg.classical.air_solver``), one V-cycle per application, for
+  experiments. Its set-up, one hierarchy per sample, costs far more than a
+  direct solve of these systems; it warns so.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from .direct import substitution
+
+__all__ = ["preconditioner", "PRECONDITIONERS"]
+
+PRECONDITIONERS = ("diagonal", "block-jacobi", "air")
+
+
+def preconditioner(system: Any, spec: Any) -> Callable[[Any], Any] | None:
+    """The function ``R -> M^{-1} R`` that ``spec`` names for ``system`` (``None``: none).
+
+    Raises ``ValueError`` for an unknown name or bad options.
+    """
+    if spec is None or callable(spec):
+        return spec
+    name, options = spec if isinstance(spec, tuple) else (spec, {})
+    if name not in PRECONDITIONERS:
+        raise ValueError(f"unknown preconditioner {name!r}; choose one of {PRECONDITIONERS}, "
+                         "a (name, {options}) tuple or a function R -> M^{-1} R")
+    build = {"diagonal": _diagonal, "block-jacobi": _block_jacobi, "air": _air}[name]
+    return build(system, **options)
+
+
+def _diagonal(system: Any) -> Callable[[Any], Any] | None:
+    """``D^{-1} R``, block by block; ``None`` (nothing to do) on the scaled form."""
+    diagonal = system.blocks.diagonal
+    if all(d is None for d in diagonal):
+        return None
+    xp = system.backend.xp
+
+    def apply(R: Any) -> Any:
+        parts = system.split(R)
+        return xp.concatenate([c if d is None else c / _like(d, c) for c, d in
+                               zip(parts, diagonal)])
+
+    return apply
+
+
+def _like(d: Any, c: Any) -> Any:
+    """A diagonal ``(n,)``/``(n, r)`` shaped to divide a block ``c``."""
+    return d[:, 0] if c.ndim == 1 and d.ndim == 2 else d
+
+
+def _block_jacobi(system: Any, group: int = 2) -> Callable[[Any], Any]:
+    """An exact solve of each group of ``group`` consecutive blocks (in solve order)."""
+    if int(group) != group or group < 1:
+        raise ValueError(f"block-jacobi: group must be an integer >= 1, got {group}")
+    position = {k: i // int(group) for i, k in enumerate(system.blocks.order())}
+    inside = system.restricted(lambda row, col: position[row] == position[col])
+
+    def apply(R: Any) -> Any:
+        return substitution(inside.with_rhs(R)).x
+
+    return apply
+
+
+def _air(system: Any, **options: Any) -> Callable[[Any], Any]:
+    """One AIR V-cycle per sample; the hierarchies are built here, at a cost."""
+    from pyamg.classical import air_solver
+
+    start = time.perf_counter()
+    samples = system.samples() if not system.shares_matrix else [system.shared()]
+    cycles = [air_solver(s.matrix.tocsr() if s.nrhs is None else s.sample(0).matrix.tocsr(),
+                         **options).aspreconditioner(cycle="V") for s in samples]
+    warnings.warn(f"the AIR preconditioner took {time.perf_counter() - start:.2f} s to set "
+                  f"up {len(cycles)} hierarchies; a direct solve of this system is cheaper, "
+                  "use it for experiments", stacklevel=4)
+    xp = system.backend.xp
+
+    def apply(R: Any) -> Any:
+        if R.ndim == 1:
+            return xp.asarray(cycles[0] @ R)
+        columns = [cycles[min(j, len(cycles) - 1)] @ R[:, j] for j in range(R.shape[1])]
+        return xp.stack([xp.asarray(c) for c in columns], axis=1)
+
+    return apply
