@@ -18,6 +18,7 @@ from . import solvers
 from .activations import available_activations
 from .networks.fnn import FNN
 from .networks.rnn import RNN
+from .progress import bar
 from .systems import backward_system
 
 __all__ = ["main", "experiment", "Row", "gradient_error"]
@@ -68,13 +69,15 @@ def _problem(network: str, layers: int, width: int, batch: int, activation: str,
 def experiment(layers: int = 6, width: int = 256, batch: int = 32, activation: str = "tanh",
                density: float = 1.0, methods: Sequence[str] | None = None,
                dtype: str = "float64", seed: int = 0, repeats: int = 5,
-               network: str = "fnn", tau: int = 100) -> list[Row]:
+               network: str = "fnn", tau: int = 100, progress: bool | str = False
+               ) -> list[Row]:
     """Backward pass of a random network through each method, against the sequential reference.
 
     ``network`` is ``"fnn"`` or ``"rnn"`` (``tau`` time steps). Each method runs
     once to warm up, then ``repeats`` times; the median time is reported. Errors
     are of the gradients (``dW``, ``dU``, ``db``, ``dx``). Methods that need a
-    structure the system lacks get a row saying so.
+    structure the system lacks get a row saying so. ``progress`` shows a bar over
+    the methods (:mod:`propop.progress`).
     """
     names = [s.name for s in solvers.available()] if methods is None else list(methods)
     for name in names:
@@ -86,19 +89,25 @@ def experiment(layers: int = 6, width: int = 256, batch: int = 32, activation: s
     reference = net.gradients(trace, net.backward(trace, eps))
     system = backward_system(net, trace, eps)
     rows = []
-    for name in names:
-        if not solvers.info(name).applies_to(system):
-            needs = " and ".join(solvers.info(name).requires).replace("_", " ")
-            rows.append(Row(name, solvers.info(name).exact, f"N/A (needs a {needs})", 0, 0,
-                            float("nan"), float("nan")))
-            continue
-        solution = solvers.solve(system, name)
-        times = [solvers.solve(system, name).time for _ in range(repeats)]
-        g = net.gradients(trace, net.unstack(system, solution.x))
-        rows.append(Row(name, solvers.info(name).exact, solution.status.name,
-                        solution.iterations, solution.levels, gradient_error(g, reference),
-                        statistics.median(times)))
+    with bar(progress, len(names), "methods") as shown:
+        for name in names:
+            rows.append(_measure(name, system, net, trace, reference, repeats))
+            shown.update()
     return rows
+
+
+def _measure(name: str, system: Any, net: Any, trace: Any, reference: Any, repeats: int
+             ) -> Row:
+    """One method's row: warm-up solve, ``repeats`` timed solves, gradient error."""
+    exact = solvers.info(name).exact
+    if not solvers.info(name).applies_to(system):
+        needs = " and ".join(solvers.info(name).requires).replace("_", " ")
+        return Row(name, exact, f"N/A (needs a {needs})", 0, 0, float("nan"), float("nan"))
+    solution = solvers.solve(system, name)
+    times = [solvers.solve(system, name).time for _ in range(repeats)]
+    g = net.gradients(trace, net.unstack(system, solution.x))
+    return Row(name, exact, solution.status.name, solution.iterations, solution.levels,
+               gradient_error(g, reference), statistics.median(times))
 
 
 def format_table(rows: Sequence[Row], baseline: str = "substitution") -> str:
@@ -200,7 +209,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_solvers_table())
         return 0
     base = dict(layers=6, width=256, batch=32, activation="tanh", density=1.0,
-                methods=None, dtype="float64", seed=0, repeats=5, network="fnn", tau=100)
+                methods=None, dtype="float64", seed=0, repeats=5, network="fnn", tau=100,
+                progress="auto")
     if args.command == "demo":
         runs = [base, dict(base, network="rnn", layers=2, width=16, batch=8, tau=50),
                 dict(base, activation="identity", width=64)]  # one matrix: block methods

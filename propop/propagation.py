@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 from .networks.trace import Trace
+from .progress import bar
 from .solvers.convergence import check_options
 from .solvers.registry import solve
 from .solvers.solution import ConvergenceError, Solution, Status
@@ -62,7 +63,7 @@ def backprop(net: Any, x: Any, target: Any, loss: str = "mse",
 def forward(net: Any, x: Any, method: str = "substitution", *,
             linearization: str = "newton", rtol: float = 1e-10, maxiter: int | None = None,
             around: Trace | None = None, check: bool = True, linear_rtol: float | None = None,
-            **options: Any) -> Trace:
+            progress: bool | str = False, **options: Any) -> Trace:
     """Forward propagation by iterated linearised systems (eq. forw_prop_sys).
 
     Each iteration linearises every activation at the current ``y``, solves
@@ -76,7 +77,8 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     is at most ``rtol``. ``trace.info`` holds ``iterations``, ``residuals`` and
     the linear ``solutions``. ``around`` starts the iteration from a trace
     (default: all states zero); ``linear_rtol`` is the tolerance of each linear
-    solve (default ``min(rtol, 1e-10)``); other options go to the solver.
+    solve (default ``min(rtol, 1e-10)``); ``progress`` shows a bar over the
+    Newton iterations (:mod:`propop.progress`); other options go to the solver.
 
     Raises
     ------
@@ -88,16 +90,19 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     linear_rtol = min(rtol, 1e-10) if linear_rtol is None else linear_rtol
     trace = around if around is not None else net.trace_from_states(x, None)
     residuals, solutions = [_nonlinear_residual(net, trace)], []
-    while not residuals[-1] <= rtol:
-        system = forward_system(net, x, around=trace, linearization=linearization)
-        if maxiter is None:  # the longest chain of dependencies is shorter than this
-            maxiter = system.nblocks - 1
-        if len(solutions) >= maxiter:
-            break
-        solution = solve(system, method, check=check, rtol=linear_rtol, **options)
-        solutions.append(solution)
-        trace = net.trace_from_states(x, net.unstack(system, solution.x))
-        residuals.append(_nonlinear_residual(net, trace))
+    with bar(progress, maxiter, f"{linearization} forward") as shown:
+        while not residuals[-1] <= rtol:
+            system = forward_system(net, x, around=trace, linearization=linearization)
+            if maxiter is None:  # the longest chain of dependencies is shorter than this
+                maxiter = shown.total = system.nblocks - 1
+            if len(solutions) >= maxiter:
+                break
+            solution = solve(system, method, check=check, rtol=linear_rtol, **options)
+            solutions.append(solution)
+            trace = net.trace_from_states(x, net.unstack(system, solution.x))
+            residuals.append(_nonlinear_residual(net, trace))
+            shown.update()
+            shown.set_postfix_str(f"residual {residuals[-1]:.1e}")
     info = {"iterations": len(solutions), "residuals": residuals, "solutions": solutions,
             "converged": residuals[-1] <= rtol}
     if check and not info["converged"]:

@@ -9,12 +9,14 @@ through the entry-point group ``propop.solvers``, loaded on first look-up.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
+from ..progress import Silent, bar
 from .solution import ConvergenceError, Solution
 
 __all__ = ["SolverInfo", "KINDS", "register", "get", "info", "available", "solve"]
@@ -126,6 +128,16 @@ def info(name: str) -> SolverInfo:
                        ) from None
 
 
+def _advancing(shown: Any, callback: Callable | None) -> Callable[[Any], None]:
+    """A callback that advances the bar, then calls the user's ``callback``."""
+    def advance(x: Any) -> None:
+        shown.update()
+        if callback is not None:
+            callback(x)
+
+    return advance
+
+
 def get(name: str) -> Callable[..., Solution]:
     """The function registered as method ``name`` (``KeyError`` lists the known ones)."""
     return info(name).function
@@ -138,7 +150,7 @@ def available() -> list[SolverInfo]:
 
 
 def solve(system: Any, method: str | Callable[..., Solution] = "substitution", *,
-          check: bool = False, **options: Any) -> Solution:
+          check: bool = False, progress: bool | str = False, **options: Any) -> Solution:
     """Solve ``system`` with the method named ``method`` and time it.
 
     Parameters
@@ -149,6 +161,10 @@ def solve(system: Any, method: str | Callable[..., Solution] = "substitution", *
     check : bool
         Raise :class:`~propop.ConvergenceError` if the solve fails instead of
         returning a ``Solution`` whose ``converged`` is ``False``.
+    progress : {False, True, "auto"}
+        A tqdm bar that advances with every callback of the method (iterations,
+        or restart cycles for GMRES); ``"auto"``: only in a terminal
+        (:mod:`propop.progress`).
     **options
         Passed to the method: ``x0``, ``rtol``, ``atol``, ``maxiter``,
         ``callback`` and the method's own options.
@@ -171,9 +187,13 @@ def solve(system: Any, method: str | Callable[..., Solution] = "substitution", *
             raise ValueError(f"solver {method!r} runs on {solver.backends}, but the system's "
                              f"arrays are {system.backend.name} arrays")
         name, function = method, solver.function
-    start = time.perf_counter()
-    solution = function(system, **options)
-    solution = dataclasses.replace(solution, time=time.perf_counter() - start, method=name)
+    with bar(progress, options.get("maxiter"), name) as shown:
+        if not isinstance(shown, Silent) and "callback" in inspect.signature(function).parameters:
+            options["callback"] = _advancing(shown, options.get("callback"))
+        start = time.perf_counter()
+        solution = function(system, **options)
+        elapsed = time.perf_counter() - start
+    solution = dataclasses.replace(solution, time=elapsed, method=name)
     if check and not solution.converged:
         raise ConvergenceError(solution)
     return solution

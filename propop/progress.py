@@ -1,0 +1,51 @@
+"""Progress bars for long runs (tqdm, optional): shown when asked or when interactive.
+
+``progress=True`` needs tqdm (``pip install "propop[progress]"``) and says so if it
+is missing; ``"auto"`` shows a bar only when standard error is a terminal and tqdm
+is installed; ``False`` (the library default, and what CI gets) shows nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from typing import Any
+
+__all__ = ["bar", "Silent", "PROGRESS"]
+
+PROGRESS = (True, False, "auto")
+
+
+class Silent:
+    """A bar that shows nothing (tqdm's interface, the parts propop uses)."""
+
+    total: int | None = None
+
+    def update(self, n: int = 1) -> None:
+        """Do nothing."""
+
+    def set_postfix_str(self, text: str) -> None:
+        """Do nothing."""
+
+    def close(self) -> None:
+        """Do nothing."""
+
+    def __enter__(self) -> Silent:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def bar(progress: bool | str, total: int | None, description: str) -> Any:
+    """A tqdm bar of ``total`` steps, or a :class:`Silent` one; a context manager."""
+    if progress not in PROGRESS:
+        raise ValueError(f"progress must be one of {PROGRESS}, got {progress!r}")
+    installed = importlib.util.find_spec("tqdm") is not None
+    if progress is True and not installed:
+        raise ImportError("progress=True needs tqdm: pip install \"propop[progress]\"")
+    if progress is False or not installed or (progress == "auto" and not sys.stderr.isatty()):
+        return Silent()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=description, leave=False)
