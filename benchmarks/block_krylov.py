@@ -24,7 +24,7 @@ import scipy.sparse.linalg as spla
 
 import propop as pp
 
-from .common import median_times, save
+from .common import median_times, publish
 
 LAYERS, WIDTH = 16, 32
 BATCHES = (1, 4, 16, 64)
@@ -98,8 +98,7 @@ def main() -> None:
                      f"{row['vs_independent']:.2f}x | {row['applications']} | "
                      f"{row['matvecs']} | {row['error']:.0e} |")
     table = "\n".join(lines) + f"\n\nl = {LAYERS}, width {WIDTH}, float64, rtol 1e-10."
-    print(table)
-    print(f"written to {save('block_krylov', rows, table)}")
+    publish("block_krylov", rows, table)
 
 
 if __name__ == "__main__":

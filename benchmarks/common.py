@@ -80,3 +80,9 @@ def save(name: str, rows: list[dict[str, Any]], table: str) -> pathlib.Path:
     path = RESULTS / f"{name}.md"
     path.write_text(f"{table}\n\nMeasured on {describe(env)}.\n")
     return path
+
+
+def publish(name: str, rows: list[dict[str, Any]], table: str) -> None:
+    """Print ``table`` and save it with ``rows`` (:func:`save`), saying where."""
+    print(table)
+    print(f"written to {save(name, rows, table)}")

@@ -21,7 +21,7 @@ import numpy as np
 
 import propop as pp
 
-from .common import median_times, save
+from .common import median_times, publish
 
 CASES = [(20, 16, 1000), (20, 16, 10000), (20, 16, 30000), (8, 1, 65536)]
 
@@ -112,8 +112,7 @@ def main() -> None:
                      f"{r['cr_speedup_vs_torch']:.2f}x | {r['cr_levels']} | "
                      f"{r['cr_peak_mb']:.0f} | {r['error_vs_torch']:.0e} |")
     table = "\n".join(lines) + f"\n\nPyTorch threads: {rows[0]['torch_threads']}."
-    print(table)
-    print(f"written to {save('rnn', rows, table)}")
+    publish("rnn", rows, table)
 
 
 if __name__ == "__main__":

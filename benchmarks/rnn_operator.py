@@ -14,7 +14,7 @@ import numpy as np
 
 import propop as pp
 
-from .common import median_times, save
+from .common import median_times, publish
 
 TAUS = (64, 1024, 16384)
 
@@ -50,8 +50,7 @@ def main() -> None:
                      f"{r['matrix_ms']:.2f} | {r['per-step loop_ms']:.2f} | "
                      f"{r['matrix_ratio']:.1f}x | {r['loop_ratio']:.1f}x |")
     table = "\n".join(lines)
-    print(table)
-    print(f"written to {save('rnn_operator', rows, table)}")
+    publish("rnn_operator", rows, table)
 
 
 if __name__ == "__main__":

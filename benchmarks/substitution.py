@@ -15,7 +15,7 @@ import numpy as np
 
 import propop as pp
 
-from .common import median_times, save
+from .common import median_times, publish
 
 CASES = [(64, 256, 32, 1.0), (64, 256, 1, 1.0), (256, 64, 16, 1.0), (64, 256, 32, 0.05)]
 
@@ -69,8 +69,7 @@ def main() -> None:
                      f"{r['loop_ms']:.3f} | {r['solve_ms']:.3f} | {r['solve_ratio']:.2f}x | "
                      f"{r['build_solve_ratio']:.2f}x |")
     table = "\n".join(lines)
-    print(table)
-    print(f"written to {save('substitution', rows, table)}")
+    publish("substitution", rows, table)
 
 
 if __name__ == "__main__":

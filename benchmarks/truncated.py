@@ -19,7 +19,7 @@ import numpy as np
 
 import propop as pp
 
-from .common import save
+from .common import publish
 
 LAYERS, WIDTH, BATCH = 16, 32, 8
 METHODS = ("jacobi", "batched-gmres", "batched-bicgstab")
@@ -77,8 +77,7 @@ def main() -> None:
         raise RuntimeError("GMRES's residual above Jacobi's: the Krylov argument is broken")
     table = "\n".join(lines) + (f"\n\nl = {LAYERS}, width {WIDTH}, batch {BATCH}, float64; "
                                 "k = iterations (maxiter).")
-    print(table)
-    print(f"written to {save('truncated', rows, table)}")
+    publish("truncated", rows, table)
 
 
 if __name__ == "__main__":
