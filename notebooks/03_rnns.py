@@ -41,6 +41,7 @@ reference = rnn.gradients(trace, rnn.backward(trace, rnn.loss_gradient(trace, ta
 for method, options in [("substitution", {}), ("cyclic-reduction", {}),
                         ("cyclic-reduction", {"within": "substitution"}),
                         ("hybrid", {"outer": "jacobi"}), ("hybrid", {"outer": "gmres"}),
+                        ("hybrid", {"outer": "bicgstab"}),
                         ("batched-gmres", {})]:
     g = pp.backprop(rnn, xs, targets, method=method, **options)
     error = max(np.abs(a - b).max() / np.abs(b).max() for a, b in zip(g.W, reference.W))

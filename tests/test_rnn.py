@@ -222,14 +222,15 @@ def test_structured_operator_in_every_view():
                                    atol=1e-13)
 
 
-@pytest.mark.parametrize("outer", ["jacobi", "gmres"])
+@pytest.mark.parametrize("outer", ["jacobi", "gmres", "bicgstab"])
 @pytest.mark.parametrize("form", ["scaled", "paper"])
 def test_hybrid_is_exact_after_tau_outer_iterations(outer, form):
     rnn, xs, targets = problem(layers=3, r=2, tau=8)
     trace = rnn.forward(xs)
     B = pp.backward_system(rnn, trace, rnn.loss_gradient(trace, targets), form=form)
     sol = pp.solve(B, "hybrid", outer=outer, rtol=1e-13)
-    assert sol.converged and sol.iterations <= 8
+    # the preconditioned coupling over time is nilpotent of index tau = 8
+    assert sol.converged and sol.iterations <= (8 if outer != "bicgstab" else 8 + 2)
     assert sol.info["inner_steps"] == 4 and sol.info["outer_iterations"] == sol.iterations
     assert relative_error(sol.x, pp.solve(B, "substitution").x) < 1e-12
     few = pp.solve(B, "hybrid", outer=outer, maxiter=2)

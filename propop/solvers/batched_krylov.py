@@ -98,8 +98,10 @@ def batched_gmres(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: flo
 
     Notes
     -----
-    ``iterations`` counts Arnoldi steps (operator applications, each on the
-    whole batch); ``info["column_iterations"]`` the steps each sample needed.
+    ``iterations`` counts Arnoldi steps, each one operator application on the
+    whole batch; ``info["operator_applications"]`` adds the true residuals (one
+    a cycle and the initial one), ``info["matvecs"]`` the columns all of them
+    carried, ``info["column_iterations"]`` the steps each sample needed.
     ``residuals`` holds the largest residual estimate per iteration. A restart
     cycle that does not reduce the residual stops the method as stagnated
     (``BREAKDOWN``); ``callback(x)`` is called after each cycle.
@@ -137,8 +139,9 @@ def batched_gmres(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: flo
             break
     return finish(system, block.out(X), tol=tol, iterations=it, history=history, levels=it,
                   maxiter=maxiter, breakdown=stagnated, estimates=True,
-                  info={"restart": m, "matvecs": it + cycles + 1, "column_iterations":
-                        columns.tolist(), "operator_applications": it})
+                  info={"restart": m, "matvecs": (it + cycles + 1) * norms.size,
+                        "column_iterations": columns.tolist(),
+                        "operator_applications": it + cycles + 1})
 
 
 register("batched-bicgstab", kind="krylov", exact=False, backends=("numpy", "cupy"),

@@ -111,7 +111,8 @@ def bicgstab(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float = 
         active = _confirm(xp, tol, active, norms, true_residual, X, R)
     return finish(system, block.out(X), tol=tol, iterations=it, history=history,
                   levels=2 * it, maxiter=maxiter, breakdown=breakdown, estimates=True,
-                  info={"matvecs": 2 * it + 1, "shadow": shadow})
+                  info={"matvecs": (2 * it + 1) * X.shape[1], "shadow": shadow,
+                        "operator_applications": 2 * it + 1})
 
 
 def _confirm(xp: Any, tol: Tolerance, active: Any, norms: np.ndarray,

@@ -144,9 +144,10 @@ def block_gmres(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float
 
     Notes
     -----
-    ``iterations`` counts block operator applications;
-    ``info["matvecs"]`` the columns they carried, ``info["block_widths"]``
-    the width of each block.
+    ``iterations`` counts block Arnoldi steps;
+    ``info["operator_applications"]`` adds the true residuals (the initial one
+    and one a cycle), ``info["matvecs"]`` the columns all of them carried,
+    ``info["block_widths"]`` the width of each Arnoldi block.
     """
     check_options(rtol, atol, maxiter)
     shared = _shared(system, shared_diagonal)
@@ -161,7 +162,7 @@ def block_gmres(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float
     X = initial_guess(shared, x0).reshape(shared.size, -1)
     R = block.residual(X)
     norms = column_norms(R)
-    history, it, widths, stagnated = [float(norms.max())], 0, [], ""
+    history, it, widths, stagnated, cycles = [float(norms.max())], 0, [], "", 0
     while it < maxiter and not tol.met(norms).all():
         active = np.flatnonzero(~tol.met(norms))
         arnoldi = _Arnoldi(xp, R[:, active], drop)
@@ -174,6 +175,7 @@ def block_gmres(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float
             if not grew or _met(tol, estimates, active):
                 break
         X[:, active] += block.M(arnoldi.correction())
+        cycles += 1
         R, norms, stagnated = block.end_cycle(X, norms, history, callback, tol, it, m,
                                               "block GMRES")
         if stagnated:
@@ -181,8 +183,9 @@ def block_gmres(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float
     solution = finish(system, block.out(X), tol=Tolerance.of(system, rtol, atol),
                       iterations=it, history=history, levels=it, maxiter=maxiter,
                       breakdown=stagnated, estimates=True,
-                      info={"restart": m, "matvecs": int(sum(widths)), "block_widths": widths,
-                            "operator_applications": it})
+                      info={"restart": m, "block_widths": widths,
+                            "matvecs": int(sum(widths)) + (cycles + 1) * X.shape[1],
+                            "operator_applications": it + cycles + 1})
     return _judged(system, solution)
 
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import scipy.sparse.linalg as spla
-
 from ..networks.rnn import over_time
 from .convergence import Tolerance, check_options, finish, initial_guess
 from .registry import register, solve
@@ -22,7 +20,7 @@ from .stationary import fixed_point
 
 __all__ = ["within_step_solve", "hybrid"]
 
-OUTER = ("jacobi", "gmres")
+OUTER = ("jacobi", "gmres", "bicgstab")
 
 
 def within_step_solve(system: Any, R: Any) -> Any:
@@ -55,21 +53,16 @@ def _jacobi(system: Any, x: Any, tol: Tolerance, maxiter: int, callback: Callabl
                        lambda R: within_step_solve(system, R))
 
 
-def _gmres(system: Any, x: Any, tol: Tolerance, maxiter: int, callback: Callable | None
-           ) -> tuple[Any, list, int]:
-    columns = [x] if system.nrhs is None else [x[:, i] for i in range(system.nrhs)]
-    iterations, histories = [], []
-    for sample, column in zip(system.samples(), columns):
-        M = spla.LinearOperator(sample.shape, dtype=sample.dtype,
-                                matvec=lambda v, s=sample: within_step_solve(s, v))
-        sol = solve(sample, "scipy.gmres", x0=column, rtol=tol.rtol, atol=tol.atol,
-                    maxiter=maxiter, M=M, callback=callback)
-        column[...] = sol.x
-        iterations.append(sol.iterations)
-        histories.append(list(sol.residuals))
-    length = max(len(h) for h in histories)
-    history = [max(h[min(i, len(h) - 1)] for h in histories) for i in range(length)]
-    return x, history, max(iterations)
+def _krylov(method: str) -> Callable:
+    """An outer Krylov method, right-preconditioned by the direct within-step solve."""
+
+    def run(system: Any, x: Any, tol: Tolerance, maxiter: int, callback: Callable | None
+            ) -> tuple[Any, list, int]:
+        sol = solve(system, method, x0=x, rtol=tol.rtol, atol=tol.atol, maxiter=maxiter,
+                    callback=callback, M=lambda R: within_step_solve(system, R))
+        return sol.x, list(sol.residuals), sol.iterations
+
+    return run
 
 
 @register("hybrid", kind="hybrid", exact=False, backends=("numpy", "cupy"),
@@ -81,10 +74,11 @@ def hybrid(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float = 0.
 
     Parameters
     ----------
-    outer : {"jacobi", "gmres"}
+    outer : {"jacobi", "gmres", "bicgstab"}
         Block Jacobi over time steps (exact after ``tau`` sweeps: the coupling
-        across steps is nilpotent), or SciPy's GMRES, sample by sample,
-        preconditioned by the direct diagonal-block solve (on the NumPy backend).
+        across steps is nilpotent), or ``batched-gmres`` / ``bicgstab`` (all
+        samples in lock-step) right-preconditioned by the direct diagonal-block
+        solve.
 
     Notes
     -----
@@ -100,9 +94,10 @@ def hybrid(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float = 0.
     tol = Tolerance.of(system, rtol, atol)
     maxiter = system.structure.tau + 1 if maxiter is None else int(maxiter)
     x = initial_guess(system, x0)
-    run = _jacobi if outer == "jacobi" else _gmres
+    run = _jacobi if outer == "jacobi" else _krylov({"gmres": "batched-gmres",
+                                                     "bicgstab": "bicgstab"}[outer])
     x, history, iterations = run(system, x, tol, maxiter, callback)
     per = len(system.structure.sizes)
     return finish(system, x, tol=tol, iterations=iterations, history=history,
-                  levels=iterations * per, maxiter=maxiter, estimates=outer == "gmres",
+                  levels=iterations * per, maxiter=maxiter, estimates=outer != "jacobi",
                   info={"outer": outer, "inner_steps": per, "outer_iterations": iterations})
