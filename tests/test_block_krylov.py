@@ -161,6 +161,10 @@ def test_nilpotency_index_is_the_longest_chain_and_jacobi_is_exact_there():
     trace = rnn.forward(np.ones((6, 3)))
     B = pp.backward_system(rnn, trace, np.ones_like(trace.output))
     assert pp.solvers.nilpotency_index(B) == 6 + 2
+    levels = pp.solve(B, "level-scheduled", verify=True, check=True)
+    assert levels.levels == 6 + 2 and sum(levels.info["level_sizes"]) == B.nblocks
+    assert max(levels.info["level_sizes"]) == 3  # the blocks of a level run at once
+    assert relative_error(levels.x, pp.solve(B, "substitution").x) < 1e-15
 
 
 def scaled_net(gain, r=3, layers=10, width=10):

@@ -11,7 +11,8 @@ from reference import torch
 
 METHODS = ["substitution", "scipy.spsolve_triangular", "jacobi", "bicgstab", "scipy.gmres",
            "pyamg.gmres", "hybrid", "cyclic-reduction"]
-EXACT = [("substitution", {}), ("scipy.spsolve_triangular", {}), ("cyclic-reduction", {}),
+EXACT = [("substitution", {}), ("level-scheduled", {}), ("scipy.spsolve_triangular", {}),
+         ("cyclic-reduction", {}),
          ("cyclic-reduction", {"within": "substitution"})]
 
 

@@ -12,7 +12,7 @@ from .convergence import Tolerance, check_options, finish
 from .registry import register
 from .solution import Solution, Status
 
-__all__ = ["substitution", "spsolve_triangular", "approximation_report"]
+__all__ = ["substitution", "level_scheduled", "spsolve_triangular", "approximation_report"]
 
 
 @register("substitution", kind="direct", exact=True, backends=("numpy", "cupy"))
@@ -29,24 +29,56 @@ def substitution(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
     only finiteness is checked: overflow is reported, never returned.
     """
     check_options(rtol, atol, None)
+    x = _substitute(system, [[step] for step in system.blocks.steps])
+    tol = Tolerance.of(system, rtol, atol) if verify else None
+    return finish(system, x, tol=tol, levels=system.nblocks, verify=verify)
+
+
+@register("level-scheduled", kind="direct", exact=True, backends=("numpy", "cupy"))
+def level_scheduled(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
+                    verify: bool = False, **ignored: Any) -> Solution:
+    """Substitution by topological levels: the classic parallel sparse triangular solve.
+
+    The blocks of a level (:attr:`Blocks.levels`) read only earlier levels, so
+    each level is one parallel step: ``levels`` is the longest chain of
+    couplings (``l + 1`` for an FNN, ``tau + l`` for an RNN, the depth of a
+    graph) against substitution's one step per block. On a CPU the blocks of a
+    level still run one after another; ``info["level_sizes"]`` gives the
+    parallelism each level offers.
+    """
+    check_options(rtol, atol, None)
+    levels = system.blocks.levels
+    x = _substitute(system, levels)
+    tol = Tolerance.of(system, rtol, atol) if verify else None
+    return finish(system, x, tol=tol, levels=len(levels), verify=verify,
+                  info={"level_sizes": [len(level) for level in levels]})
+
+
+def _substitute(system: Any, groups: Any) -> Any:
+    """Solve block by block, ``groups`` of steps in an order that respects dependencies."""
     xp = system.backend.xp
     x = xp.empty_like(system.rhs)
     xs = system.split(x)
     with backend.quiet(xp):  # overflow is reported by finish()
-        for step in system.blocks.steps:
-            out = xs[step.block]
-            if not step.sources:
-                out[...] = step.rhs
-            else:
-                _sum_into(xp, out, step.sources, xs)
-                if step.scale is not None:
-                    out *= step.scale
-                if not step.rhs_is_zero:
-                    out += step.rhs
-            if step.diagonal is not None:
-                out /= step.diagonal
-    tol = Tolerance.of(system, rtol, atol) if verify else None
-    return finish(system, x, tol=tol, levels=system.nblocks, verify=verify)
+        for group in groups:
+            for step in group:
+                _step(xp, step, xs)
+    return x
+
+
+def _step(xp: Any, step: Any, xs: list) -> None:
+    """Block row ``x_k = (c_k + s_k * sum_e M_e x_e) / d_k``, in place in ``xs``."""
+    out = xs[step.block]
+    if not step.sources:
+        out[...] = step.rhs
+    else:
+        _sum_into(xp, out, step.sources, xs)
+        if step.scale is not None:
+            out *= step.scale
+        if not step.rhs_is_zero:
+            out += step.rhs
+    if step.diagonal is not None:
+        out /= step.diagonal
 
 
 def _sum_into(xp: Any, out: Any, sources: tuple, xs: list) -> None:

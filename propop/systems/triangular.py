@@ -130,6 +130,22 @@ class Blocks:
                 rhs_is_zero=not bool(c.any()), diagonal=self.diagonal[k]))
         return tuple(steps)
 
+    @functools.cached_property
+    def levels(self) -> tuple[tuple[Step, ...], ...]:
+        """The :attr:`steps` grouped by topological level.
+
+        A block's level is one more than the highest level it reads from, so the
+        blocks of one level depend only on earlier levels and can be solved at
+        once; the number of levels is the longest chain of couplings.
+        """
+        depth: dict[int, int] = {}
+        for step in self.steps:
+            depth[step.block] = 1 + max((depth[col] for col, _, _ in step.sources), default=0)
+        grouped: dict[int, list[Step]] = {}
+        for step in self.steps:
+            grouped.setdefault(depth[step.block], []).append(step)
+        return tuple(tuple(grouped[d]) for d in sorted(grouped))
+
 
 @dataclass(frozen=True)
 class Step:
