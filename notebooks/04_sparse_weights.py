@@ -39,11 +39,13 @@ def banded(half_width: int) -> list:
 
 
 def random_sparse(density: float) -> list:
+    """Weights with non-zeros at random positions (``FNN.random``)."""
     return pp.FNN.random([WIDTH] * (LAYERS + 1), activation="tanh", density=density,
                          seed=1).W
 
 
 def backward(W: list) -> pp.TriangularSystem:
+    """The backward system of a tanh net with weights ``W`` on random data."""
     net = pp.FNN(W, activation="tanh")
     trace = net.forward(rng.standard_normal((WIDTH, BATCH)))
     return pp.backward_system(net, trace, rng.standard_normal((WIDTH, BATCH)))

@@ -19,6 +19,7 @@ from propop import cost
 
 
 def system(depth: int, n: int, r: int) -> pp.TriangularSystem:
+    """The backward system of a random tanh net of ``depth`` layers of width ``n``."""
     rng = np.random.default_rng(0)
     net = pp.FNN.random([n] * (depth + 1), activation="tanh", seed=0, bias=0.1)
     trace = net.forward(rng.standard_normal((n, r)))
@@ -26,6 +27,7 @@ def system(depth: int, n: int, r: int) -> pp.TriangularSystem:
 
 
 def seconds(B: pp.TriangularSystem, method: str, repeats: int = 5) -> float:
+    """Median seconds of ``repeats`` solves after a warm-up."""
     pp.solve(B, method)  # warm-up
     times = []
     for _ in range(repeats):
