@@ -24,7 +24,7 @@ import scipy.sparse.linalg as spla
 
 import propop as pp
 
-from .common import median_times, publish
+from .common import each, median_times, publish
 
 LAYERS, WIDTH = 16, 32
 BATCHES = (1, 4, 16, 64)
@@ -86,10 +86,10 @@ def measure(activation: str, r: int) -> list[dict]:
 def main() -> None:
     """Measure, print and save the tables."""
     rows = []
-    for activation in ("identity", "tanh"):
-        for r in BATCHES:
-            rows += measure(activation, r)
-            print(rows[-1], flush=True)
+    for activation, r in each([(a, r) for a in ("identity", "tanh") for r in BATCHES],
+                               "block_krylov"):
+        rows += measure(activation, r)
+        print(rows[-1], flush=True)
     lines = ["| matrix | r | method | time [ms] | time / independent | operator applications "
              "| matvecs | error vs substitution |", "|---|---:|---|---:|---:|---:|---:|---:|"]
     for row in rows:

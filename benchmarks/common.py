@@ -8,12 +8,14 @@ import pathlib
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
 import pyamg
 import scipy
+
+from propop.progress import bar
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -86,3 +88,12 @@ def publish(name: str, rows: list[dict[str, Any]], table: str) -> None:
     """Print ``table`` and save it with ``rows`` (:func:`save`), saying where."""
     print(table)
     print(f"written to {save(name, rows, table)}")
+
+
+def each(items: Iterable[Any], description: str) -> Iterator[Any]:
+    """``items`` one by one, with a progress bar when run in a terminal."""
+    items = list(items)
+    with bar("auto", len(items), description) as shown:
+        for item in items:
+            yield item
+            shown.update()

@@ -25,7 +25,7 @@ import scipy.sparse as sp
 import propop as pp
 from propop import cost
 
-from .common import median_times, save
+from .common import each, median_times, save
 from .substitution import derivatives, numpy_loop
 
 GRID = [(4096, 8, 1), (1024, 32, 1), (256, 128, 1), (64, 256, 32)]
@@ -139,7 +139,7 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     """Measure every case, print and save the table."""
     rows = []
-    for label, net, r in cases():
+    for label, net, r in each(cases(), "cr"):
         rows.extend(measure(label, net, r))
         print(table(rows[-len(METHODS):]).splitlines()[-len(METHODS):], flush=True)
     text = table(rows)

@@ -21,7 +21,7 @@ import numpy as np
 
 import propop as pp
 
-from .common import median_times, publish
+from .common import each, median_times, publish
 
 CASES = [(20, 16, 1000), (20, 16, 10000), (20, 16, 30000), (8, 1, 65536)]
 
@@ -98,7 +98,7 @@ def measure(hidden: int, batch: int, tau: int) -> dict:
 def main() -> None:
     """Measure, print and save the table."""
     rows = []
-    for case in CASES:
+    for case in each(CASES, "rnn"):
         rows.append(measure(*case))
         print(rows[-1], flush=True)
     lines = ["| hidden | batch | tau | NumPy loop [s] | PyTorch [s] | substitution [s] "

@@ -15,7 +15,7 @@ import numpy as np
 
 import propop as pp
 
-from .common import median_times, publish
+from .common import each, median_times, publish
 
 CASES = [(64, 256, 32, 1.0), (64, 256, 1, 1.0), (256, 64, 16, 1.0), (64, 256, 32, 0.05)]
 
@@ -61,7 +61,7 @@ def measure(layers: int, width: int, batch: int, density: float) -> dict:
 
 def main() -> None:
     """Measure every case, print the Markdown table and save the results."""
-    rows = [measure(*case) for case in CASES]
+    rows = [measure(*case) for case in each(CASES, "substitution")]
     lines = ["| l | n | r | density | NumPy loop [ms] | solve [ms] | solve / loop "
              "| build + solve / loop with f' |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
