@@ -1,0 +1,55 @@
+"""Sphinx configuration: the Markdown guide (MyST), numpydoc docstrings, generated pages.
+
+Build: ``python -m sphinx -W -b html docs docs/_build/html`` (``-W``: every warning,
+such as a broken reference, fails the build; ``tests/test_docs.py`` runs it).
+"""
+
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import propop  # noqa: E402
+from propop.solvers import available  # noqa: E402
+
+project = "propop"
+author = "the propop developers"
+release = propop.__version__ if hasattr(propop, "__version__") else "0"
+extensions = ["myst_parser", "sphinx.ext.autodoc", "numpydoc", "sphinx.ext.mathjax"]
+source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
+exclude_patterns = ["_build"]
+numpydoc_show_class_members = False
+numpydoc_validation_checks: set = set()
+autodoc_typehints = "none"
+autodoc_member_order = "bysource"
+myst_heading_anchors = 3
+html_theme = "alabaster"
+
+
+def _solver_catalogue() -> None:
+    """Write ``solvers.md`` from the registry, so the catalogue is never stale."""
+    lines = ["# Solver catalogue", "",
+             "Generated from `propop.solvers.available()` at every build.", "",
+             "| name | kind | exact | backends | needs | description |",
+             "|---|---|---|---|---|---|"]
+    for s in available():
+        needs = ", ".join(s.requires) or "-"
+        lines.append(f"| `{s.name}` | {s.kind} | {'yes' if s.exact else 'no'} | "
+                     f"{', '.join(s.backends)} | {needs} | {s.description} |")
+    (ROOT / "docs" / "solvers.md").write_text("\n".join(lines) + "\n")
+
+
+def _benchmark_tables() -> None:
+    """Write ``benchmarks.md`` from the committed results in ``benchmarks/results``."""
+    parts = ["# Benchmark tables", "",
+             "The measured tables of `benchmarks/` as committed; each script's docstring "
+             "says what it measures and how to rerun it (`python -m benchmarks.NAME`).", ""]
+    for path in sorted((ROOT / "benchmarks" / "results").glob("*.md")):
+        parts += [f"## {path.stem}", "", f"`python -m benchmarks.{path.stem}`", "",
+                  path.read_text().strip(), ""]
+    (ROOT / "docs" / "benchmarks.md").write_text("\n".join(parts) + "\n")
+
+
+_solver_catalogue()
+_benchmark_tables()

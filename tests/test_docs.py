@@ -1,0 +1,26 @@
+"""The documentation builds with Sphinx, warnings as errors, and lists every solver."""
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import propop as pp
+
+ROOT = pathlib.Path(__file__).parents[1]
+
+
+def test_docs_build_without_warnings(tmp_path):
+    pytest.importorskip("sphinx")
+    result = subprocess.run([sys.executable, "-m", "sphinx", "-W", "-q", "-b", "html",
+                             str(ROOT / "docs"), str(tmp_path)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    catalogue = (tmp_path / "solvers.html").read_text()
+    for s in pp.solvers.available():
+        assert f"<code class=\"docutils literal notranslate\"><span class=\"pre\">{s.name}" \
+            in catalogue, s.name
+    api = (tmp_path / "api.html").read_text()
+    assert "propop.solvers.block_krylov.block_gmres" in api
+    assert "Jacobian form for arbitrary layers" in (tmp_path / "math.html").read_text()
