@@ -4,21 +4,34 @@ After M. Naumov, "Parallel Complexity of Forward and Backward Propagation".
 The public API is DESIGN section 6; everything is re-exported here.
 """
 
-from . import solvers
+from typing import Any
+
+from . import layers, solvers
 from .activations import Activation, available_activations, get_activation, register_activation
 from .losses import loss_gradient, loss_value
-from .networks import FNN, RNN, Gradients, RNNGradients, Trace
+from .networks import FNN, RNN, Gradients, Graph, GraphGradients, RNNGradients, Trace
 from .propagation import backprop, forward
 from .solvers import ConvergenceError, Solution, Status, solve
 from .systems import Blocks, TriangularSystem, backward_system, forward_system
 
 __version__ = "0.1.0"
 
+
+def from_torch(module: Any, input_shape: Any = None) -> Any:
+    """A propop network with a PyTorch module's weights (:mod:`propop.torch_interop`).
+
+    Needs PyTorch (``pip install "propop[torch]"``).
+    """
+    from .torch_interop import from_torch as convert
+
+    return convert(module, input_shape)
+
+
 __all__ = [
-    "FNN", "RNN", "Trace", "Gradients", "RNNGradients",
+    "FNN", "RNN", "Graph", "Trace", "Gradients", "RNNGradients", "GraphGradients", "layers",
     "Activation", "register_activation", "get_activation", "available_activations",
     "loss_gradient", "loss_value",
     "TriangularSystem", "Blocks", "backward_system", "forward_system",
     "solve", "solvers", "Solution", "Status", "ConvergenceError",
-    "backprop", "forward",
+    "backprop", "forward", "from_torch",
 ]

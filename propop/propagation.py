@@ -89,7 +89,8 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     check_options(rtol, 0.0, maxiter)
     linear_rtol = min(rtol, 1e-10) if linear_rtol is None else linear_rtol
     trace = around if around is not None else net.trace_from_states(x, None)
-    residuals, solutions = [_nonlinear_residual(net, trace)], []
+    residual = getattr(net, "nonlinear_residual", None) or (lambda t: _nonlinear_residual(net, t))
+    residuals, solutions = [residual(trace)], []
     with bar(progress, maxiter, f"{linearization} forward") as shown:
         while not residuals[-1] <= rtol:
             system = forward_system(net, x, around=trace, linearization=linearization)
@@ -100,7 +101,7 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
             solution = solve(system, method, check=check, rtol=linear_rtol, **options)
             solutions.append(solution)
             trace = net.trace_from_states(x, net.unstack(system, solution.x))
-            residuals.append(_nonlinear_residual(net, trace))
+            residuals.append(residual(trace))
             shown.update()
             shown.set_postfix_str(f"residual {residuals[-1]:.1e}")
     info = {"iterations": len(solutions), "residuals": residuals, "solutions": solutions,

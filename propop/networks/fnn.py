@@ -172,6 +172,19 @@ class FNN:
         require_finite(x, "x")
         return x.astype(self.dtype, copy=False)
 
+    def to_graph(self) -> Any:
+        """The same network as a :class:`~propop.Graph`: a chain of ``Dense`` and activations.
+
+        Node names are ``fc0, act0, fc1, act1, ...``.
+        """
+        from .. import layers
+        from .graph import Graph
+
+        graph = Graph(self.sizes[0])
+        for k, (Wk, bk, act) in enumerate(zip(self.W, self.b, self.activations)):
+            graph.add(f"fc{k}", layers.Dense(Wk, bk)).add(f"act{k}", layers.Activation(act))
+        return graph
+
     def forward(self, x: Any) -> Trace:
         """Sequential reference forward propagation (eq. def_forw_prop2).
 

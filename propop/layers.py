@@ -1,0 +1,459 @@
+"""Layers with Jacobians, the pieces of a :class:`~propop.Graph` (the Jacobian form).
+
+Every layer maps flat inputs (``(n,)`` or ``(n, r)``, features in PyTorch's C order
+``(channels, height, width)``, samples as columns) to a flat output, and belongs to
+one of two kinds, which decide how it enters a triangular system:
+
+- **linear** (:class:`Linear`): ``z = sum_i J_i x_i + bias`` with Jacobians ``J_i``
+  shared by all samples: :class:`Dense`, :class:`Conv1d`, :class:`Conv2d`,
+  :class:`AvgPool2d`, :class:`Add`, :class:`Concat`. Their blocks hold the
+  gradient with respect to their output, and they give parameter gradients.
+- **diagonal** (:class:`Diagonal`): ``z = A (d(x) * x)`` near ``x``, a shared matrix
+  ``A`` after a per-sample diagonal: :class:`Activation` (``A = I``,
+  ``d = f'``) and :class:`MaxPool2d` (``A`` sums each window, ``d`` marks its
+  maximum). Their blocks hold the input-side quantity, so the per-sample part is
+  the row scaling of the paper's scaled form and no per-sample matrix is ever built.
+
+:meth:`Layer.jacobian` returns the full Jacobian for one sample (a ``scipy.sparse``
+array) for checks and experiments. Convolutions and pooling build their sparse
+Jacobians once, from index arrays.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from . import backend
+from .activations import Activation as _Function
+from .activations import get_activation
+
+__all__ = ["Layer", "Linear", "Diagonal", "Dense", "Conv1d", "Conv2d", "AvgPool2d",
+           "MaxPool2d", "Add", "Concat", "Activation"]
+
+
+class Layer:
+    """The protocol: sizes, the forward map, and the Jacobian for one sample."""
+
+    linear = True
+
+    def output_size(self, sizes: Sequence[int]) -> int:
+        """The output size for inputs of ``sizes``; ``ValueError`` if they do not fit."""
+        raise NotImplementedError
+
+    def forward(self, inputs: Sequence[Any]) -> Any:
+        """The output for ``inputs`` (one array per input)."""
+        raise NotImplementedError
+
+    def jacobian(self, inputs: Sequence[Any]) -> list:
+        """``dz/dx_i`` at ``inputs`` (one sample each), one sparse array per input."""
+        raise NotImplementedError
+
+
+class Linear(Layer):
+    """``z = sum_i J_i x_i + bias`` with shared ``J_i``."""
+
+    bias: Any = None
+
+    def jacobians(self, sizes: Sequence[int]) -> list:
+        """The shared ``J_i`` for inputs of ``sizes``."""
+        raise NotImplementedError
+
+    def forward(self, inputs: Sequence[Any]) -> Any:
+        """The output for ``inputs``."""
+        out = sum(J @ x for J, x in zip(self.jacobians([len(x) for x in inputs]), inputs))
+        if self.bias is None:
+            return out
+        return out + (self.bias if out.ndim == 1 else self.bias[:, None])
+
+    def jacobian(self, inputs: Sequence[Any]) -> list:
+        """``dz/dx_i`` for one sample, one sparse array per input."""
+        return [sp.csr_array(J) for J in self.jacobians([len(x) for x in inputs])]
+
+    def parameters(self) -> dict:
+        """Trainable arrays by name (none by default)."""
+        return {}
+
+    def gradients(self, inputs: Sequence[Any], grad: Any) -> dict:
+        """``dE/dparameter`` from the inputs and ``grad = dE/dz``, summed over samples."""
+        return {}
+
+
+class Diagonal(Layer):
+    """``z = A (d(x) * x)`` locally: one input, a per-sample diagonal, a shared ``A``."""
+
+    linear = False
+
+    def selection(self, size: int) -> Any:
+        """The shared ``A`` for an input of ``size`` (``None``: the identity)."""
+        return None
+
+    def slope(self, x: Any) -> Any:
+        """``d(x)`` with ``dz/dx = A diag(d(x))``."""
+        raise NotImplementedError
+
+    def linearize(self, x: Any, linearization: str) -> tuple[Any, Any]:
+        """``(a, beta)`` with ``z ~ A (a * x + beta)`` near ``x``."""
+        raise NotImplementedError
+
+    def forward(self, inputs: Sequence[Any]) -> Any:
+        """The output for ``inputs``."""
+        (x,) = inputs
+        a, beta = self.linearize(x, "secant")
+        t = a * x + beta
+        A = self.selection(len(x))
+        return t if A is None else A @ t
+
+    def jacobian(self, inputs: Sequence[Any]) -> list:
+        """``dz/dx_i`` for one sample, one sparse array per input."""
+        (x,) = inputs
+        A = self.selection(len(x))
+        D = sp.diags_array(np.asarray(self.slope(x)))
+        return [sp.csr_array(D if A is None else A @ D)]
+
+
+class Activation(Diagonal):
+    """An elementwise activation (any name of :func:`propop.available_activations`)."""
+
+    def __init__(self, f: str | _Function) -> None:
+        self.f = get_activation(f) if isinstance(f, str) else f
+
+    def __repr__(self) -> str:
+        return f"Activation({self.f.name!r})"
+
+    def output_size(self, sizes: Sequence[int]) -> int:
+        """The output size; ``ValueError`` if the inputs do not fit."""
+        _one_input(self, sizes)
+        return sizes[0]
+
+    def forward(self, inputs: Sequence[Any]) -> Any:
+        """The output for ``inputs``."""
+        (x,) = inputs
+        return self.f(x)
+
+    def slope(self, x: Any) -> Any:
+        """``d(x)`` with ``dz/dx = A diag(d(x))``."""
+        return self.f.df(x)
+
+    def linearize(self, x: Any, linearization: str) -> tuple[Any, Any]:
+        """``(a, beta)`` with ``z ~ A (a * x + beta)`` near ``x``."""
+        return self.f.linearize(x, linearization)
+
+
+class Dense(Linear):
+    """``z = W x + b``, ``W`` dense or ``scipy.sparse``; sparse ``dW`` on its pattern."""
+
+    def __init__(self, W: Any, b: Any = None) -> None:
+        self.W, self.bias = W, b
+        if b is not None and tuple(b.shape) != (W.shape[0],):
+            raise ValueError(f"b has shape {tuple(b.shape)}, expected ({W.shape[0]},)")
+
+    def __repr__(self) -> str:
+        return f"Dense({self.W.shape[1]} -> {self.W.shape[0]})"
+
+    def output_size(self, sizes: Sequence[int]) -> int:
+        """The output size; ``ValueError`` if the inputs do not fit."""
+        _one_input(self, sizes)
+        if sizes[0] != self.W.shape[1]:
+            raise ValueError(f"Dense with W of shape {tuple(self.W.shape)} takes an input of "
+                             f"size {self.W.shape[1]}, got {sizes[0]}")
+        return self.W.shape[0]
+
+    def jacobians(self, sizes: Sequence[int]) -> list:
+        """The shared Jacobians ``J_i``."""
+        return [self.W]
+
+    def parameters(self) -> dict:
+        """Trainable arrays by name."""
+        return {"W": self.W} if self.bias is None else {"W": self.W, "b": self.bias}
+
+    def gradients(self, inputs: Sequence[Any], grad: Any) -> dict:
+        """``dE/dparameter`` from the inputs and ``grad = dE/dz``, summed over samples."""
+        from .networks.fnn import _outer
+
+        out = {"W": _outer(self.W, grad, inputs[0])}
+        if self.bias is not None:
+            out["b"] = grad if grad.ndim == 1 else grad.sum(axis=1)
+        return out
+
+
+class Conv2d(Linear):
+    """2-D convolution (cross-correlation, as ``torch.nn.Conv2d``), zero padding.
+
+    ``W`` has shape ``(out_channels, in_channels, kh, kw)``; inputs are
+    ``(C, H, W)`` flattened. The Jacobian is an explicit sparse matrix built once.
+    """
+
+    def __init__(self, W: Any, b: Any = None, *, input_shape: Sequence[int],
+                 stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0) -> None:
+        self.W, self.b = np.asarray(W), None if b is None else np.asarray(b)
+        self.input_shape = tuple(int(s) for s in input_shape)
+        self.stride, self.padding = _pair(stride), _pair(padding)
+        if self.W.ndim != 4 or len(self.input_shape) != 3 or \
+                self.input_shape[0] != self.W.shape[1]:
+            raise ValueError(f"W of shape {self.W.shape} needs (out, in, kh, kw) and an "
+                             f"input_shape (C, H, W) with C = in; got {self.input_shape}")
+        self.output_shape = (self.W.shape[0],) + _out_hw(self.input_shape[1:],
+                                                         self.W.shape[2:], self.stride,
+                                                         self.padding)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.input_shape} -> {self.output_shape})"
+
+    @property
+    def bias(self) -> Any:
+        """The channel biases repeated over the output positions (``None`` without)."""
+        return None if self.b is None else np.repeat(self.b, self._columns.shape[1])
+
+    def output_size(self, sizes: Sequence[int]) -> int:
+        """The output size; ``ValueError`` if the inputs do not fit."""
+        _one_input(self, sizes)
+        if sizes[0] != int(np.prod(self.input_shape)):
+            raise ValueError(f"{self!r} takes an input of size {int(np.prod(self.input_shape))} "
+                             f"(input_shape {self.input_shape}), got {sizes[0]}")
+        return int(np.prod(self.output_shape))
+
+    @functools.cached_property
+    def _columns(self) -> tuple[Any, Any]:
+        """im2col: input index per (channel, kernel offset) x output position; -1 is padding."""
+        return _im2col(self.input_shape, self.W.shape[2:], self.stride, self.padding)
+
+    def jacobians(self, sizes: Sequence[int]) -> list:
+        """The shared Jacobians ``J_i``."""
+        return [self._jacobian]
+
+    @functools.cached_property
+    def _jacobian(self) -> Any:
+        index = self._columns  # (C kh kw, P)
+        out, ckk = self.W.shape[0], index.shape[0]
+        positions = index.shape[1]
+        o, k, p = np.meshgrid(np.arange(out), np.arange(ckk), np.arange(positions),
+                              indexing="ij")
+        cols = index[k, p]
+        keep = cols >= 0
+        data = self.W.reshape(out, ckk)[o, k][keep]
+        rows = (o * positions + p)[keep]
+        shape = (out * positions, int(np.prod(self.input_shape)))
+        return sp.csr_array((data, (rows, cols[keep])), shape=shape)
+
+    def parameters(self) -> dict:
+        """Trainable arrays by name."""
+        return {"W": self.W} if self.b is None else {"W": self.W, "b": self.b}
+
+    def gradients(self, inputs: Sequence[Any], grad: Any) -> dict:
+        """``dE/dparameter`` from the inputs and ``grad = dE/dz``, summed over samples."""
+        x = inputs[0] if inputs[0].ndim == 2 else inputs[0][:, None]
+        g = grad if grad.ndim == 2 else grad[:, None]
+        index = self._columns
+        padded = np.concatenate([x, np.zeros((1, x.shape[1]), dtype=x.dtype)])
+        patches = padded[index]  # (C kh kw, P, r); index -1 reads the zero row
+        G = g.reshape(self.W.shape[0], index.shape[1], -1)
+        dW = np.einsum("opr,kpr->ok", G, patches).reshape(self.W.shape)
+        out = {"W": dW}
+        if self.b is not None:
+            out["b"] = G.sum(axis=(1, 2))
+        return out
+
+
+class Conv1d(Conv2d):
+    """1-D convolution as ``torch.nn.Conv1d``: ``W`` ``(out, in, k)``, inputs ``(C, L)``."""
+
+    def __init__(self, W: Any, b: Any = None, *, input_shape: Sequence[int],
+                 stride: int = 1, padding: int = 0) -> None:
+        W = np.asarray(W)
+        if W.ndim != 3 or len(input_shape) != 2:
+            raise ValueError(f"Conv1d needs W of shape (out, in, k) and input_shape (C, L); "
+                             f"got {W.shape} and {tuple(input_shape)}")
+        super().__init__(W[:, :, None, :], b, input_shape=(input_shape[0], 1, input_shape[1]),
+                         stride=(1, int(stride)), padding=(0, int(padding)))
+        self.kernel_1d = W
+
+    def parameters(self) -> dict:
+        """Trainable arrays by name."""
+        return {"W": self.kernel_1d} if self.b is None else {"W": self.kernel_1d, "b": self.b}
+
+    def gradients(self, inputs: Sequence[Any], grad: Any) -> dict:
+        """``dE/dparameter`` from the inputs and ``grad = dE/dz``, summed over samples."""
+        out = super().gradients(inputs, grad)
+        out["W"] = out["W"][:, :, 0, :]
+        return out
+
+
+class AvgPool2d(Linear):
+    """Average pooling as ``torch.nn.AvgPool2d`` (``count_include_pad=True``)."""
+
+    def __init__(self, kernel_size: int | Sequence[int], stride: Any = None, padding: Any = 0,
+                 *, input_shape: Sequence[int]) -> None:
+        self.input_shape = tuple(int(s) for s in input_shape)
+        self.kernel = _pair(kernel_size)
+        self.stride = self.kernel if stride is None else _pair(stride)
+        self.padding = _pair(padding)
+        self.output_shape = (self.input_shape[0],) + _out_hw(self.input_shape[1:], self.kernel,
+                                                             self.stride, self.padding)
+
+    def output_size(self, sizes: Sequence[int]) -> int:
+        """The output size; ``ValueError`` if the inputs do not fit."""
+        return _pool_size(self, sizes)
+
+    def jacobians(self, sizes: Sequence[int]) -> list:
+        """The shared Jacobians ``J_i``."""
+        return [self._jacobian]
+
+    @functools.cached_property
+    def _jacobian(self) -> Any:
+        return _window_matrix(self.input_shape, self.kernel, self.stride, self.padding,
+                              1.0 / (self.kernel[0] * self.kernel[1]))
+
+
+class MaxPool2d(Diagonal):
+    """Max pooling as ``torch.nn.MaxPool2d`` with non-overlapping windows (stride = kernel).
+
+    ``z = A (mask * x)``: ``A`` sums each window, ``mask`` marks each window's
+    maximum per sample (the first one on ties).
+    """
+
+    def __init__(self, kernel_size: int | Sequence[int], stride: Any = None, padding: Any = 0,
+                 *, input_shape: Sequence[int]) -> None:
+        self.input_shape = tuple(int(s) for s in input_shape)
+        self.kernel = _pair(kernel_size)
+        self.stride = self.kernel if stride is None else _pair(stride)
+        if self.stride != self.kernel or _pair(padding) != (0, 0):
+            raise ValueError(f"MaxPool2d supports non-overlapping windows only (stride = "
+                             f"kernel_size, padding 0); got kernel {self.kernel}, stride "
+                             f"{self.stride}, padding {_pair(padding)}")
+        self.padding = (0, 0)
+        self.output_shape = (self.input_shape[0],) + _out_hw(self.input_shape[1:], self.kernel,
+                                                             self.stride, self.padding)
+
+    def output_size(self, sizes: Sequence[int]) -> int:
+        """The output size; ``ValueError`` if the inputs do not fit."""
+        return _pool_size(self, sizes)
+
+    @functools.cached_property
+    def _windows(self) -> Any:
+        """Input indices of every window, ``(windows, kh kw)``."""
+        index = _im2col((1,) + self.input_shape[1:], self.kernel, self.stride, self.padding)
+        plane = int(np.prod(self.input_shape[1:]))
+        channels = np.arange(self.input_shape[0])[:, None, None] * plane
+        return (index.T[None] + channels).reshape(-1, index.shape[0])
+
+    def selection(self, size: int) -> Any:
+        """The shared ``A`` that sums each window."""
+        return _window_matrix(self.input_shape, self.kernel, self.stride, self.padding, 1.0)
+
+    def slope(self, x: Any) -> Any:
+        """``d(x)`` with ``dz/dx = A diag(d(x))``."""
+        xp = backend.namespace(x)
+        columns = x if x.ndim == 2 else x[:, None]
+        windows = xp.asarray(self._windows)
+        best = xp.argmax(columns[windows], axis=1)  # (windows, r)
+        mask = xp.zeros_like(columns)
+        mask[windows[xp.arange(windows.shape[0])[:, None], best],
+             xp.arange(columns.shape[1])[None, :]] = 1
+        return mask if x.ndim == 2 else mask[:, 0]
+
+    def linearize(self, x: Any, linearization: str) -> tuple[Any, Any]:
+        """``(a, beta)`` with ``z ~ A (a * x + beta)`` near ``x``."""
+        return self.slope(x), backend.namespace(x).zeros_like(x)  # exact: piecewise linear
+
+
+class Add(Linear):
+    """The sum of its inputs (a residual connection)."""
+
+    def __repr__(self) -> str:
+        return "Add()"
+
+    def output_size(self, sizes: Sequence[int]) -> int:
+        """The output size; ``ValueError`` if the inputs do not fit."""
+        if len(sizes) < 1 or len(set(sizes)) != 1:
+            raise ValueError(f"Add needs inputs of one size, got sizes {list(sizes)}")
+        return sizes[0]
+
+    def jacobians(self, sizes: Sequence[int]) -> list:
+        """The shared Jacobians ``J_i``."""
+        return [sp.eye_array(n, format="csr") for n in sizes]
+
+
+class Concat(Linear):
+    """Its inputs stacked (DenseNet-style concatenation), in the order given."""
+
+    def __repr__(self) -> str:
+        return "Concat()"
+
+    def output_size(self, sizes: Sequence[int]) -> int:
+        """The output size; ``ValueError`` if the inputs do not fit."""
+        if len(sizes) < 1:
+            raise ValueError("Concat needs at least one input")
+        return int(sum(sizes))
+
+    def jacobians(self, sizes: Sequence[int]) -> list:
+        """The shared Jacobians ``J_i``."""
+        total, start, out = int(sum(sizes)), 0, []
+        for n in sizes:
+            out.append(sp.csr_array((np.ones(n), (np.arange(start, start + n), np.arange(n))),
+                                    shape=(total, n)))
+            start += n
+        return out
+
+
+def _one_input(layer: Layer, sizes: Sequence[int]) -> None:
+    if len(sizes) != 1:
+        raise ValueError(f"{layer!r} takes one input, got {len(sizes)}")
+
+
+def _pair(value: int | Sequence[int]) -> tuple[int, int]:
+    return (int(value), int(value)) if np.isscalar(value) else tuple(int(v) for v in value)
+
+
+def _out_hw(hw: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
+            padding: Sequence[int]) -> tuple[int, int]:
+    out = tuple((n + 2 * p - k) // s + 1 for n, k, s, p in zip(hw, kernel, stride, padding))
+    if min(out) < 1:
+        raise ValueError(f"kernel {tuple(kernel)} does not fit an input of {tuple(hw)} with "
+                         f"padding {tuple(padding)}")
+    return out
+
+
+def _im2col(input_shape: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
+            padding: Sequence[int]) -> Any:
+    """Flat input index of (channel, kernel row, kernel col) x output position; -1 in padding."""
+    C, H, W = input_shape
+    kh, kw = kernel
+    oh, ow = _out_hw((H, W), kernel, stride, padding)
+    c, i, j = np.meshgrid(np.arange(C), np.arange(kh), np.arange(kw), indexing="ij")
+    r = np.arange(oh)[:, None] * stride[0] - padding[0]
+    q = np.arange(ow)[None, :] * stride[1] - padding[1]
+    rows = i.reshape(-1, 1, 1) + r[None]  # (C kh kw, oh, 1)
+    cols = j.reshape(-1, 1, 1) + q[None]  # (C kh kw, 1, ow)
+    inside = (rows >= 0) & (rows < H) & (cols >= 0) & (cols < W)
+    flat = c.reshape(-1, 1, 1) * H * W + rows * W + cols
+    return np.where(inside, flat, -1).reshape(C * kh * kw, oh * ow)
+
+
+def _window_matrix(input_shape: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
+                   padding: Sequence[int], weight: float) -> Any:
+    """Channel-wise pooling matrix: output (c, position) gets ``weight`` x each window entry."""
+    C = input_shape[0]
+    index = _im2col((1,) + tuple(input_shape[1:]), kernel, stride, padding)  # (kk, P)
+    plane, positions = int(np.prod(input_shape[1:])), index.shape[1]
+    c, k, p = np.meshgrid(np.arange(C), np.arange(index.shape[0]), np.arange(positions),
+                          indexing="ij")
+    cols = index[k, p]
+    keep = cols >= 0
+    rows = (c * positions + p)[keep]
+    data = np.full(rows.shape, weight)
+    return sp.csr_array((data, (rows, (c * plane + cols)[keep])),
+                        shape=(C * positions, C * plane))
+
+
+def _pool_size(layer: Any, sizes: Sequence[int]) -> int:
+    _one_input(layer, sizes)
+    if sizes[0] != int(np.prod(layer.input_shape)):
+        raise ValueError(f"{type(layer).__name__} takes an input of size "
+                         f"{int(np.prod(layer.input_shape))} (input_shape "
+                         f"{layer.input_shape}), got {sizes[0]}")
+    return int(np.prod(layer.output_shape))

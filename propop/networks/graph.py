@@ -1,0 +1,281 @@
+"""General computation graphs: a DAG of :mod:`~propop.layers` with named nodes.
+
+The paper, end of section 2: "a similar formulation can be written for an
+arbitrary compute graph".
+
+One input node (``"input"``), any number of layer nodes each reading one or more
+earlier nodes (skip connections, residual sums, concatenations), one or more
+outputs. Nodes are kept in a topological order; the triangular systems have one
+block per node in that order and one off-diagonal block per edge.
+
+Each node's **block** holds, for a linear layer, its output (forward) or the
+gradient with respect to its output (backward); for a diagonal layer (an
+activation, max pooling), the quantity on its input side, ``t = a * x + beta``
+(forward) or ``u = dE/dx`` (backward). :meth:`Graph.unstack` turns a solution into
+those blocks and :meth:`Graph.gradients` into parameter gradients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import backend
+from .._checks import require_finite
+from ..layers import Layer
+from ..losses import loss_gradient
+from .trace import Trace
+
+__all__ = ["Graph", "GraphGradients"]
+
+INPUT = "input"
+
+
+@dataclass(frozen=True)
+class GraphGradients:
+    """Gradients of a graph, summed over samples.
+
+    Attributes
+    ----------
+    parameters : dict
+        ``parameters[node][name]``, e.g. ``g.parameters["fc1"]["W"]``.
+    x : array
+        ``dE/dx`` for the input.
+    solution : Solution or None
+    """
+
+    parameters: dict
+    x: Any
+    solution: Any = field(default=None, compare=False)
+
+
+class Graph:
+    """A DAG of layers with named nodes.
+
+    Parameters
+    ----------
+    input_size : int
+        Size of the (flattened) input; the input node is called ``"input"``.
+    nodes : sequence of ``(name, layer, inputs)``, optional
+        In any order; ``inputs`` is a name or a list of names.
+    outputs : sequence of str, optional
+        The output nodes (default: the last node added).
+
+    Examples
+    --------
+    >>> import numpy as np, propop as pp
+    >>> from propop import layers as L
+    >>> rng = np.random.default_rng(0)
+    >>> g = pp.Graph(4)
+    >>> g = g.add("fc", L.Dense(rng.standard_normal((4, 4)))).add("act", L.Activation("tanh"))
+    >>> g = g.add("res", L.Add(), ["input", "act"])
+    >>> g.order, g.sizes
+    (('input', 'fc', 'act', 'res'), (4, 4, 4, 4))
+    """
+
+    def __init__(self, input_size: int, nodes: Sequence[tuple] = (),
+                 outputs: Sequence[str] | None = None) -> None:
+        self.input_size = int(input_size)
+        self.layers: dict[str, Layer] = {}
+        self.inputs: dict[str, tuple] = {}
+        self._outputs = None if outputs is None else tuple(outputs)
+        self._order: list[str] = [INPUT]
+        self._size = {INPUT: self.input_size}
+        for name, layer, inputs in _topological(list(nodes)):
+            self.add(name, layer, inputs)
+
+    # -- building ---------------------------------------------------------------------
+    def add(self, name: str, layer: Layer, inputs: str | Sequence[str] | None = None
+            ) -> Graph:
+        """Add node ``name`` reading ``inputs`` (default: the last node); returns ``self``."""
+        if name in self._size:
+            raise ValueError(f"node {name!r} already exists")
+        inputs = (self._order[-1],) if inputs is None else (
+            (inputs,) if isinstance(inputs, str) else tuple(inputs))
+        unknown = [i for i in inputs if i not in self._size]
+        if unknown:
+            raise KeyError(f"node {name!r} reads unknown node(s) {unknown}; known: "
+                           f"{self._order}")
+        try:
+            size = layer.output_size([self._size[i] for i in inputs])
+        except ValueError as error:
+            raise ValueError(f"node {name!r} ({layer!r}): {error}") from None
+        if not layer.linear and len(inputs) != 1:
+            raise ValueError(f"node {name!r}: {layer!r} takes one input")
+        self.layers[name], self.inputs[name], self._size[name] = layer, inputs, size
+        self._order.append(name)
+        return self
+
+    # -- structure --------------------------------------------------------------------
+    @property
+    def order(self) -> tuple:
+        """Node names in topological order, the input first."""
+        return tuple(self._order)
+
+    @property
+    def outputs(self) -> tuple:
+        """The output nodes."""
+        outputs = self._outputs or (self._order[-1],)
+        unknown = [o for o in outputs if o not in self._size]
+        if unknown:
+            raise KeyError(f"unknown output node(s) {unknown}; known: {self._order}")
+        return outputs
+
+    @property
+    def sizes(self) -> tuple:
+        """Output size of every node, in :attr:`order`."""
+        return tuple(self._size[n] for n in self._order)
+
+    @property
+    def block_sizes(self) -> tuple:
+        """Size of every node's block: a diagonal layer's block is input-sized."""
+        return tuple(self._size[n] if self.is_linear(n) else self._size[self.inputs[n][0]]
+                     for n in self._order)
+
+    @property
+    def backend(self) -> backend.Backend:
+        """The array backend of the weights (NumPy)."""
+        return backend.of(np.zeros(1))
+
+    @property
+    def dtype(self) -> Any:
+        """float64 (the layers' arrays decide; mixed inputs are cast)."""
+        return np.dtype("float64")
+
+    def is_linear(self, name: str) -> bool:
+        """Whether node ``name`` is the input or a linear layer (its block is its output)."""
+        return name == INPUT or self.layers[name].linear
+
+    def selection(self, name: str) -> Any:
+        """The shared ``A`` of a diagonal node (``None``: identity or a linear node)."""
+        if self.is_linear(name):
+            return None
+        return self.layers[name].selection(self._size[self.inputs[name][0]])
+
+    def edges(self) -> list[tuple[str, int, str]]:
+        """``(predecessor, input index, node)`` for every edge, in node order."""
+        return [(p, i, n) for n in self._order[1:] for i, p in enumerate(self.inputs[n])]
+
+    # -- the sequential reference -------------------------------------------------------
+    def check_input(self, x: Any) -> Any:
+        """``x`` as a float array of shape ``(input_size,)`` or ``(input_size, r)``."""
+        x = np.asarray(x, dtype=self.dtype)
+        if x.ndim not in (1, 2) or x.shape[0] != self.input_size:
+            raise ValueError(f"x has shape {x.shape}, expected ({self.input_size},) or "
+                             f"({self.input_size}, r)")
+        require_finite(x, "x")
+        return x
+
+    def forward(self, x: Any) -> Trace:
+        """Every node's output, node by node; ``y`` holds diagonal nodes' inputs."""
+        z = {INPUT: self.check_input(x)}
+        for name in self._order[1:]:
+            z[name] = self.layers[name].forward([z[p] for p in self.inputs[name]])
+        return self._trace(z)
+
+    def _trace(self, z: dict) -> Trace:
+        y = tuple(None if self.is_linear(n) else z[self.inputs[n][0]] for n in self._order)
+        return Trace(x=z[INPUT], y=y, z=tuple(z[n] for n in self._order),
+                     info={"outputs": self.outputs})
+
+    def output_values(self, trace: Trace) -> list:
+        """The outputs' values in :attr:`outputs` order."""
+        return [trace.z[self._order.index(o)] for o in self.outputs]
+
+    def loss_gradient(self, trace: Trace, target: Any, loss: str = "mse") -> list:
+        """``dE/dz`` at each output; ``target`` is an array (one output) or a list."""
+        outputs = self.output_values(trace)
+        targets = [target] if len(outputs) == 1 and not isinstance(target, list) else target
+        if len(targets) != len(outputs):
+            raise ValueError(f"{len(outputs)} outputs need {len(outputs)} targets, got "
+                             f"{len(targets)}")
+        return [loss_gradient(z, t, loss) for z, t in zip(outputs, targets)]
+
+    def backward(self, trace: Trace, eps: Sequence[Any]) -> list:
+        """The backward blocks node by node, in reverse order (the sequential reference)."""
+        grads = {n: None for n in self._order}
+        for o, e in zip(self.outputs, eps):
+            grads[o] = e if grads[o] is None else grads[o] + e
+        blocks: dict[str, Any] = {}
+        for k, name in reversed(list(enumerate(self._order))):
+            g = grads[name] if grads[name] is not None else np.zeros_like(
+                _like(trace.z[k], self._size[name]))
+            if self.is_linear(name):
+                blocks[name] = g
+                if name == INPUT:
+                    continue
+                J = self.layers[name].jacobians([self._size[p] for p in self.inputs[name]])
+                contributions = [Ji.T @ g for Ji in J]
+            else:
+                A = self.selection(name)
+                blocks[name] = self.layers[name].slope(trace.y[k]) * (g if A is None
+                                                                       else A.T @ g)
+                contributions = [blocks[name]]
+            for p, c in zip(self.inputs[name], contributions):
+                grads[p] = c if grads[p] is None else grads[p] + c
+        return [blocks[n] for n in self._order]
+
+    def gradients(self, trace: Trace, blocks: Sequence[Any]) -> GraphGradients:
+        """Parameter gradients of every linear node and ``dE/dx`` from the backward blocks."""
+        z = dict(zip(self._order, trace.z))
+        out = {}
+        for name, block in zip(self._order[1:], blocks[1:]):
+            if self.is_linear(name):
+                grads = self.layers[name].gradients([z[p] for p in self.inputs[name]], block)
+                if grads:
+                    out[name] = grads
+        return GraphGradients(parameters=out, x=blocks[0])
+
+    # -- systems ------------------------------------------------------------------------
+    def unstack(self, system: Any, x: Any) -> list:
+        """A solution of one of this graph's systems as per-node blocks."""
+        return list(system.split(x))
+
+    def trace_from_states(self, x: Any, states: Sequence[Any] | None) -> Trace:
+        """The trace whose forward blocks are ``states`` (zeros when ``None``)."""
+        x = self.check_input(x)
+        z = {INPUT: x}
+        for k, name in enumerate(self._order[1:], start=1):
+            if states is None:
+                z[name] = np.zeros((self._size[name],) + x.shape[1:])
+                continue
+            A = self.selection(name)
+            z[name] = states[k] if A is None else A @ states[k]
+        return self._trace(z)
+
+    def nonlinear_residual(self, trace: Trace) -> float:
+        """``max_k ||z_k - layer_k(inputs)|| / ||layer_k(inputs)||``: zero at the true pass."""
+        z = dict(zip(self._order, trace.z))
+        worst = 0.0
+        for name in self._order[1:]:
+            want = self.layers[name].forward([z[p] for p in self.inputs[name]])
+            scale = max(float(np.linalg.norm(want)), 1e-300)
+            worst = max(worst, float(np.linalg.norm(z[name] - want)) / scale)
+        return worst
+
+
+def _like(z: Any, size: int) -> Any:
+    """An array of ``size`` rows shaped like the batch of ``z``."""
+    return np.empty((size,) + z.shape[1:], dtype=z.dtype)
+
+
+def _topological(nodes: list) -> list:
+    """``nodes`` reordered so that every node follows the nodes it reads; cycles named."""
+    names = {n for n, _, _ in nodes}
+    reads = {n: ((i,) if isinstance(i, str) else tuple(i)) for n, _, i in nodes}
+    done, order = {INPUT}, []
+    pending = list(nodes)
+    while pending:
+        ready = [node for node in pending
+                 if all(i in done or i not in names for i in reads[node[0]])]
+        if not ready:
+            raise ValueError(f"the graph has a cycle through nodes "
+                             f"{sorted(n for n, _, _ in pending)}")
+        for node in ready:
+            order.append(node)
+            done.add(node[0])
+            pending.remove(node)
+    return order
