@@ -11,8 +11,11 @@ import numpy as np
 
 import propop as pp
 
+from propop.solvers.registry import REQUIREMENT_WORDS
+
 for info in pp.solvers.available():
-    needs = f" (needs a {', '.join(info.requires)})" if info.requires else ""
+    words = ", ".join(REQUIREMENT_WORDS[r] for r in info.requires)
+    needs = f" (needs a {words})" if info.requires else ""
     print(f"{info.name:28s} {info.kind:9s} exact={info.exact!s:5s} {info.description}{needs}")
 
 # %% [markdown]

@@ -15,13 +15,17 @@ import numpy as np
 import scipy
 
 from . import solvers
+from .solvers.registry import REQUIREMENT_WORDS
 from .activations import available_activations
 from .networks.fnn import FNN
+from .networks.graph import Graph
 from .networks.rnn import RNN
 from .progress import bar
 from .systems import backward_system
 
 __all__ = ["main", "experiment", "Row", "gradient_error"]
+
+NETWORKS = ("fnn", "rnn", "graph")
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,8 @@ def gradient_error(g: Any, reference: Any) -> float:
     pairs = [(g.x, reference.x)]
     for name in ("W", "U", "b"):
         pairs += list(zip(getattr(g, name, ()), getattr(reference, name, ())))
+    for node, grads in getattr(g, "parameters", {}).items():  # a Graph's
+        pairs += [(value, reference.parameters[node][key]) for key, value in grads.items()]
     errors = [np.linalg.norm(dense(a) - dense(b)) / max(np.linalg.norm(dense(b)), 1e-300)
               for a, b in pairs]
     return float(max(errors))
@@ -52,8 +58,12 @@ def gradient_error(g: Any, reference: Any) -> float:
 
 def _problem(network: str, layers: int, width: int, batch: int, activation: str,
              density: float, dtype: str, seed: int, tau: int) -> tuple:
-    """``(net, trace, eps)`` of a random FNN or RNN with random data."""
+    """``(net, trace, eps)`` of a random FNN, RNN or residual graph with random data."""
     rng = np.random.default_rng(seed)
+    if network == "graph":
+        net = Graph.residual_mlp(width, layers, activation, seed)
+        trace = net.forward(rng.standard_normal((width, batch)))
+        return net, trace, net.loss_gradient(trace, rng.standard_normal((width, batch)))
     if network == "rnn":
         net = RNN.random([width] * (layers + 1), activation=activation, seed=seed, dtype=dtype)
         trace = net.forward(rng.standard_normal((tau, width, batch)).astype(dtype))
@@ -73,7 +83,8 @@ def experiment(layers: int = 6, width: int = 256, batch: int = 32, activation: s
                ) -> list[Row]:
     """Backward pass of a random network through each method, against the sequential reference.
 
-    ``network`` is ``"fnn"`` or ``"rnn"`` (``tau`` time steps). Each method runs
+    ``network`` is ``"fnn"``, ``"rnn"`` (``tau`` time steps) or ``"graph"`` (a
+    residual MLP of ``layers`` blocks). Each method runs
     once to warm up, then ``repeats`` times; the median time is reported. Errors
     are of the gradients (``dW``, ``dU``, ``db``, ``dx``). Methods that need a
     structure the system lacks get a row saying so. ``progress`` shows a bar over
@@ -82,8 +93,8 @@ def experiment(layers: int = 6, width: int = 256, batch: int = 32, activation: s
     names = [s.name for s in solvers.available()] if methods is None else list(methods)
     for name in names:
         solvers.info(name)  # unknown names fail before any work
-    if network not in ("fnn", "rnn"):
-        raise ValueError(f"network must be 'fnn' or 'rnn', got {network!r}")
+    if network not in NETWORKS:
+        raise ValueError(f"network must be one of {NETWORKS}, got {network!r}")
     net, trace, eps = _problem(network, layers, width, batch, activation, density, dtype,
                                seed, tau)
     reference = net.gradients(trace, net.backward(trace, eps))
@@ -101,7 +112,7 @@ def _measure(name: str, system: Any, net: Any, trace: Any, reference: Any, repea
     """One method's row: warm-up solve, ``repeats`` timed solves, gradient error."""
     exact = solvers.info(name).exact
     if not solvers.info(name).applies_to(system):
-        needs = " and ".join(solvers.info(name).requires).replace("_", " ")
+        needs = " and ".join(REQUIREMENT_WORDS[r] for r in solvers.info(name).requires)
         return Row(name, exact, f"N/A (needs a {needs})", 0, 0, float("nan"), float("nan"))
     solution = solvers.solve(system, name)
     times = [solvers.solve(system, name).time for _ in range(repeats)]
@@ -182,7 +193,8 @@ def _parser() -> _Parser:
     run.add_argument("--dtype", default="float64", choices=["float64", "float32"])
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--repeats", type=_positive, default=5)
-    run.add_argument("--network", default="fnn", choices=["fnn", "rnn"])
+    run.add_argument("--network", default="fnn", choices=NETWORKS,
+                     help="graph: a residual MLP of --layers blocks")
     run.add_argument("--tau", type=_positive, default=100, help="time steps (RNN)")
     return parser
 
@@ -190,8 +202,8 @@ def _parser() -> _Parser:
 def _report(settings: dict) -> None:
     start = time.perf_counter()
     rows = experiment(**settings)
-    kind = ("an FNN" if settings["network"] == "fnn" else
-            f"a tanh RNN over {settings['tau']} time steps")
+    kind = {"fnn": "an FNN", "rnn": f"a tanh RNN over {settings['tau']} time steps",
+            "graph": "a residual MLP graph (blocks x + W2 f(W1 x + b1))"}[settings["network"]]
     print(f"Backward pass of {kind}: {settings['layers']} layers of width "
           f"{settings['width']}, batch {settings['batch']}, {settings['activation']}, "
           f"density {settings['density']}, {settings['dtype']}; gradient error relative to "
@@ -213,7 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 progress="auto")
     if args.command == "demo":
         runs = [base, dict(base, network="rnn", layers=2, width=16, batch=8, tau=50),
-                dict(base, activation="identity", width=64)]  # one matrix: block methods
+                dict(base, activation="identity", width=64),  # one matrix: block methods
+                dict(base, network="graph", layers=4, width=64)]
     else:
         runs = [dict(base, layers=args.layers, width=args.width, batch=args.batch,
                      activation=args.activation, density=args.density, dtype=args.dtype,

@@ -56,8 +56,18 @@ def test_resnet_style_blocks_match_autograd():
     graph = check_against_torch(module, x)
     system = pp.backward_system(graph, graph.forward(x.T), [np.ones((3, 5))])
     assert not system.blocks.is_chain  # the residual sums read two blocks
-    with pytest.raises(ValueError, match="not block bi-diagonal"):
+    with pytest.raises(ValueError, match="not block bi-diagonal.*groups=True"):
         pp.solve(system, "cyclic-reduction")
+    # each residual block one node: block bi-diagonal over groups, and CR applies
+    sizes = [len(group) for group in system.blocks.groups]
+    assert max(sizes) == 4 and sum(sizes) == system.nblocks
+    sol = pp.solve(system, "cyclic-reduction", groups=True, check=True)
+    assert relative_error(sol.x, pp.solve(system, "substitution").x) < 1e-13
+    assert sol.info["levels"] == {"within": 4, "groups": int(np.ceil(np.log2(len(sizes))))}
+    grads = pp.backprop(graph, x.T, np.zeros((3, 5)), method="cyclic-reduction", groups=True)
+    _, dx, params = torch_gradients(module, x)
+    assert relative_error(grads.x, dx.T) < 1e-10
+    assert relative_error(grads.parameters["2.body.0"]["W"], params["2.body.0.weight"]) < 1e-10
 
 
 def test_conv_net_matches_autograd():

@@ -87,6 +87,28 @@ class Graph:
         for name, layer, inputs in _topological(list(nodes)):
             self.add(name, layer, inputs)
 
+    @classmethod
+    def residual_mlp(cls, width: int, blocks: int, activation: str = "tanh",
+                     seed: int | None = 0) -> Graph:
+        """A random ResNet-style MLP: ``blocks`` times ``x + W2 f(W1 x + b1)`` then ``f``.
+
+        Nodes ``fc{k}a, act{k}, fc{k}b, add{k}, out{k}``; weights scaled by
+        ``0.5 / sqrt(width)`` so that the signal stays of order one.
+        """
+        from ..layers import Activation, Add, Dense
+
+        rng = np.random.default_rng(seed)
+        graph, source = cls(width), INPUT
+        for k in range(blocks):
+            W1, W2 = (0.5 * rng.standard_normal((width, width)) / np.sqrt(width)
+                      for _ in range(2))
+            graph.add(f"fc{k}a", Dense(W1, 0.1 * rng.standard_normal(width)), source)
+            graph.add(f"act{k}", Activation(activation)).add(f"fc{k}b", Dense(W2))
+            graph.add(f"add{k}", Add(), [source, f"fc{k}b"]).add(f"out{k}",
+                                                                 Activation(activation))
+            source = f"out{k}"
+        return graph
+
     # -- building ---------------------------------------------------------------------
     def add(self, name: str, layer: Layer, inputs: str | Sequence[str] | None = None
             ) -> Graph:

@@ -40,6 +40,7 @@ import numpy as np
 from .. import backend
 from .chain import Chain, Counter, apply, in_system_order, product
 from .sparse_chain import SparseChain, sparse_reduce
+from .group_reduction import reduce_over_groups
 from .time_reduction import WITHIN, reduce_over_time
 from .convergence import Tolerance, check_options, finish
 from .direct import approximation_report
@@ -159,6 +160,15 @@ def _over_time(system: Any, shared_diagonal: str | None, counter: Counter, *,
     return reduce_over_time(system, lambda chain, c: _reduce(chain, c, xp), counter, within)
 
 
+def _over_groups(system: Any, shared_diagonal: str | None, counter: Counter,
+                 **ignored: Any) -> tuple[Any, int, dict]:
+    """Cyclic reduction over groups of blocks (:mod:`.group_reduction`)."""
+    if shared_diagonal is not None:
+        raise ValueError("shared_diagonal is not supported on grouped systems")
+    xp = system.backend.xp
+    return reduce_over_groups(system, lambda chain, c: _reduce(chain, c, xp), counter)
+
+
 def _sparse_or_dense(system: Any, shared_diagonal: str | None, counter: Counter, *,
                      sparse: bool | None = None, dense_threshold: float = 0.25,
                      **ignored: Any) -> tuple[Any, int, dict]:
@@ -219,14 +229,15 @@ def _solve(system: Any, run: Callable, rtol: float, atol: float, verify: bool,
 def cyclic_reduction(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
                      verify: bool = False, shared_diagonal: str | None = None,
                      sparse: bool | None = None, dense_threshold: float = 0.25,
-                     within: str = "cyclic-reduction", **ignored: Any) -> Solution:
+                     within: str = "cyclic-reduction", groups: bool = False,
+                     **ignored: Any) -> Solution:
     """Odd-even cyclic reduction: ceil(log2 nblocks) levels, exact.
 
     On a block bi-diagonal system (FNN) it reduces the chain of blocks. On an
     RNN system it is two-level (:mod:`propop.solvers.time_reduction`): over the
     layers of every step, then over time with dense per-step blocks;
     ``levels = ceil(log2(l + 1)) + ceil(log2 tau)`` and ``info["levels"]``
-    gives both parts.
+    gives both parts. Other systems raise ``ValueError`` unless ``groups=True``.
 
     Parameters
     ----------
@@ -248,6 +259,11 @@ def cyclic_reduction(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
     within : {"cyclic-reduction", "substitution"}
         RNN systems: how the layers of each step are solved, in
         ``ceil(log2(l + 1))`` levels or ``l`` cheaper ones.
+    groups : bool
+        Graphs with skip connections: reduce over :attr:`~propop.Blocks.groups`
+        of consecutive blocks, each residual block one node
+        (:mod:`propop.solvers.group_reduction`); ``info["levels"]`` splits the
+        levels into the dense solves within groups and the reduction over them.
 
     Notes
     -----
@@ -260,8 +276,14 @@ def cyclic_reduction(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
     run = _sparse_or_dense
     if system.structure is not None:
         run = _over_time
-    else:
-        system.blocks.require_chain()  # a clear error for other non-bi-diagonal systems
+    elif groups and not system.blocks.is_chain:
+        run = _over_groups
+    elif not system.blocks.is_chain:
+        raise ValueError("this system is not block bi-diagonal (a chain): each block row must "
+                         "have at most one neighbour; for a graph with skip connections pass "
+                         "groups=True (each residual block becomes one node, "
+                         f"{len(system.blocks.groups)} groups here), or use 'substitution', "
+                         "'level-scheduled' or a Krylov method")
     return _solve(system, run, rtol, atol, verify, shared_diagonal,
                   sparse=sparse, dense_threshold=dense_threshold, within=within)
 

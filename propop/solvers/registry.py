@@ -23,6 +23,9 @@ __all__ = ["SolverInfo", "KINDS", "register", "get", "info", "available", "solve
 
 KINDS = ("direct", "iterative", "krylov", "block", "hybrid")
 REQUIREMENTS = ("chain", "time_structure", "reducible", "shared_matrix")
+# How each requirement reads in "needs a ..." messages.
+REQUIREMENT_WORDS = {"chain": "chain", "time_structure": "time structure",
+                     "reducible": "chain or RNN system", "shared_matrix": "shared matrix"}
 BACKENDS = ("numpy", "cupy")
 ENTRY_POINT_GROUP = "propop.solvers"
 

@@ -79,6 +79,30 @@ class Blocks:
         return (len(self.edges) == len(self.sizes) - 1
                 and all((e.row, e.col) == self.pair(j) for j, e in enumerate(self.edges)))
 
+    @functools.cached_property
+    def groups(self) -> tuple[tuple[int, ...], ...]:
+        """Consecutive groups of blocks (solve order) coupled only to neighbouring groups.
+
+        The most groups such that every coupling joins blocks of one group or of
+        two consecutive groups: then the system is block bi-diagonal over the
+        groups (a residual block becomes one node) and cyclic reduction applies
+        to it. Greedy: a group ends before block ``i`` unless some coupling into
+        a block at or after ``i`` reads a block before the current group's start.
+        """
+        position = {k: i for i, k in enumerate(self.order())}
+        first_read = [len(self.sizes)] * len(self.sizes)  # earliest block read at or after i
+        for e in self.edges:
+            reader, read = sorted((position[e.row], position[e.col]), reverse=True)
+            first_read[reader] = min(first_read[reader], read)
+        for i in range(len(first_read) - 2, -1, -1):
+            first_read[i] = min(first_read[i], first_read[i + 1])
+        groups, start = [], 0
+        for i in range(1, len(self.sizes) + 1):
+            if i == len(self.sizes) or first_read[i] >= start:
+                groups.append(tuple(self.order()[start:i]))
+                start = i
+        return tuple(groups)
+
     def require_chain(self) -> None:
         """Raise ``ValueError`` unless the system is block bi-diagonal (a chain)."""
         if not self.is_chain:
