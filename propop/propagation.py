@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from .networks.trace import Trace
 from .progress import bar
 from .solvers.convergence import check_options
@@ -13,6 +15,8 @@ from .solvers.solution import ConvergenceError, Solution, Status
 from .systems import backward_system, forward_system
 
 __all__ = ["backprop", "forward"]
+
+STOPS = ("residual", "change")
 
 
 def backprop(net: Any, x: Any, target: Any, loss: str = "mse",
@@ -63,7 +67,7 @@ def backprop(net: Any, x: Any, target: Any, loss: str = "mse",
 def forward(net: Any, x: Any, method: str = "substitution", *,
             linearization: str = "newton", rtol: float = 1e-10, maxiter: int | None = None,
             around: Trace | None = None, check: bool = True, linear_rtol: float | None = None,
-            progress: bool | str = False, **options: Any) -> Trace:
+            progress: bool | str = False, stop: str = "residual", **options: Any) -> Trace:
     """Forward propagation by iterated linearised systems (eq. forw_prop_sys).
 
     Each iteration linearises every activation at the current ``y``, solves
@@ -74,11 +78,14 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     (``tau + l - 1`` for an RNN, whose dependencies also run along time).
 
     Stops when the nonlinear residual ``max_k ||z_{k+1} - f(y_k)|| / ||f(y_k)||``
-    is at most ``rtol``. ``trace.info`` holds ``iterations``, ``residuals`` and
-    the linear ``solutions``. ``around`` starts the iteration from a trace
-    (default: all states zero); ``linear_rtol`` is the tolerance of each linear
-    solve (default ``min(rtol, 1e-10)``); ``progress`` shows a bar over the
-    Newton iterations (:mod:`propop.progress`); other options go to the solver.
+    is at most ``rtol`` (``stop="residual"``), or when the relative change of the
+    states between two iterations is (``stop="change"``, as DEER does); both
+    are recorded, in ``info["residuals"]`` and ``info["changes"]``.
+    ``trace.info`` also holds ``iterations`` and the linear ``solutions``.
+    ``around`` starts the iteration from a trace (default: all states zero);
+    ``linear_rtol`` is the tolerance of each linear solve (default
+    ``min(rtol, 1e-10)``); ``progress`` shows a bar over the Newton iterations
+    (:mod:`propop.progress`); other options go to the solver.
 
     Raises
     ------
@@ -87,12 +94,16 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
         (default: the number of blocks less one, always enough) iterations.
     """
     check_options(rtol, 0.0, maxiter)
+    if stop not in STOPS:
+        raise ValueError(f"stop must be one of {STOPS}, got {stop!r}")
     linear_rtol = min(rtol, 1e-10) if linear_rtol is None else linear_rtol
     trace = around if around is not None else net.trace_from_states(x, None)
-    residual = getattr(net, "nonlinear_residual", None) or (lambda t: _nonlinear_residual(net, t))
-    residuals, solutions = [residual(trace)], []
+    residual = getattr(net, "nonlinear_residual", None) or (
+        lambda t: _nonlinear_residual(net, t))
+    residuals, solutions, changes = [residual(trace)], [], [float("inf")]
+    measure = residuals if stop == "residual" else changes
     with bar(progress, maxiter, f"{linearization} forward") as shown:
-        while not residuals[-1] <= rtol:
+        while not measure[-1] <= rtol:
             system = forward_system(net, x, around=trace, linearization=linearization)
             if maxiter is None:  # the longest chain of dependencies is shorter than this
                 maxiter = shown.total = system.nblocks - 1
@@ -100,16 +111,24 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
                 break
             solution = solve(system, method, check=check, rtol=linear_rtol, **options)
             solutions.append(solution)
-            trace = net.trace_from_states(x, net.unstack(system, solution.x))
+            previous, trace = trace, net.trace_from_states(x, net.unstack(system, solution.x))
             residuals.append(residual(trace))
+            changes.append(_change(previous, trace))
             shown.update()
             shown.set_postfix_str(f"residual {residuals[-1]:.1e}")
-    info = {"iterations": len(solutions), "residuals": residuals, "solutions": solutions,
-            "converged": residuals[-1] <= rtol}
+    info = {"iterations": len(solutions), "residuals": residuals, "changes": changes[1:],
+            "solutions": solutions, "converged": measure[-1] <= rtol}
     if check and not info["converged"]:
         solution = solutions[-1] if solutions else None
         raise ConvergenceError(_failed(solution, len(solutions), residuals[-1], rtol))
     return Trace(x=trace.x, y=trace.y, z=trace.z, info=info)
+
+
+def _change(before: Trace, after: Trace) -> float:
+    """``max_k ||z_k - z_k'|| / ||z_k'||`` between two iterates."""
+    return max(float(np.linalg.norm(np.asarray(a) - np.asarray(b)))
+               / max(float(np.linalg.norm(np.asarray(a))), 1e-300)
+               for a, b in zip(after.z, before.z))
 
 
 def _nonlinear_residual(net: Any, trace: Trace) -> float:

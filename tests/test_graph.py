@@ -180,6 +180,38 @@ def test_newton_forward_matches_the_sequential_pass(model):
     assert trace.info["iterations"] <= system.nblocks - 1
 
 
+def test_graphs_with_two_outputs():
+    rng = np.random.default_rng(9)
+    g = pp.Graph(4, outputs=["head1", "head2"])
+    g.add("trunk", L.Dense(rng.standard_normal((5, 4)))).add("act", L.Activation("tanh"))
+    g.add("head1", L.Dense(rng.standard_normal((2, 5))), "act")
+    g.add("head2", L.Activation("sigmoid"), "act")
+    x, t1, t2 = rng.standard_normal((4, 3)), rng.standard_normal((2, 3)), \
+        rng.standard_normal((5, 3))
+    X = torch.tensor(x.T, requires_grad=True)
+    W = [torch.tensor(g.layers[n].W, requires_grad=True) for n in ("trunk", "head1")]
+    a = torch.tanh(X @ W[0].T)
+    loss = 0.5 * ((a @ W[1].T - torch.tensor(t1.T)) ** 2).sum() + \
+        0.5 * ((torch.sigmoid(a) - torch.tensor(t2.T)) ** 2).sum()
+    loss.backward()
+    for method in ("substitution", "level-scheduled", "batched-gmres"):
+        grads = pp.backprop(g, x, [t1, t2], method=method)
+        assert relative_error(grads.x, X.grad.numpy().T) < 1e-10
+        assert relative_error(grads.parameters["trunk"]["W"], W[0].grad.numpy()) < 1e-10
+    with pytest.raises(ValueError, match="2 outputs need 2 targets"):
+        pp.backprop(g, x, [t1])
+
+
+def test_newton_forward_stops_on_the_relative_change():
+    net = pp.FNN.random([4, 6, 6, 3], activation="tanh", seed=0).to_graph()
+    x = np.random.default_rng(10).standard_normal((4, 2))
+    trace = pp.forward(net, x, stop="change", rtol=1e-12)
+    assert trace.info["changes"][-1] <= 1e-12 and trace.info["converged"]
+    assert len(trace.info["changes"]) == trace.info["iterations"]
+    with pytest.raises(ValueError, match="stop must be one of"):
+        pp.forward(net, x, stop="never")
+
+
 def test_newton_forward_on_contractive_and_expanding_nets():
     """Contractive layers converge in few Newton steps (DEER/DeepPCR); expanding may not."""
     rng = np.random.default_rng(7)
