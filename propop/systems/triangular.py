@@ -459,6 +459,23 @@ class TriangularSystem:
         """The system with only the couplings ``(row, col)`` for which ``keep`` holds."""
         return self._with(edges=[e for e in self._edges if keep(e[0], e[1])], structure=None)
 
+    def subsystem(self, blocks: Sequence[int]) -> TriangularSystem:
+        """The system of ``blocks`` alone (sorted), with the couplings among them only.
+
+        Couplings to other blocks are dropped: the caller moves them to the
+        right-hand side (as a distributed solve does with a neighbour's blocks).
+        """
+        keep = sorted(int(k) for k in blocks)
+        new = {k: i for i, k in enumerate(keep)}
+        xs = self.split(self._scaled_rhs)
+        edges = [(new[row], new[col], M) for row, col, M in self._edges
+                 if row in new and col in new]
+        return TriangularSystem(None, [self._row_scale[k] for k in keep],
+                                self.backend.xp.concatenate([xs[k] for k in keep]),
+                                lower=self.lower, sizes=[self.sizes[k] for k in keep],
+                                form=self.form, names=[self.names[k] for k in keep],
+                                paper_hint=self._paper_hint, edges=edges)
+
     def samples(self) -> list[TriangularSystem]:
         """All single-sample systems: ``[self]`` for a single-vector system."""
         return [self] if self.nrhs is None else [self.sample(i) for i in range(self.nrhs)]

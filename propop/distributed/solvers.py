@@ -1,0 +1,159 @@
+"""The ``mpi.*`` methods: distributed solves of a triangular system over MPI ranks.
+
+Every rank builds the same system (from the same network and data) and calls
+``pp.solve(system, "mpi.<method>")`` under ``mpiexec``; each works on its own
+block rows (:class:`~propop.distributed.DistributedSystem`) and the solution is
+gathered on every rank, so the result equals the single-process one.
+
+- ``mpi.substitution``: the pipelined sequential baseline; rank ``p`` waits for
+  rank ``p - 1``'s boundary blocks, solves its rows, passes its own on.
+- ``mpi.cyclic-reduction``: each rank reduces its rows to a boundary relation
+  ``y_p = A_p y_{p-1} + g_p`` (its exported blocks as an affine function of its
+  imported ones, from ``1 + imports`` local substitutions), the relations are
+  composed across ranks by recursive doubling (``ceil(log2 P)`` ``Sendrecv``
+  steps, cyclic reduction over the ranks), then each rank solves its rows.
+- ``mpi.jacobi``: Jacobi sweeps with one neighbour exchange each and the
+  residual norms summed with ``Allreduce``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..solvers.convergence import Tolerance, check_options, default_maxiter, finish
+from ..solvers.registry import register
+from ..solvers.solution import Solution
+from .system import DistributedSystem, world
+
+__all__ = ["mpi_substitution", "mpi_cyclic_reduction", "mpi_jacobi"]
+
+
+def _info(d: DistributedSystem, **more: Any) -> dict:
+    local = d.comm.allgather(len(d.blocks))
+    return {"ranks": d.size, "blocks_per_rank": local, **more}
+
+
+@register("mpi.substitution", kind="direct", exact=True, backends=("numpy",))
+def mpi_substitution(system: Any, *, comm: Any = None, rtol: float = 1e-10, atol: float = 0.0,
+                     verify: bool = False, **ignored: Any) -> Solution:
+    """Pipelined block substitution over MPI ranks: the distributed baseline.
+
+    ``levels`` is the number of blocks: the ranks take their turns.
+    """
+    check_options(rtol, atol, None)
+    d = DistributedSystem(system, comm)
+    imported = d.receive() if d.rank > 0 else {}
+    x_local = d.solve_local(d.local.rhs + d.external_rhs(imported))
+    if d.rank + 1 < d.size:
+        d.send(d.split(x_local))
+    tol = Tolerance.of(system, rtol, atol) if verify else None
+    return finish(system, d.gather(x_local), tol=tol, levels=system.nblocks, verify=verify,
+                  info=_info(d))
+
+
+def _boundary_relation(d: DistributedSystem) -> tuple[Any, Any, Any, Any]:
+    """``(Yc, YG, A, g)``: the local solution is ``Yc + YG y_prev``, exports ``A y_prev + g``."""
+    xp = d.xp
+    Yc = d.solve_local(d.local.rhs)
+    columns = []
+    for k in d.imports:
+        for i in range(d.sizes[k]):
+            unit = {j: xp.zeros((d.sizes[j],) + d.local.rhs.shape[1:], dtype=d.dtype)
+                    for j in d.imports}
+            unit[k][i] = 1
+            columns.append(d.solve_local(d.external_rhs(unit)))
+    batch = d.local.rhs.shape[1:]
+    YG = xp.stack(columns, axis=-1) if columns else xp.zeros(Yc.shape + (0,), dtype=d.dtype)
+    rows = d.boundary_entries(d.exports)
+    m, r = d.boundary, (batch[0] if batch else 1)
+    A = xp.zeros((r, m, m + 1), dtype=d.dtype)  # [A | g] in one buffer per sample
+    exported = YG[rows] if batch else YG[rows][:, None, :]  # (n_exp, r, n_imp)
+    A[:, : len(rows), : YG.shape[-1]] = exported.transpose(1, 0, 2)
+    A[:, : len(rows), m] = (Yc[rows] if batch else Yc[rows][:, None]).T
+    return Yc, YG, A, m
+
+
+def _compose_over_ranks(d: DistributedSystem, Ag: Any, m: int) -> tuple[Any, int]:
+    """Recursive doubling: after ``ceil(log2 P)`` steps ``Ag[..., m]`` holds ``y_p``."""
+    from mpi4py import MPI
+
+    step, levels = 1, 0
+    while step < d.size:
+        levels += 1
+        incoming = np.zeros_like(Ag)
+        dest = d.rank + step if d.rank + step < d.size else MPI.PROC_NULL
+        source = d.rank - step if d.rank - step >= 0 else MPI.PROC_NULL
+        d.comm.Sendrecv(Ag, dest=dest, recvbuf=incoming, source=source)
+        if source != MPI.PROC_NULL:  # F_p o F_q: A_p A_q, A_p g_q + g_p
+            A, g = Ag[:, :, :m], Ag[:, :, m]
+            Ag = np.concatenate([A @ incoming[:, :, :m],
+                                 (A @ incoming[:, :, m:]) + g[:, :, None]], axis=2)
+        step *= 2
+    return Ag, levels
+
+
+@register("mpi.cyclic-reduction", kind="direct", exact=True, backends=("numpy",))
+def mpi_cyclic_reduction(system: Any, *, comm: Any = None, rtol: float = 1e-10,
+                         atol: float = 0.0, verify: bool = False, **ignored: Any) -> Solution:
+    """Local reduction to boundary relations, cyclic reduction over the ranks, local solves.
+
+    ``levels`` counts the blocks of the largest rank (its local solves run in
+    parallel with the others') plus the ``ceil(log2 P)`` steps over the ranks;
+    ``info["rank_levels"]`` gives the latter.
+    """
+    check_options(rtol, atol, None)
+    d = DistributedSystem(system, comm)
+    Yc, YG, Ag, m = _boundary_relation(d)
+    Ag, rank_levels = _compose_over_ranks(d, Ag, m)
+    y = np.ascontiguousarray(Ag[:, :, m])  # my exports, (r, m)
+    y_prev = np.zeros_like(y)
+    d.comm.Sendrecv(y, dest=d.next, recvbuf=y_prev, source=d.previous)
+    n_imp = YG.shape[-1]
+    if Yc.ndim == 1:
+        x_local = Yc + YG @ y_prev[0, :n_imp]
+    else:
+        x_local = Yc + np.einsum("nrk,rk->nr", YG, y_prev[:, :n_imp])
+    tol = Tolerance.of(system, rtol, atol) if verify else None
+    local_levels = max(d.comm.allgather(len(d.blocks)))
+    return finish(system, d.gather(x_local), tol=tol, levels=local_levels + rank_levels,
+                  verify=verify, info=_info(d, rank_levels=rank_levels,
+                                            expected_rank_levels=math.ceil(math.log2(d.size))
+                                            if d.size > 1 else 0))
+
+
+@register("mpi.jacobi", kind="iterative", exact=False, backends=("numpy",))
+def mpi_jacobi(system: Any, *, comm: Any = None, x0: Any = None, rtol: float = 1e-10,
+               atol: float = 0.0, maxiter: int | None = None, callback: Any = None,
+               **ignored: Any) -> Solution:
+    """Block Jacobi over MPI ranks: one neighbour exchange and one ``Allreduce`` a sweep."""
+    from mpi4py import MPI
+
+    check_options(rtol, atol, maxiter)
+    d = DistributedSystem(system, comm if comm is not None else world())
+    maxiter = default_maxiter(system) if maxiter is None else int(maxiter)
+    tol = Tolerance.of(system, rtol, atol)
+    if x0 is None:
+        x_local = np.zeros_like(d.local.rhs)
+    else:
+        parts = system.split(np.asarray(x0, dtype=d.dtype))
+        x_local = np.concatenate([parts[k] for k in d.blocks])
+    history, it = [], 0
+    while True:
+        imported = d.exchange(d.split(x_local))
+        residual = d.local.rhs + d.external_rhs(imported) - d.local.apply(x_local)
+        squares = np.atleast_1d((residual * residual).sum(axis=0))
+        total = np.zeros_like(squares)
+        d.comm.Allreduce(squares, total, op=MPI.SUM)
+        norms = np.sqrt(total)
+        history.append(float(norms.max()))
+        if tol.met(norms).all() or it >= maxiter:
+            break
+        x_local = x_local + residual
+        it += 1
+        if callback is not None:
+            callback(x_local)
+    return finish(system, d.gather(x_local), tol=tol, iterations=it, history=history,
+                  levels=it, maxiter=maxiter, info=_info(d))

@@ -1,0 +1,157 @@
+"""A rank's share of a triangular system: its block rows, its neighbours, the exchanges."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..solvers.direct import substitution
+
+__all__ = ["DistributedSystem", "partition", "world"]
+
+
+def world() -> Any:
+    """``MPI.COMM_WORLD`` (imports mpi4py; a clear error without the ``mpi`` extra)."""
+    try:
+        from mpi4py import MPI
+    except ImportError as error:  # pragma: no cover - depends on the environment
+        raise ImportError('the mpi.* methods need mpi4py: pip install "propop[mpi]"') from error
+    return MPI.COMM_WORLD
+
+
+def partition(nblocks: int, ranks: int) -> list[tuple[int, int]]:
+    """Contiguous ranges of solve-order positions, as even as possible (the first get more)."""
+    if ranks > nblocks:
+        raise ValueError(f"{ranks} ranks for {nblocks} blocks: every rank needs at least one "
+                         "block row; run with fewer processes")
+    base, extra = divmod(nblocks, ranks)
+    bounds = np.cumsum([0] + [base + (p < extra) for p in range(ranks)])
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+class DistributedSystem:
+    """The block rows rank ``comm.rank`` owns of ``system`` (in its scaled form).
+
+    ``imports`` are the blocks of the previous rank (in solve order) that these
+    rows read; ``exports`` the blocks of this rank that the next rank reads.
+    Both are exchanged with one ``Sendrecv`` of a contiguous buffer, padded to
+    the widest block so that every message has the same shape.
+    """
+
+    def __init__(self, system: Any, comm: Any = None) -> None:
+        self.comm = world() if comm is None else comm
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        system = system.scaled()
+        order = list(system.blocks.order())
+        self.ranges = partition(system.nblocks, self.size)
+        start, stop = self.ranges[self.rank]
+        self.blocks = sorted(order[start:stop])
+        owner = {k: p for p, (a, b) in enumerate(self.ranges) for k in order[a:b]}
+        mine = set(self.blocks)
+        self.external = [e for e in system.blocks.edges if e.row in mine and e.col not in mine]
+        self.imports = sorted({e.col for e in self.external})
+        wrong = [k for k in self.imports if owner[k] != self.rank - 1]
+        if wrong:
+            raise ValueError(f"rank {self.rank} reads block {system.names[wrong[0]]} of rank "
+                             f"{owner[wrong[0]]}, not of its neighbour: use fewer ranks so "
+                             "that each owns more blocks than a coupling spans")
+        self.exports = sorted({e.col for e in system.blocks.edges
+                               if e.col in mine and owner[e.row] == self.rank + 1})
+        self.local = system.subsystem(self.blocks)
+        self.sizes = system.sizes
+        self.width = max(system.sizes)
+        self.nrhs, self.dtype, self.xp = system.nrhs, system.dtype, system.backend.xp
+        self._order = order
+        entries = max(sum(system.sizes[k] for k in self.exports),
+                      sum(system.sizes[k] for k in self.imports))
+        self.boundary = self.comm.allreduce(max(entries, 1), op=_max())
+
+    # -- exchanges --------------------------------------------------------------------
+    def _buffer(self, count: int) -> Any:
+        columns = () if self.nrhs is None else (self.nrhs,)
+        return np.zeros((max(count, 1), self.width) + columns, dtype=self.dtype)
+
+    def _pack(self, values: dict) -> Any:
+        out = self._buffer(len(self.exports))
+        for i, k in enumerate(self.exports):
+            out[i, : self.sizes[k]] = values[k]
+        return out
+
+    def _unpack(self, incoming: Any) -> dict:
+        return {k: incoming[i, : self.sizes[k]] for i, k in enumerate(self.imports)}
+
+    def exchange(self, values: dict) -> dict:
+        """Send my exports to the next rank, receive my imports from the previous one."""
+        incoming = self._buffer(len(self.imports))  # the previous rank's exports
+        self.comm.Sendrecv(self._pack(values), dest=self.next, recvbuf=incoming,
+                           source=self.previous)
+        return self._unpack(incoming)
+
+    def receive(self) -> dict:
+        """Wait for my imports from the previous rank (a pipeline step)."""
+        incoming = self._buffer(len(self.imports))
+        self.comm.Recv(incoming, source=self.previous)
+        return self._unpack(incoming)
+
+    def send(self, values: dict) -> None:
+        """Pass my exports on to the next rank."""
+        self.comm.Send(self._pack(values), dest=self.next)
+
+    def boundary_entries(self, blocks: Sequence[int]) -> Any:
+        """Positions in the local vector of ``blocks``' entries (my exports, say)."""
+        offsets = dict(zip(self.blocks, np.cumsum([0] + [self.sizes[k] for k in self.blocks])))
+        parts = [np.arange(offsets[k], offsets[k] + self.sizes[k]) for k in blocks]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=int)
+
+    @property
+    def previous(self) -> int:
+        """The previous rank in solve order (``MPI.PROC_NULL`` on the first)."""
+        return self.rank - 1 if self.rank > 0 else _null()
+
+    @property
+    def next(self) -> int:
+        """The next rank in solve order (``MPI.PROC_NULL`` on the last)."""
+        return self.rank + 1 if self.rank + 1 < self.size else _null()
+
+    # -- the local rows ---------------------------------------------------------------
+    def external_rhs(self, imported: dict) -> Any:
+        """``s * (M x_import)`` summed into the local rows: the couplings to the neighbour."""
+        parts = self.local.split(self.xp.zeros_like(self.local.rhs))
+        position = {k: i for i, k in enumerate(self.blocks)}
+        for e in self.external:
+            product = e.matrix @ imported[e.col]
+            parts[position[e.row]] += product if e.scale is None else e.scale * product
+        return self.xp.concatenate(parts)
+
+    def solve_local(self, rhs: Any) -> Any:
+        """The local rows solved for ``rhs`` by substitution."""
+        return substitution(self.local.with_rhs(rhs)).x
+
+    def split(self, x_local: Any) -> dict:
+        """Local solution ``(N_local[, r])`` as ``{block: values}``."""
+        return dict(zip(self.blocks, self.local.split(x_local)))
+
+    def gather(self, x_local: Any) -> Any:
+        """The full solution on every rank, in the system's block order."""
+        pieces = self.comm.allgather(np.asarray(x_local))
+        blocks: dict[int, Any] = {}
+        for (a, b), piece in zip(self.ranges, pieces):
+            owned = sorted(self._order[a:b])
+            offsets = np.cumsum([0] + [self.sizes[k] for k in owned])
+            for k, lo, hi in zip(owned, offsets[:-1], offsets[1:]):
+                blocks[k] = piece[lo:hi]
+        return np.concatenate([blocks[k] for k in range(len(self.sizes))])
+
+
+def _null() -> Any:
+    from mpi4py import MPI
+
+    return MPI.PROC_NULL
+
+
+def _max() -> Any:
+    from mpi4py import MPI
+
+    return MPI.MAX

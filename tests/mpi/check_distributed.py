@@ -1,0 +1,59 @@
+"""Run under ``mpiexec -n P python -m mpi4py -m pytest tests/mpi/check_distributed.py``.
+
+Every rank builds the same systems; the distributed solves must equal the
+single-process substitution to 1e-12. ``tests/test_mpi.py`` launches this file.
+"""
+
+import math
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import propop as pp
+from cases import Case, relative_error
+
+SIZE = MPI.COMM_WORLD.Get_size()
+METHODS = ["mpi.substitution", "mpi.cyclic-reduction", "mpi.jacobi"]
+
+
+def fnn_system(depth=9, r=3, lower=False):
+    net, trace, eps, _ = Case((5,) + (6, 4) * (depth // 2) + (3,) * (depth % 2), r=r,
+                              activation="tanh").problem()
+    if lower:
+        return pp.forward_system(net, trace.x, around=trace)
+    return pp.backward_system(net, trace, eps)
+
+
+def rnn_system(tau=12, r=2):
+    rnn = pp.RNN.random([3, 4, 4], activation="tanh", seed=0)
+    trace = rnn.forward(np.random.default_rng(1).standard_normal((tau, 3, r)))
+    return pp.backward_system(rnn, trace, np.ones_like(trace.output))
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("r", [None, 3])
+@pytest.mark.parametrize("lower", [False, True])
+def test_fnn_systems_equal_the_single_process_solve(method, r, lower):
+    system = fnn_system(r=r, lower=lower)  # 10 blocks: uneven over 4 ranks
+    sol = pp.solve(system, method, rtol=1e-14, check=True)
+    assert relative_error(sol.x, pp.solve(system, "substitution").x) < 1e-12
+    assert sol.info["ranks"] == SIZE and sum(sol.info["blocks_per_rank"]) == system.nblocks
+    if method == "mpi.cyclic-reduction":
+        assert sol.info["rank_levels"] == (math.ceil(math.log2(SIZE)) if SIZE > 1 else 0)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_rnn_systems_split_over_time(method):
+    system = rnn_system()
+    sol = pp.solve(system, method, rtol=1e-14, check=True)
+    assert relative_error(sol.x, pp.solve(system, "substitution").x) < 1e-12
+
+
+def test_more_ranks_than_blocks_is_a_clear_error():
+    tiny = fnn_system(depth=1, r=None)  # 2 blocks
+    if SIZE > 2:
+        with pytest.raises(ValueError, match=f"{SIZE} ranks for 2 blocks"):
+            pp.solve(tiny, "mpi.substitution")
+    else:
+        assert pp.solve(tiny, "mpi.substitution").converged

@@ -1,0 +1,45 @@
+"""The mpi.* methods under real MPI: mpiexec -n 1, 2 and 4 (oversubscribed on 2 cores is fine).
+
+``python -m mpi4py`` makes a failing rank abort all ranks instead of hanging, and
+the subprocess has a timeout.
+"""
+
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+TESTS = pathlib.Path(__file__).parent
+
+
+def mpiexec():
+    found = shutil.which("mpiexec", path=str(pathlib.Path(sys.executable).parent)) or \
+        shutil.which("mpiexec")
+    if found is None:
+        pytest.skip('mpiexec not found: pip install "propop[mpi]"')
+    return found
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+def test_distributed_solves_equal_the_single_process_ones(ranks):
+    command = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "pytest",
+               "-q", "-p", "no:cacheprovider", "mpi/check_distributed.py"]
+    result = subprocess.run(command, cwd=TESTS, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert f"{16} passed" in result.stdout
+
+
+def test_the_mpi_methods_run_in_one_process_too():
+    import numpy as np
+
+    import propop as pp
+    from cases import Case, relative_error
+
+    net, trace, eps, v = Case((4, 6, 6, 3), r=2).problem()
+    system = pp.backward_system(net, trace, eps)
+    for method in ("mpi.substitution", "mpi.cyclic-reduction", "mpi.jacobi"):
+        sol = pp.solve(system, method, rtol=1e-14, check=True)
+        assert relative_error(sol.x, np.concatenate(v)) < 1e-12
+        assert sol.info["ranks"] == 1
