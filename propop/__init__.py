@@ -13,6 +13,7 @@ from .networks import FNN, RNN, Gradients, Graph, GraphGradients, RNNGradients, 
 from .propagation import backprop, forward
 from .solvers import ConvergenceError, Solution, Status, solve
 from .systems import Blocks, TriangularSystem, backward_system, forward_system
+from .distributed import krylov as _mpi_krylov  # noqa: F401  (registers mpi.gmres, ...)
 from .distributed import solvers as _mpi_solvers  # noqa: F401  (registers mpi.*)
 
 __version__ = "0.1.0"

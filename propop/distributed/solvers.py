@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ..solvers.convergence import Tolerance, check_options, default_maxiter, finish
+from ..solvers.convergence import (Tolerance, check_options, default_maxiter, finish,
+                                   initial_guess)
 from ..solvers.registry import register
 from ..solvers.solution import Solution
 from .system import DistributedSystem, world
@@ -135,11 +136,7 @@ def mpi_jacobi(system: Any, *, comm: Any = None, x0: Any = None, rtol: float = 1
     d = DistributedSystem(system, comm if comm is not None else world())
     maxiter = default_maxiter(system) if maxiter is None else int(maxiter)
     tol = Tolerance.of(system, rtol, atol)
-    if x0 is None:
-        x_local = np.zeros_like(d.local.rhs)
-    else:
-        parts = system.split(np.asarray(x0, dtype=d.dtype))
-        x_local = np.concatenate([parts[k] for k in d.blocks])
+    x_local = d.own(initial_guess(system, x0))
     history, it = [], 0
     while True:
         imported = d.exchange(d.split(x_local))

@@ -129,6 +129,11 @@ class DistributedSystem:
         """The local rows solved for ``rhs`` by substitution."""
         return substitution(self.local.with_rhs(rhs)).x
 
+    def own(self, x: Any) -> Any:
+        """My rows of a full vector ``x`` (shaped like the system's right-hand side)."""
+        offsets = np.cumsum([0] + list(self.sizes))
+        return np.concatenate([x[offsets[k]: offsets[k + 1]] for k in self.blocks])
+
     def split(self, x_local: Any) -> dict:
         """Local solution ``(N_local[, r])`` as ``{block: values}``."""
         return dict(zip(self.blocks, self.local.split(x_local)))

@@ -23,13 +23,13 @@ from typing import Any
 import numpy as np
 
 from .bicgstab import bicgstab
-from .convergence import (Tolerance, check_options, column_norms, default_maxiter, finish,
+from .convergence import (Tolerance, check_options, default_maxiter, finish,
                           initial_guess)
 from .registry import register
 from .solution import Solution
 from .views import Block
 
-__all__ = ["batched_gmres"]
+__all__ = ["batched_gmres", "gmres"]
 
 
 def _safe(xp: Any, num: Any, den: Any) -> Any:
@@ -41,9 +41,9 @@ def _safe(xp: Any, num: Any, den: Any) -> Any:
 class _Cycle:
     """One restart cycle of ``r`` GMRES recurrences: Arnoldi, rotations, residual estimates."""
 
-    def __init__(self, xp: Any, R: Any, beta: Any, m: int) -> None:
+    def __init__(self, xp: Any, R: Any, beta: Any, m: int, dot: Any) -> None:
         r = R.shape[1]
-        self.xp, self.V = xp, [_safe(xp, R, beta)]
+        self.xp, self.dot, self.V = xp, dot, [_safe(xp, R, beta)]
         self.H = xp.zeros((m + 1, m, r), dtype=R.dtype)
         self.cs = xp.zeros((m, r), dtype=R.dtype)
         self.sn = xp.zeros((m, r), dtype=R.dtype)
@@ -54,9 +54,9 @@ class _Cycle:
         """Orthogonalise ``W = A M^{-1} V_j`` (modified Gram-Schmidt), rotate; the estimates."""
         xp, H = self.xp, self.H
         for i, Vi in enumerate(self.V):
-            H[i, j] = xp.sum(Vi * W, axis=0)
+            H[i, j] = self.dot(Vi, W)
             W = W - H[i, j] * Vi
-        H[j + 1, j] = xp.linalg.norm(W, axis=0)
+        H[j + 1, j] = xp.sqrt(self.dot(W, W))
         self.V.append(_safe(xp, W, H[j + 1, j]))  # a zero column: that sample is solved
         for i in range(j):  # the rotations so far, on the new column
             upper = self.cs[i] * H[i, j] + self.sn[i] * H[i + 1, j]
@@ -78,6 +78,39 @@ class _Cycle:
             rest = xp.einsum("tc,tc->c", self.H[i, i + 1: k], y[i + 1:])
             y[i] = xp.where(xp.asarray(i < steps), _safe(xp, self.g[i] - rest, self.H[i, i]), 0)
         return sum(Vi * yi for Vi, yi in zip(self.V, y))
+
+
+def gmres(block: Block, X: Any, tol: Tolerance, maxiter: int, m: int,
+          callback: Callable | None) -> tuple:
+    """The lock-step GMRES(m) loop on ``block`` (any :class:`Block`, distributed too).
+
+    Returns ``(X, history, iterations, stagnated, column_iterations, cycles)``.
+    """
+    xp = block.xp
+    R = block.residual(X)
+    norms = block.norms(R)
+    history, it, stagnated, cycles = [float(norms.max())], 0, "", 0
+    columns = np.zeros(norms.size, dtype=int)
+    while it < maxiter and not tol.met(norms).all():
+        done = xp.asarray(tol.met(norms))
+        beta = xp.asarray(norms, dtype=R.dtype)
+        cycle, steps = _Cycle(xp, R, beta, m, block.dot), xp.zeros(norms.size, dtype=int)
+        for j in range(min(m, maxiter - it)):
+            it += 1
+            estimate = cycle.step(j, block.A(block.M(cycle.V[j])))
+            steps = xp.where(done, steps, j + 1)
+            done = done | xp.asarray(tol.met(np.asarray(estimate.tolist())))
+            done = done | (cycle.H[j, j] == 0)  # an exhausted Krylov space: solved
+            history.append(float(xp.where(done, 0, estimate).max()))
+            if bool(done.all()):
+                break
+        X = X + block.M(cycle.update(steps))
+        cycles += 1
+        columns += np.asarray(steps.tolist())
+        R, norms, stagnated = block.end_cycle(X, norms, history, callback, tol, it, m, "GMRES")
+        if stagnated:
+            break
+    return X, history, it, stagnated, columns, cycles
 
 
 @register("batched-gmres", kind="krylov", exact=False, backends=("numpy", "cupy"))
@@ -112,34 +145,11 @@ def batched_gmres(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: flo
     if m < 1:
         raise ValueError(f"restart must be >= 1, got {restart}")
     block, tol = Block(system, M), Tolerance.of(system, rtol, atol)
-    xp = block.xp
     X = initial_guess(system, x0).reshape(system.size, -1)
-    R = block.residual(X)
-    norms = column_norms(R)
-    history, it, stagnated, cycles = [float(norms.max())], 0, "", 0
-    columns = np.zeros(norms.size, dtype=int)
-    while it < maxiter and not tol.met(norms).all():
-        done = xp.asarray(tol.met(norms))
-        beta = xp.asarray(norms, dtype=R.dtype)
-        cycle, steps = _Cycle(xp, R, beta, m), xp.zeros(norms.size, dtype=int)
-        for j in range(min(m, maxiter - it)):
-            it += 1
-            estimate = cycle.step(j, block.A(block.M(cycle.V[j])))
-            steps = xp.where(done, steps, j + 1)
-            done = done | xp.asarray(tol.met(np.asarray(estimate.tolist())))
-            done = done | (cycle.H[j, j] == 0)  # an exhausted Krylov space: solved
-            history.append(float(xp.where(done, 0, estimate).max()))
-            if bool(done.all()):
-                break
-        X = X + block.M(cycle.update(steps))
-        cycles += 1
-        columns += np.asarray(steps.tolist())
-        R, norms, stagnated = block.end_cycle(X, norms, history, callback, tol, it, m, "GMRES")
-        if stagnated:
-            break
+    X, history, it, stagnated, columns, cycles = gmres(block, X, tol, maxiter, m, callback)
     return finish(system, block.out(X), tol=tol, iterations=it, history=history, levels=it,
                   maxiter=maxiter, breakdown=stagnated, estimates=True,
-                  info={"restart": m, "matvecs": (it + cycles + 1) * norms.size,
+                  info={"restart": m, "matvecs": (it + cycles + 1) * columns.size,
                         "column_iterations": columns.tolist(),
                         "operator_applications": it + cycles + 1})
 

@@ -21,13 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from .convergence import (Tolerance, check_options, column_norms, default_maxiter, finish,
-                          initial_guess)
+from .convergence import Tolerance, check_options, default_maxiter, finish, initial_guess
 from .registry import register
 from .solution import Solution
 from .views import Block
 
-__all__ = ["bicgstab"]
+__all__ = ["bicgstab", "iterate"]
 
 SHADOWS = ("random", "residual")
 
@@ -67,8 +66,21 @@ def bicgstab(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float = 
     maxiter = default_maxiter(system) if maxiter is None else int(maxiter)
     tol = Tolerance.of(system, rtol, atol)
     block = Block(system, M)
-    xp, A, true_residual = block.xp, block.A, block.residual
     X = initial_guess(system, x0).reshape(system.size, -1)
+    X, history, it, breakdown = iterate(block, X, tol, maxiter, callback, shadow, seed)
+    return finish(system, block.out(X), tol=tol, iterations=it, history=history,
+                  levels=2 * it, maxiter=maxiter, breakdown=breakdown, estimates=True,
+                  info={"matvecs": (2 * it + 1) * X.shape[1], "shadow": shadow,
+                        "operator_applications": 2 * it + 1})
+
+
+def iterate(block: Block, X: Any, tol: Tolerance, maxiter: int, callback: Callable | None,
+            shadow: str = "random", seed: int = 0) -> tuple:
+    """The lock-step BiCGStab loop on ``block`` (any :class:`Block`, distributed too).
+
+    Returns ``(X, history, iterations, breakdown)``.
+    """
+    xp, A, true_residual, dot = block.xp, block.A, block.residual, block.dot
     R = true_residual(X)
     Rhat = (xp.asarray(np.random.default_rng(seed).standard_normal(R.shape), dtype=R.dtype)
             if shadow == "random" else R.copy())
@@ -76,14 +88,14 @@ def bicgstab(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float = 
     rho_old, alpha, omega = ones, ones, ones
     V = xp.zeros_like(R)
     P = xp.zeros_like(R)
-    norms = column_norms(R)
+    norms = block.norms(R)
     active = xp.asarray(~tol.met(norms))
     history, breakdown, it = [float(norms.max())], "", 0
     tiny = float(np.finfo(R.dtype).eps) ** 2
     while it < maxiter and bool(active.any()):
         it += 1
-        rho = xp.sum(Rhat * R, axis=0)                                   # 1
-        scale = xp.linalg.norm(Rhat, axis=0) * xp.linalg.norm(R, axis=0)
+        rho = dot(Rhat, R)                                               # 1
+        scale = xp.sqrt(dot(Rhat, Rhat) * dot(R, R))
         broken = active & (abs(rho) <= tiny * scale)
         if bool(broken.any()):
             breakdown = _breakdown("rho = rhat . r", broken, it)
@@ -92,15 +104,15 @@ def bicgstab(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float = 
         P = R + beta * (P - omega * V)                                   # 3
         P_hat = block.M(P)
         V = A(P_hat)                                                     # 4
-        alpha = _ratio(xp, rho, xp.sum(Rhat * V, axis=0), active)        # 5
+        alpha = _ratio(xp, rho, dot(Rhat, V), active)                    # 5
         S = R - alpha * V                                                # 6
         S_hat = block.M(S)
         T = A(S_hat)                                                     # 7
-        omega = _ratio(xp, xp.sum(T * S, axis=0), xp.sum(T * T, axis=0), active)  # 8
-        X += alpha * P_hat + omega * S_hat                               # 9
+        omega = _ratio(xp, dot(T, S), dot(T, T), active)                 # 8
+        X = X + alpha * P_hat + omega * S_hat                            # 9
         R = xp.where(active, S - omega * T, R)                           # 10
         rho_old = xp.where(active, rho, rho_old)
-        norms = column_norms(R)
+        norms = block.norms(R)
         history.append(float(norms.max()))
         stalled = active & (omega == 0) & xp.asarray(~tol.met(norms))
         if bool(stalled.any()):
@@ -108,25 +120,23 @@ def bicgstab(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float = 
             active &= ~stalled
         if callback is not None:
             callback(block.out(X))
-        active = _confirm(xp, tol, active, norms, true_residual, X, R)
-    return finish(system, block.out(X), tol=tol, iterations=it, history=history,
-                  levels=2 * it, maxiter=maxiter, breakdown=breakdown, estimates=True,
-                  info={"matvecs": (2 * it + 1) * X.shape[1], "shadow": shadow,
-                        "operator_applications": 2 * it + 1})
+        active = _confirm(block, tol, active, norms, X, R)
+    return X, history, it, breakdown
 
 
-def _confirm(xp: Any, tol: Tolerance, active: Any, norms: np.ndarray,
-             true_residual: Callable[[Any], Any], X: Any, R: Any) -> Any:
+def _confirm(block: Block, tol: Tolerance, active: Any, norms: np.ndarray, X: Any, R: Any
+             ) -> Any:
     """Retire columns whose true residual meets the tolerance; restart drifted ones.
 
     Columns the recurrence calls converged but the true residual does not get
     their recurrence residual replaced by the true one (in place in ``R``).
     """
+    xp = block.xp
     claimed = active & xp.asarray(tol.met(norms))
     if not bool(claimed.any()):
         return active
-    R_true = true_residual(X)
-    truly = xp.asarray(tol.met(column_norms(R_true)))
+    R_true = block.residual(X)
+    truly = xp.asarray(tol.met(block.norms(R_true)))
     drifted = claimed & ~truly
     R[:, drifted] = R_true[:, drifted]
     return active & ~(claimed & truly)

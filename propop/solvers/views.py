@@ -28,6 +28,14 @@ class Block:
             return P
         return self.minv(P[:, 0])[:, None] if self.vector else self.minv(P)
 
+    def dot(self, a: Any, b: Any) -> Any:
+        """Column-wise inner products ``a_j . b_j`` (a distributed view sums over ranks)."""
+        return self.xp.sum(a * b, axis=0)
+
+    def norms(self, R: Any) -> Any:
+        """Column norms as host floats."""
+        return column_norms(R)
+
     def residual(self, X: Any) -> Any:
         """``C - A X`` on the block."""
         return self.system.residual(X[:, 0] if self.vector else X).reshape(X.shape)
@@ -44,7 +52,7 @@ class Block:
         ``(R, norms, stagnated)``.
         """
         R = self.residual(X)
-        previous, norms = norms, column_norms(R)
+        previous, norms = norms, self.norms(R)
         history[-1] = float(norms.max())
         if callback is not None:
             callback(self.out(X))
