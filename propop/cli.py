@@ -8,7 +8,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 import numpy as np
@@ -39,6 +39,7 @@ class Row:
     levels: int
     error: float
     seconds: float
+    rank_seconds: tuple = ()
 
 
 def gradient_error(g: Any, reference: Any) -> float:
@@ -79,8 +80,8 @@ def _problem(network: str, layers: int, width: int, batch: int, activation: str,
 def experiment(layers: int = 6, width: int = 256, batch: int = 32, activation: str = "tanh",
                density: float = 1.0, methods: Sequence[str] | None = None,
                dtype: str = "float64", seed: int = 0, repeats: int = 5,
-               network: str = "fnn", tau: int = 100, progress: bool | str = False
-               ) -> list[Row]:
+               network: str = "fnn", tau: int = 100, progress: bool | str = False,
+               distributed: bool = False) -> list[Row]:
     """Backward pass of a random network through each method, against the sequential reference.
 
     ``network`` is ``"fnn"``, ``"rnn"`` (``tau`` time steps) or ``"graph"`` (a
@@ -88,9 +89,12 @@ def experiment(layers: int = 6, width: int = 256, batch: int = 32, activation: s
     once to warm up, then ``repeats`` times; the median time is reported. Errors
     are of the gradients (``dW``, ``dU``, ``db``, ``dx``). Methods that need a
     structure the system lacks get a row saying so. ``progress`` shows a bar over
-    the methods (:mod:`propop.progress`).
+    the methods (:mod:`propop.progress`). ``distributed`` (under ``mpiexec``) runs
+    the ``mpi.*`` methods by default, times each rank and reports the slowest
+    rank's time, with every rank's in ``Row.rank_seconds``.
     """
-    names = [s.name for s in solvers.available()] if methods is None else list(methods)
+    names = [s.name for s in solvers.available()
+             if s.name.startswith("mpi.") or not distributed] if methods is None else list(methods)
     for name in names:
         solvers.info(name)  # unknown names fail before any work
     if network not in NETWORKS:
@@ -104,7 +108,15 @@ def experiment(layers: int = 6, width: int = 256, batch: int = 32, activation: s
         for name in names:
             rows.append(_measure(name, system, net, trace, reference, repeats))
             shown.update()
-    return rows
+    return [_per_rank(row) for row in rows] if distributed else rows
+
+
+def _per_rank(row: Row) -> Row:
+    """``row`` with every rank's time, and the slowest as its time."""
+    from .distributed.system import world
+
+    seconds = tuple(world().allgather(row.seconds))
+    return replace(row, seconds=max(seconds), rank_seconds=seconds)
 
 
 def _measure(name: str, system: Any, net: Any, trace: Any, reference: Any, repeats: int
@@ -124,17 +136,20 @@ def _measure(name: str, system: Any, net: Any, trace: Any, reference: Any, repea
 def format_table(rows: Sequence[Row], baseline: str = "substitution") -> str:
     """A Markdown table of ``rows``, times also relative to ``baseline`` if present."""
     base = next((r.seconds for r in rows if r.method == baseline), None)
+    ranks = any(r.rank_seconds for r in rows)
     lines = ["| method | exact | status | iterations | levels | gradient error | time [ms] "
-             f"| vs {baseline} |", "|---|---|---|---:|---:|---:|---:|---:|"]
+             f"| vs {baseline} |" + (" per rank [ms] |" if ranks else ""),
+             "|---|---|---|---:|---:|---:|---:|---:|" + ("---|" if ranks else "")]
     for r in rows:
         if r.status.startswith("N/A"):
             lines.append(f"| {r.method} | {'yes' if r.exact else 'no'} | {r.status} | "
-                         "| | | | |")
+                         "| | | | |" + (" |" if ranks else ""))
             continue
         ratio = f"{r.seconds / base:.2f}x" if base else "-"
+        per_rank = " ".join(f"{1e3 * t:.2f}" for t in r.rank_seconds)
         lines.append(f"| {r.method} | {'yes' if r.exact else 'no'} | {r.status} | "
                      f"{r.iterations} | {r.levels} | {r.error:.1e} | "
-                     f"{1e3 * r.seconds:.2f} | {ratio} |")
+                     f"{1e3 * r.seconds:.2f} | {ratio} |" + (f" {per_rank} |" if ranks else ""))
     return "\n".join(lines)
 
 
@@ -196,12 +211,21 @@ def _parser() -> _Parser:
     run.add_argument("--network", default="fnn", choices=NETWORKS,
                      help="graph: a residual MLP of --layers blocks")
     run.add_argument("--tau", type=_positive, default=100, help="time steps (RNN)")
+    run.add_argument("--distributed", action="store_true",
+                     help="under mpiexec: the mpi.* methods (default), times per rank")
     return parser
 
 
 def _report(settings: dict) -> None:
     start = time.perf_counter()
     rows = experiment(**settings)
+    if settings.get("distributed"):
+        from .distributed.system import world
+
+        if world().Get_rank() != 0:  # rank 0 prints the table
+            return
+        print(f"Distributed over {world().Get_size()} MPI ranks; times are the slowest "
+              "rank's, then every rank's.")
     kind = {"fnn": "an FNN", "rnn": f"a tanh RNN over {settings['tau']} time steps",
             "graph": "a residual MLP graph (blocks x + W2 f(W1 x + b1))"}[settings["network"]]
     print(f"Backward pass of {kind}: {settings['layers']} layers of width "
@@ -209,7 +233,8 @@ def _report(settings: dict) -> None:
           f"density {settings['density']}, {settings['dtype']}; gradient error relative to "
           f"the sequential reference; median of {settings['repeats']} runs after a "
           "warm-up.\n")
-    print(format_table(rows))
+    print(format_table(rows, "mpi.substitution" if settings.get("distributed")
+                       else "substitution"))
     print(f"\n{machine()}; total {time.perf_counter() - start:.1f} s\n")
 
 
@@ -231,7 +256,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs = [dict(base, layers=args.layers, width=args.width, batch=args.batch,
                      activation=args.activation, density=args.density, dtype=args.dtype,
                      seed=args.seed, repeats=args.repeats, network=args.network,
-                     tau=args.tau, methods=args.method.split(",") if args.method else None)]
+                     tau=args.tau, methods=args.method.split(",") if args.method else None,
+                     distributed=args.distributed)]
     try:
         for settings in runs:
             _report(settings)

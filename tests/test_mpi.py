@@ -28,7 +28,7 @@ def test_distributed_solves_equal_the_single_process_ones(ranks):
                "-q", "-p", "no:cacheprovider", "mpi/check_distributed.py"]
     result = subprocess.run(command, cwd=TESTS, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    assert f"{26} passed" in result.stdout
+    assert f"{29} passed" in result.stdout
 
 
 def test_the_mpi_methods_run_in_one_process_too():
@@ -44,3 +44,16 @@ def test_the_mpi_methods_run_in_one_process_too():
         sol = pp.solve(system, method, rtol=1e-13, check=True)
         assert relative_error(sol.x, np.concatenate(v)) < 1e-10
         assert sol.info["ranks"] == 1
+
+
+def test_propop_run_distributed_prints_one_table_with_per_rank_times():
+    command = [mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "propop", "run",
+               "--distributed", "--layers", "5", "--width", "8", "--batch", "3",
+               "--repeats", "5"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    out = result.stdout
+    assert out.count("| method |") == 1 and "Distributed over 2 MPI ranks" in out
+    rows = [line for line in out.splitlines() if line.startswith("| mpi.")]
+    assert len(rows) == 5 and all("CONVERGED" in row for row in rows)
+    assert all(len(row.split("|")[9].split()) == 2 for row in rows)  # a time per rank

@@ -6,6 +6,7 @@ rank's rows; the ``mpi.*`` methods of the registry solve with it. Needs the
 ``mpi`` extra (``mpi4py`` and ``mpich``); run under ``mpiexec -n P``.
 """
 
+from .data_parallel import backprop
 from .system import DistributedSystem, partition
 
-__all__ = ["DistributedSystem", "partition"]
+__all__ = ["DistributedSystem", "partition", "backprop"]

@@ -61,3 +61,30 @@ def test_more_ranks_than_blocks_is_a_clear_error():
             pp.solve(tiny, "mpi.substitution")
     else:
         assert pp.solve(tiny, "mpi.substitution").converged
+
+
+@pytest.mark.parametrize("model", ["fnn", "rnn", "graph"])
+def test_data_parallel_gradients_equal_the_whole_batch(model):
+    from propop.distributed import backprop
+
+    rng = np.random.default_rng(3)
+    if model == "fnn":
+        net = pp.FNN.random([4, 6, 3], activation="tanh", seed=0, density=0.6)
+        x, t = rng.standard_normal((4, 7)), rng.standard_normal((3, 7))
+    elif model == "rnn":
+        net = pp.RNN.random([3, 4], activation="tanh", seed=0)
+        x, t = rng.standard_normal((5, 3, 7)), rng.standard_normal((5, 4, 7))
+    else:
+        net = pp.Graph.residual_mlp(4, 2, seed=0)
+        x, t = rng.standard_normal((4, 7)), rng.standard_normal((4, 7))
+    whole = pp.backprop(net, x, t)
+    split = backprop(net, x, t, method="substitution")
+    assert relative_error(split.x, whole.x) < 1e-12
+    for name in ("W", "U", "b"):
+        for a, b in zip(getattr(split, name, ()), getattr(whole, name, ())):
+            a = a.toarray() if hasattr(a, "toarray") else a
+            b = b.toarray() if hasattr(b, "toarray") else b
+            assert relative_error(a, b) < 1e-12
+    for node, grads in getattr(whole, "parameters", {}).items():
+        for key, value in grads.items():
+            assert relative_error(split.parameters[node][key], value) < 1e-12
