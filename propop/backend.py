@@ -38,6 +38,10 @@ class Backend:
     sparse: ModuleType
     spla: ModuleType
 
+    def __reduce__(self) -> tuple:
+        """Pickle by name (modules do not pickle): systems can be sent to MPI ranks."""
+        return (_named, (self.name,))
+
 
 def _load(name: str) -> Backend:
     if name == "numpy":
@@ -56,6 +60,13 @@ def _load(name: str) -> Backend:
 
 
 _CACHE: dict[str, Backend] = {}
+
+
+def _named(name: str) -> Backend:
+    """The backend called ``name``, loaded once."""
+    if name not in _CACHE:
+        _CACHE[name] = _load(name)
+    return _CACHE[name]
 
 
 def _name_of(obj: Any) -> str:
@@ -77,10 +88,7 @@ def of(*objects: Any) -> Backend:
     names = {_name_of(obj) for obj in objects if obj is not None}
     if len(names) > 1:
         raise TypeError("arrays live on different backends (NumPy and CuPy); move them to one")
-    name = names.pop() if names else "numpy"
-    if name not in _CACHE:
-        _CACHE[name] = _load(name)
-    return _CACHE[name]
+    return _named(names.pop() if names else "numpy")
 
 
 def namespace(*arrays: Any) -> ModuleType:

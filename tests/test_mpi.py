@@ -28,7 +28,7 @@ def test_distributed_solves_equal_the_single_process_ones(ranks):
                "-q", "-p", "no:cacheprovider", "mpi/check_distributed.py"]
     result = subprocess.run(command, cwd=TESTS, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    assert f"{29} passed" in result.stdout
+    assert f"{30} passed" in result.stdout
 
 
 def test_the_mpi_methods_run_in_one_process_too():

@@ -42,30 +42,26 @@ class DistributedSystem:
 
     def __init__(self, system: Any, comm: Any = None) -> None:
         self.comm = world() if comm is None else comm
-        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-        system = system.scaled()
-        order = list(system.blocks.order())
-        self.ranges = partition(system.nblocks, self.size)
-        start, stop = self.ranges[self.rank]
-        self.blocks = sorted(order[start:stop])
-        owner = {k: p for p, (a, b) in enumerate(self.ranges) for k in order[a:b]}
-        mine = set(self.blocks)
-        self.external = [e for e in system.blocks.edges if e.row in mine and e.col not in mine]
-        self.imports = sorted({e.col for e in self.external})
-        wrong = [k for k in self.imports if owner[k] != self.rank - 1]
-        if wrong:
-            raise ValueError(f"rank {self.rank} reads block {system.names[wrong[0]]} of rank "
-                             f"{owner[wrong[0]]}, not of its neighbour: use fewer ranks so "
-                             "that each owns more blocks than a coupling spans")
-        self.exports = sorted({e.col for e in system.blocks.edges
-                               if e.col in mine and owner[e.row] == self.rank + 1})
-        self.local = system.subsystem(self.blocks)
-        self.sizes = system.sizes
-        self.width = max(system.sizes)
-        self.nrhs, self.dtype, self.xp = system.nrhs, system.dtype, system.backend.xp
-        self._order = order
-        entries = max(sum(system.sizes[k] for k in self.exports),
-                      sum(system.sizes[k] for k in self.imports))
+        self._adopt(_share(system, self.comm.Get_rank(), self.comm.Get_size()))
+
+    @classmethod
+    def scatter(cls, system: Any, comm: Any = None, root: int = 0) -> DistributedSystem:
+        """Build on rank ``root`` only (``system`` is ignored elsewhere); send each its rows."""
+        comm = world() if comm is None else comm
+        shares = None
+        if comm.Get_rank() == root:
+            shares = [_share(system, p, comm.Get_size()) for p in range(comm.Get_size())]
+        self = cls.__new__(cls)
+        self.comm = comm
+        self._adopt(comm.scatter(shares, root=root))
+        return self
+
+    def _adopt(self, share: dict) -> None:
+        """Take over a rank's share (:func:`_share`) and agree on the boundary width."""
+        self.__dict__.update(share)
+        self.xp = self.local.backend.xp
+        entries = max(sum(self.sizes[k] for k in self.exports),
+                      sum(self.sizes[k] for k in self.imports))
         self.boundary = self.comm.allreduce(max(entries, 1), op=_max())
 
     # -- exchanges --------------------------------------------------------------------
@@ -148,6 +144,31 @@ class DistributedSystem:
             for k, lo, hi in zip(owned, offsets[:-1], offsets[1:]):
                 blocks[k] = piece[lo:hi]
         return np.concatenate([blocks[k] for k in range(len(self.sizes))])
+
+
+def _share(system: Any, rank: int, size: int) -> dict:
+    """Everything rank ``rank`` of ``size`` holds: its rows, couplings out, neighbours."""
+    system = system.scaled()
+    order = list(system.blocks.order())
+    ranges = partition(system.nblocks, size)
+    start, stop = ranges[rank]
+    blocks = sorted(order[start:stop])
+    owner = {k: p for p, (a, b) in enumerate(ranges) for k in order[a:b]}
+    mine = set(blocks)
+    external = [e for e in system.blocks.edges if e.row in mine and e.col not in mine]
+    imports = sorted({e.col for e in external})
+    wrong = [k for k in imports if owner[k] != rank - 1]
+    if wrong:
+        raise ValueError(f"rank {rank} reads block {system.names[wrong[0]]} of rank "
+                         f"{owner[wrong[0]]}, not of its neighbour: use fewer ranks so "
+                         "that each owns more blocks than a coupling spans")
+    exports = sorted({e.col for e in system.blocks.edges
+                      if e.col in mine and owner[e.row] == rank + 1})
+    return {"rank": rank, "size": size, "ranges": ranges, "blocks": blocks,
+            "external": external, "imports": imports, "exports": exports,
+            "local": system.subsystem(blocks), "sizes": system.sizes,
+            "width": max(system.sizes), "nrhs": system.nrhs, "dtype": system.dtype,
+            "_order": order}
 
 
 def _null() -> Any:

@@ -88,3 +88,15 @@ def test_data_parallel_gradients_equal_the_whole_batch(model):
     for node, grads in getattr(whole, "parameters", {}).items():
         for key, value in grads.items():
             assert relative_error(split.parameters[node][key], value) < 1e-12
+
+
+def test_a_system_scattered_from_rank_0_holds_the_same_rows():
+    from propop.distributed import DistributedSystem
+
+    system = fnn_system(r=2)
+    here = DistributedSystem(system)
+    sent = DistributedSystem.scatter(system if MPI.COMM_WORLD.Get_rank() == 0 else None)
+    assert sent.blocks == here.blocks and sent.imports == here.imports
+    rhs = sent.local.rhs + sent.external_rhs({k: np.ones((system.sizes[k], 2))
+                                              for k in sent.imports})
+    np.testing.assert_array_equal(sent.solve_local(rhs), here.solve_local(rhs))
