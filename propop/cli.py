@@ -211,6 +211,20 @@ def _parser() -> _Parser:
     run.add_argument("--network", default="fnn", choices=NETWORKS,
                      help="graph: a residual MLP of --layers blocks")
     run.add_argument("--tau", type=_positive, default=100, help="time steps (RNN)")
+    fit = commands.add_parser("train", help="train an MLP on the digits with a chosen solver")
+    fit.add_argument("--data", default="digits", choices=["digits"])
+    fit.add_argument("--layers", default="32", help="hidden widths, comma-separated")
+    fit.add_argument("--activation", default="tanh", choices=available_activations())
+    fit.add_argument("--method", default="substitution", help="the backward solver")
+    fit.add_argument("--maxiter", type=_positive, default=None,
+                     help="iterations of an iterative solver (truncated gradients)")
+    fit.add_argument("--epochs", type=_positive, default=5)
+    fit.add_argument("--batch-size", type=_positive, default=32)
+    fit.add_argument("--lr", type=float, default=0.5)
+    fit.add_argument("--optimizer", default="sgd", choices=["sgd", "momentum", "adam"])
+    fit.add_argument("--density", type=_density, default=1.0,
+                     help="weight density; sparse weights keep their pattern")
+    fit.add_argument("--seed", type=int, default=0)
     run.add_argument("--distributed", action="store_true",
                      help="under mpiexec: the mpi.* methods (default), times per rank")
     return parser
@@ -238,6 +252,35 @@ def _report(settings: dict) -> None:
     print(f"\n{machine()}; total {time.perf_counter() - start:.1f} s\n")
 
 
+def _train(args: argparse.Namespace) -> int:
+    """``propop train``: per-epoch loss and accuracy, then a summary."""
+    from .data import digits
+    from .training import train
+
+    hidden = [int(w) for w in args.layers.split(",") if w]
+    xtr, ytr, xte, yte = digits(seed=args.seed)
+    sizes = [64, *hidden, 10]
+    base = FNN.random(sizes, activation=args.activation, density=args.density, seed=args.seed)
+    net = FNN(base.W, base.b, activation=[args.activation] * len(hidden) + ["identity"])
+    options = {} if args.maxiter is None else {"maxiter": args.maxiter}
+    print(f"Training {'-'.join(map(str, sizes))} ({args.activation}, density {args.density}) "
+          f"on the digits with {args.method}{f' maxiter={args.maxiter}' if options else ''}, "
+          f"{args.optimizer} lr={args.lr}, batch {args.batch_size}\n")
+    print("| epoch | loss | train accuracy | test accuracy | seconds |\n|---:|---:|---:|---:|---:|")
+    _, history = train(net, xtr, ytr, epochs=args.epochs, batch_size=args.batch_size,
+                       lr=args.lr, optimizer=args.optimizer, method=args.method,
+                       solver_options=options, gradient_error=bool(options), x_test=xte,
+                       y_test=yte, seed=args.seed, progress="auto")
+    for k, e in enumerate(history.epochs, start=1):
+        print(f"| {k} | {e['loss']:.4f} | {e['accuracy']:.3f} | {e['test_accuracy']:.3f} | "
+              f"{e['seconds']:.2f} |")
+    errors = [s["gradient_error"] for s in history.steps if "gradient_error" in s]
+    summary = f"; mean gradient error {np.mean(errors):.2e}" if errors else ""
+    print(f"\nfinal test accuracy {history.epochs[-1]['test_accuracy']:.3f}, "
+          f"{len(history.steps)} steps{summary}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``propop`` console script."""
     parser = _parser()
@@ -245,6 +288,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "solvers":
         print(_solvers_table())
         return 0
+    if args.command == "train":
+        try:
+            return _train(args)
+        except (KeyError, ValueError) as error:
+            parser.error(str(error).strip("'\""))
     base = dict(layers=6, width=256, batch=32, activation="tanh", density=1.0,
                 methods=None, dtype="float64", seed=0, repeats=5, network="fnn", tau=100,
                 progress="auto")

@@ -82,6 +82,10 @@ class Linear(Layer):
         """``dE/dparameter`` from the inputs and ``grad = dE/dz``, summed over samples."""
         return {}
 
+    def set_parameter(self, name: str, value: Any) -> None:
+        """Replace parameter ``name`` (a key of :meth:`parameters`), e.g. in training."""
+        raise ValueError(f"{self!r} has no parameter {name!r}")
+
 
 class Diagonal(Layer):
     """``z = A (d(x) * x)`` locally: one input, a per-sample diagonal, a shared ``A``."""
@@ -167,6 +171,12 @@ class Dense(Linear):
         """The shared Jacobians ``J_i``."""
         return [self.W]
 
+    def set_parameter(self, name: str, value: Any) -> None:
+        """Replace ``W`` or ``b``."""
+        if name not in self.parameters():
+            super().set_parameter(name, value)
+        setattr(self, "W" if name == "W" else "bias", value)
+
     def parameters(self) -> dict:
         """Trainable arrays by name."""
         return {"W": self.W} if self.bias is None else {"W": self.W, "b": self.bias}
@@ -244,6 +254,16 @@ class Conv2d(Linear):
         """Trainable arrays by name."""
         return {"W": self.W} if self.b is None else {"W": self.W, "b": self.b}
 
+    def set_parameter(self, name: str, value: Any) -> None:
+        """Replace ``W`` or ``b``; the sparse Jacobian is rebuilt when next needed."""
+        if name not in self.parameters():
+            super().set_parameter(name, value)
+        if name == "b":
+            self.b = np.asarray(value)
+            return
+        self.W = np.asarray(value).reshape(self.W.shape)
+        self.__dict__.pop("_jacobian", None)
+
     def gradients(self, inputs: Sequence[Any], grad: Any) -> dict:
         """``dE/dparameter`` from the inputs and ``grad = dE/dz``, summed over samples."""
         x = inputs[0] if inputs[0].ndim == 2 else inputs[0][:, None]
@@ -275,6 +295,12 @@ class Conv1d(Conv2d):
     def parameters(self) -> dict:
         """Trainable arrays by name."""
         return {"W": self.kernel_1d} if self.b is None else {"W": self.kernel_1d, "b": self.b}
+
+    def set_parameter(self, name: str, value: Any) -> None:
+        """Replace ``W`` (shape ``(out, in, k)``) or ``b``."""
+        if name == "W":
+            self.kernel_1d = np.asarray(value)
+        super().set_parameter(name, value)
 
     def gradients(self, inputs: Sequence[Any], grad: Any) -> dict:
         """``dE/dparameter`` from the inputs and ``grad = dE/dz``, summed over samples."""
