@@ -130,3 +130,39 @@ def test_propop_train_prints_epochs_and_a_summary(capsys):
                      "--maxiter", "1", "--density", "0.5"]) == 0
     out = capsys.readouterr().out
     assert "| 2 |" in out and "final test accuracy" in out and "mean gradient error" in out
+
+
+def test_pruned_training_keeps_the_sparsity_pattern(data):
+    from propop import sparsity
+
+    xtr, ytr, _, _ = data
+    pruned = sparsity.prune(mlp(), 0.3)
+    assert abs(sparsity.density_of(pruned) - 0.3) < 0.01
+    dense = mlp().W[0]
+    kept = pruned.W[0].toarray() != 0
+    assert np.abs(dense[kept]).min() >= np.abs(dense[~kept]).max()  # the largest survive
+    trained, history = train(pruned, xtr, ytr, epochs=2, batch_size=50, lr=0.5)
+    for before, after in zip(pruned.W, trained.W):
+        assert after.nnz <= before.nnz
+        assert set(zip(*after.nonzero())) <= set(zip(*before.nonzero()))
+    assert history.epochs[-1]["accuracy"] > 0.5
+
+
+def test_gradual_pruning_structured_patterns_and_the_report(data):
+    from propop import sparsity
+
+    xtr, ytr, xte, yte = data
+    net, stages = sparsity.prune_gradually(mlp(), xtr, ytr, 0.2, stages=3, batch_size=50,
+                                           lr=0.5)
+    assert abs(sparsity.density_of(net) - 0.2) < 0.01 and len(stages) == 3
+    B = sparsity.banded((6, 6), 1)
+    assert B.nnz == 6 + 2 * 5 and np.all(np.abs(np.subtract.outer(*np.nonzero(B.toarray())
+                                                                   [::-1]).diagonal()) <= 1)
+    S = sparsity.block_sparse((8, 8), 4, 0.5, seed=3)
+    tiles = S.toarray().reshape(2, 4, 2, 4).transpose(0, 2, 1, 3).reshape(4, 16)
+    assert all(np.count_nonzero(t) in (0, 16) for t in tiles)
+    rows = sparsity.report(mlp(), xtr, ytr, [1.0, 0.1], xte, yte, batch_size=50, lr=0.5)
+    assert [r["density"] for r in rows] == [1.0, 0.1]
+    assert all(0 <= r["test_accuracy"] <= 1 and r["cr_seconds"] > 0 for r in rows)
+    with pytest.raises(ValueError, match="density must lie in \\(0, 1\\], got 0"):
+        sparsity.prune(mlp(), 0)
