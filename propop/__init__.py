@@ -6,12 +6,13 @@ The public API is DESIGN section 6; everything is re-exported here.
 
 from typing import Any
 
-from . import layers, solvers
+from . import data, layers, solvers, sparsity
 from .activations import Activation, available_activations, get_activation, register_activation
 from .losses import loss_gradient, loss_value
 from .networks import FNN, RNN, Gradients, Graph, GraphGradients, RNNGradients, Trace
 from .propagation import backprop, forward
 from .solvers import ConvergenceError, Solution, Status, solve
+from .training import History, train
 from .systems import Blocks, TriangularSystem, backward_system, forward_system
 from .distributed import krylov as _mpi_krylov  # noqa: F401  (registers mpi.gmres, ...)
 from .distributed import solvers as _mpi_solvers  # noqa: F401  (registers mpi.*)
@@ -35,5 +36,5 @@ __all__ = [
     "loss_gradient", "loss_value",
     "TriangularSystem", "Blocks", "backward_system", "forward_system",
     "solve", "solvers", "Solution", "Status", "ConvergenceError",
-    "backprop", "forward", "from_torch",
+    "backprop", "forward", "from_torch", "train", "History", "data", "sparsity",
 ]

@@ -21,6 +21,7 @@ from .networks.fnn import FNN
 from .networks.graph import Graph
 from .networks.rnn import RNN
 from .progress import bar
+from .sparsity import PATTERNS
 from .systems import backward_system
 
 __all__ = ["main", "experiment", "Row", "gradient_error"]
@@ -223,7 +224,15 @@ def _parser() -> _Parser:
     fit.add_argument("--lr", type=float, default=0.5)
     fit.add_argument("--optimizer", default="sgd", choices=["sgd", "momentum", "adam"])
     fit.add_argument("--density", type=_density, default=1.0,
-                     help="weight density; sparse weights keep their pattern")
+                     help="weight density: random sparse weights, or with --prune the share "
+                          "kept; sparse weights keep their pattern through training")
+    fit.add_argument("--prune", default=None, choices=PATTERNS,
+                     help="prune the initial weights to --density by this pattern")
+    fit.add_argument("--stages", type=_positive, default=1,
+                     help="with --prune: prune gradually in this many stages (cubic "
+                          "schedule), training --epochs after each")
+    fit.add_argument("--forward", default=None,
+                     help="Newton forward with this solver (default: the sequential pass)")
     fit.add_argument("--seed", type=int, default=0)
     run.add_argument("--distributed", action="store_true",
                      help="under mpiexec: the mpi.* methods (default), times per rank")
@@ -255,29 +264,42 @@ def _report(settings: dict) -> None:
 def _train(args: argparse.Namespace) -> int:
     """``propop train``: per-epoch loss and accuracy, then a summary."""
     from .data import digits
+    from .sparsity import density_of, prune_gradually
     from .training import train
 
     hidden = [int(w) for w in args.layers.split(",") if w]
     xtr, ytr, xte, yte = digits(seed=args.seed)
     sizes = [64, *hidden, 10]
-    base = FNN.random(sizes, activation=args.activation, density=args.density, seed=args.seed)
+    base = FNN.random(sizes, activation=args.activation,
+                      density=1.0 if args.prune else args.density, seed=args.seed)
     net = FNN(base.W, base.b, activation=[args.activation] * len(hidden) + ["identity"])
     options = {} if args.maxiter is None else {"maxiter": args.maxiter}
-    print(f"Training {'-'.join(map(str, sizes))} ({args.activation}, density {args.density}) "
-          f"on the digits with {args.method}{f' maxiter={args.maxiter}' if options else ''}, "
+    settings = dict(batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
+                    method=args.method, solver_options=options, forward=args.forward,
+                    gradient_error=bool(options), x_test=xte, y_test=yte, seed=args.seed,
+                    progress="auto")
+    sparsity = (f"pruned to {args.density} by {args.prune} in {args.stages} stage(s)"
+                if args.prune else f"density {args.density}")
+    print(f"Training {'-'.join(map(str, sizes))} ({args.activation}, {sparsity}) on the "
+          f"digits with {args.method}{f' maxiter={args.maxiter}' if options else ''}, "
+          f"forward {f'Newton with {args.forward}' if args.forward else 'sequential'}, "
           f"{args.optimizer} lr={args.lr}, batch {args.batch_size}\n")
+    if args.prune:
+        net, histories = prune_gradually(net, xtr, ytr, args.density, args.stages, args.epochs,
+                                         args.prune, **settings)
+    else:
+        net, history = train(net, xtr, ytr, epochs=args.epochs, **settings)
+        histories = [history]
     print("| epoch | loss | train accuracy | test accuracy | seconds |\n|---:|---:|---:|---:|---:|")
-    _, history = train(net, xtr, ytr, epochs=args.epochs, batch_size=args.batch_size,
-                       lr=args.lr, optimizer=args.optimizer, method=args.method,
-                       solver_options=options, gradient_error=bool(options), x_test=xte,
-                       y_test=yte, seed=args.seed, progress="auto")
-    for k, e in enumerate(history.epochs, start=1):
+    epochs = [e for h in histories for e in h.epochs]
+    for k, e in enumerate(epochs, start=1):
         print(f"| {k} | {e['loss']:.4f} | {e['accuracy']:.3f} | {e['test_accuracy']:.3f} | "
               f"{e['seconds']:.2f} |")
-    errors = [s["gradient_error"] for s in history.steps if "gradient_error" in s]
+    steps = [s for h in histories for s in h.steps]
+    errors = [s["gradient_error"] for s in steps if "gradient_error" in s]
     summary = f"; mean gradient error {np.mean(errors):.2e}" if errors else ""
-    print(f"\nfinal test accuracy {history.epochs[-1]['test_accuracy']:.3f}, "
-          f"{len(history.steps)} steps{summary}")
+    print(f"\nfinal test accuracy {epochs[-1]['test_accuracy']:.3f}, weight density "
+          f"{density_of(net):.3f}, {len(steps)} steps{summary}")
     return 0
 
 
@@ -291,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "train":
         try:
             return _train(args)
-        except (KeyError, ValueError) as error:
+        except (KeyError, ValueError, ImportError) as error:
             parser.error(str(error).strip("'\""))
     base = dict(layers=6, width=256, batch=32, activation="tanh", density=1.0,
                 methods=None, dtype="float64", seed=0, repeats=5, network="fnn", tau=100,

@@ -1,8 +1,10 @@
 """Progress bars for long runs (tqdm, optional): shown when asked or when interactive.
 
 ``progress=True`` needs tqdm (``pip install "propop[progress]"``) and says so if it
-is missing; ``"auto"`` shows a bar only when standard error is a terminal and tqdm
-is installed; ``False`` (the library default, and what CI gets) shows nothing.
+is missing; ``"auto"`` shows a bar only when tqdm is installed and the session is
+interactive (standard error is a terminal, or the code runs in a Jupyter kernel);
+``False`` shows nothing. Solvers default to ``False``; long runs (training) to ``"auto"``,
+which shows nothing in CI.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import importlib.util
 import sys
 from typing import Any
 
-__all__ = ["bar", "Silent", "PROGRESS"]
+__all__ = ["bar", "interactive", "Silent", "PROGRESS"]
 
 PROGRESS = (True, False, "auto")
 
@@ -37,6 +39,11 @@ class Silent:
         self.close()
 
 
+def interactive() -> bool:
+    """Whether a person is watching: standard error is a terminal, or a Jupyter kernel runs."""
+    return sys.stderr.isatty() or "ipykernel" in sys.modules
+
+
 def bar(progress: bool | str, total: int | None, description: str) -> Any:
     """A tqdm bar of ``total`` steps, or a :class:`Silent` one; a context manager."""
     if progress not in PROGRESS:
@@ -44,7 +51,7 @@ def bar(progress: bool | str, total: int | None, description: str) -> Any:
     installed = importlib.util.find_spec("tqdm") is not None
     if progress is True and not installed:
         raise ImportError("progress=True needs tqdm: pip install \"propop[progress]\"")
-    if progress is False or not installed or (progress == "auto" and not sys.stderr.isatty()):
+    if progress is False or not installed or (progress == "auto" and not interactive()):
         return Silent()
     from tqdm.auto import tqdm
 

@@ -21,10 +21,11 @@ STOPS = ("residual", "change")
 
 def backprop(net: Any, x: Any, target: Any, loss: str = "mse",
              method: str = "substitution", *, rtol: float = 1e-10, check: bool = True,
-             **options: Any) -> Any:
+             trace: Trace | None = None, **options: Any) -> Any:
     """Gradients of the loss by solving the backward system (eq. back_prop_sys).
 
-    The forward pass is the sequential reference; the backward pass is
+    The forward pass is the sequential reference unless ``trace`` is given (for
+    instance from :func:`forward`); the backward pass is
     ``solve(backward_system(...), method, ...)``.
 
     Parameters
@@ -40,6 +41,8 @@ def backprop(net: Any, x: Any, target: Any, loss: str = "mse",
         Tolerance for iterative methods; exact gradients by default.
     check : bool
         Raise :class:`~propop.ConvergenceError` if the solve fails.
+    trace : Trace, optional
+        The forward pass of ``x`` to linearise around (default ``net.forward(x)``).
     **options
         Passed to the solver.
 
@@ -57,7 +60,7 @@ def backprop(net: Any, x: Any, target: Any, loss: str = "mse",
     >>> g.W[0].shape, g.solution.converged
     ((5, 3), True)
     """
-    trace = net.forward(x)
+    trace = net.forward(x) if trace is None else trace
     eps = net.loss_gradient(trace, target, loss)
     system = backward_system(net, trace, eps)
     solution = solve(system, method, check=check, rtol=rtol, **options)

@@ -1,20 +1,33 @@
-"""Sparse-weight experiments: magnitude pruning, structured patterns, and what density costs.
+"""Sparse-weight experiments: pruning to a pattern, and what density costs cyclic reduction.
 
-Sparse weights are ``scipy.sparse`` arrays; their gradients live on their pattern
-(:meth:`propop.FNN.gradients`), so a pruned network keeps its mask through
-:func:`propop.training.train` with no extra bookkeeping.
+Sparse weights are ``scipy.sparse`` CSR arrays, and their gradients live on their
+pattern (:meth:`propop.FNN.gradients`), so a pruned network keeps its mask through
+:func:`propop.train` with no extra bookkeeping.
 
-- :func:`prune`: one-shot magnitude pruning of a network to a target density;
-  :func:`prune_gradually` alternates pruning and training along the cubic
-  schedule of Zhu and Gupta (2017).
-- :func:`banded`, :func:`block_sparse`: structured random patterns.
-- :func:`report`: per density, the accuracy after training and the fill-in and
-  time of cyclic reduction on the trained network's backward system.
+Three patterns, each chosen by :func:`mask` for a target density:
+
+- ``"magnitude"``: the largest-magnitude entries of each matrix (unstructured).
+- ``"block"``: the ``block x block`` tiles of largest Frobenius norm (structured, as
+  block-sparse kernels want).
+- ``"banded"``: a band of half-width ``h`` around the (stretched) diagonal, the
+  magnitudes ignored (a local, convolution-like structure whose products widen
+  by ``h`` per factor, so cyclic reduction's fill-in stays predictable).
+
+:func:`prune` applies a pattern once, :func:`prune_gradually` along the cubic
+schedule of Zhu and Gupta (2017) with training in between, and :func:`report`
+tabulates accuracy, cyclic reduction's fill-in and its time against density (the
+paper, section 4: the parallel algorithm "might also be relevant when the weight
+matrices are sparse"). :func:`banded` and :func:`block_sparse` draw random
+weights on the structured patterns, for networks built sparse from the start.
+
+References
+----------
+M. Zhu and S. Gupta, "To prune, or not to prune: exploring the efficacy of pruning
+for model compression", arXiv:1710.01878, 2017.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,12 +35,14 @@ import numpy as np
 import scipy.sparse as sp
 
 from .networks.fnn import FNN
-from .propagation import backprop
 from .solvers import solve
 from .systems import backward_system
 from .training import train
 
-__all__ = ["prune", "prune_gradually", "banded", "block_sparse", "report", "density_of"]
+__all__ = ["PATTERNS", "mask", "prune", "prune_gradually", "density_of", "banded",
+           "block_sparse", "report"]
+
+PATTERNS = ("magnitude", "block", "banded")
 
 
 def _check_density(density: float) -> float:
@@ -36,89 +51,185 @@ def _check_density(density: float) -> float:
     return float(density)
 
 
-def _pruned(W: Any, density: float) -> Any:
-    """The largest-magnitude ``density`` share of ``W``'s entries (ties keep the first)."""
-    dense = W.toarray() if sp.issparse(W) else np.asarray(W)
-    keep = max(1, int(round(density * dense.size)))
-    order = np.argsort(-np.abs(dense), axis=None, kind="stable")[:keep]
-    mask = np.zeros(dense.size, dtype=bool)
-    mask[order] = True
-    return sp.csr_array(np.where(mask.reshape(dense.shape), dense, 0))
+def _dense(W: Any) -> np.ndarray:
+    return W.toarray() if sp.issparse(W) else np.asarray(W)
 
 
-def prune(net: FNN, density: float) -> FNN:
-    """``net`` with every weight matrix pruned by magnitude to ``density`` (biases kept)."""
+def _largest(scores: np.ndarray, keep: int) -> np.ndarray:
+    """A boolean array marking the ``keep`` largest ``scores`` (ties keep the first)."""
+    chosen = np.zeros(scores.size, dtype=bool)
+    chosen[np.argsort(-scores, axis=None, kind="stable")[:keep]] = True
+    return chosen.reshape(scores.shape)
+
+
+def _band(shape: Sequence[int], half_width: int) -> np.ndarray:
+    """Entries within ``half_width`` columns of row ``i``'s centre ``(i + 1/2) m / n``."""
+    n, m = shape
+    centre = np.floor((np.arange(n) + 0.5) * m / n).astype(int)
+    return np.abs(np.arange(m)[None, :] - centre[:, None]) <= half_width
+
+
+def mask(W: Any, density: float, pattern: str = "magnitude", *, block: int = 4) -> Any:
+    """The entries of ``W`` that ``pattern`` keeps at ``density``, as a boolean array.
+
+    Parameters
+    ----------
+    W : array or sparse array, shape (n, m)
+        Entries already zero in a sparse ``W`` count as pruned.
+    density : float in (0, 1]
+        The share of entries to keep: exact for ``"magnitude"`` (at least one
+        entry), rounded to whole tiles for ``"block"`` and to a whole band
+        ``2 h + 1`` columns wide for ``"banded"``.
+    pattern : {"magnitude", "block", "banded"}
+    block : int
+        Tile size of the ``"block"`` pattern.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> mask(np.arange(1.0, 7.0).reshape(2, 3), 0.5).astype(int)
+    array([[0, 0, 0],
+           [1, 1, 1]])
+    >>> mask(np.ones((4, 4)), 0.75, "banded").astype(int)
+    array([[1, 1, 0, 0],
+           [1, 1, 1, 0],
+           [0, 1, 1, 1],
+           [0, 0, 1, 1]])
+    """
     density = _check_density(density)
-    return FNN([_pruned(W, density) for W in net.W], net.b, activation=net.activations)
+    dense = np.abs(_dense(W))
+    if pattern == "magnitude":
+        return _largest(dense, max(1, int(round(density * dense.size))))
+    if pattern == "banded":
+        return _band(dense.shape, max(0, int(round((density * dense.shape[1] - 1) / 2))))
+    if pattern == "block":
+        if int(block) != block or block < 1:
+            raise ValueError(f"block must be an integer >= 1, got {block}")
+        n, m = dense.shape
+        padded = np.zeros((-(-n // block) * block, -(-m // block) * block))
+        padded[:n, :m] = dense
+        tiles = padded.reshape(padded.shape[0] // block, block, -1, block)
+        norms = np.sqrt((tiles ** 2).sum(axis=(1, 3)))
+        chosen = _largest(norms, max(1, int(round(density * norms.size))))
+        return np.kron(chosen, np.ones((block, block), dtype=bool))[:n, :m]
+    raise ValueError(f"unknown pattern {pattern!r}; choose one of {PATTERNS}")
+
+
+def prune(net: FNN, density: float, pattern: str = "magnitude", *, block: int = 4) -> FNN:
+    """``net`` with every weight matrix pruned to ``density`` by ``pattern`` (:func:`mask`).
+
+    The kept entries keep their values; the weights become CSR arrays, whose
+    pattern training preserves. Biases are not pruned.
+
+    Examples
+    --------
+    >>> import propop as pp
+    >>> net = prune(pp.FNN.random([16, 16, 4], seed=0), 0.25)
+    >>> round(density_of(net), 2), net.sparse
+    (0.25, True)
+    """
+    weights = [sp.csr_array(np.where(mask(W, density, pattern, block=block), _dense(W), 0))
+               for W in net.W]
+    return FNN(weights, net.b, activation=net.activations)
 
 
 def density_of(net: FNN) -> float:
-    """Non-zero weights over all weights."""
+    """Stored weights over all weights, over every layer of ``net``."""
     nnz = sum(W.nnz if sp.issparse(W) else np.count_nonzero(W) for W in net.W)
     return nnz / sum(W.shape[0] * W.shape[1] for W in net.W)
 
 
 def prune_gradually(net: FNN, x: Any, y: Any, density: float, stages: int = 4,
-                    epochs_per_stage: int = 1, **train_options: Any) -> tuple[FNN, list]:
-    """Prune to ``density`` in ``stages`` steps, training after each (Zhu and Gupta's cubic).
+                    epochs_per_stage: int = 1, pattern: str = "magnitude", *,
+                    block: int = 4, **train_options: Any) -> tuple[FNN, list]:
+    """Prune to ``density`` in ``stages`` steps with training after each (Zhu and Gupta).
 
-    Stage ``t`` of ``T`` prunes to ``d + (1 - d)(1 - t / T)^3``; returns the
-    network and each stage's :class:`~propop.training.History`.
+    Stage ``t = 1..T`` prunes to ``d + (1 - d) (1 - t / T)^3``, the cubic
+    schedule that prunes fast while the network has redundancy to spare and
+    slowly near the target, then trains ``epochs_per_stage`` epochs
+    (:func:`propop.train` with ``train_options``). Entries pruned once stay pruned.
+
+    Returns
+    -------
+    net : FNN
+        At ``density`` (to the rounding of ``pattern``).
+    histories : list of History
+        One per stage.
     """
     density = _check_density(density)
+    if int(stages) != stages or stages < 1:
+        raise ValueError(f"stages must be an integer >= 1, got {stages}")
     histories = []
     for t in range(1, stages + 1):
-        net = prune(net, density + (1 - density) * (1 - t / stages) ** 3)
+        net = prune(net, density + (1 - density) * (1 - t / stages) ** 3, pattern, block=block)
         net, history = train(net, x, y, epochs=epochs_per_stage, **train_options)
         histories.append(history)
     return net, histories
 
 
-def banded(shape: Sequence[int], half_width: int, seed: int = 0) -> Any:
-    """Random weights on ``2 half_width + 1`` diagonals, scaled for unit variance gain."""
+def _random_on(pattern: np.ndarray, seed: int) -> Any:
+    """Normal weights on ``pattern``, scaled by the mean number of entries per row."""
     rng = np.random.default_rng(seed)
-    offsets = range(-half_width, half_width + 1)
-    std = 1 / np.sqrt(len(offsets))
-    return sp.csr_array(sp.diags([std * rng.standard_normal(min(shape)) for _ in offsets],
-                                 list(offsets), shape=tuple(shape)))
+    std = 1 / np.sqrt(max(1.0, pattern.sum() / pattern.shape[0]))
+    return sp.csr_array(np.where(pattern, std * rng.standard_normal(pattern.shape), 0))
+
+
+def banded(shape: Sequence[int], half_width: int, seed: int = 0) -> Any:
+    """Random weights on a band ``2 half_width + 1`` wide (unit gain per row on average).
+
+    Examples
+    --------
+    >>> banded((5, 5), 1).nnz
+    13
+    """
+    return _random_on(_band(tuple(shape), half_width), seed)
 
 
 def block_sparse(shape: Sequence[int], block: int, density: float, seed: int = 0) -> Any:
     """Random weights in ``block x block`` tiles, a ``density`` share of the tiles present."""
-    density = _check_density(density)
     rng = np.random.default_rng(seed)
-    rows, cols = -(-shape[0] // block), -(-shape[1] // block)
-    tiles = rng.random((rows, cols)) < density
-    mask = np.kron(tiles, np.ones((block, block), dtype=bool))[: shape[0], : shape[1]]
-    std = 1 / np.sqrt(max(1.0, density * shape[1]))
-    return sp.csr_array(np.where(mask, std * rng.standard_normal(tuple(shape)), 0))
+    scores = rng.random((-(-shape[0] // block), -(-shape[1] // block)))
+    return _random_on(mask(scores, density, "magnitude").repeat(block, 0).repeat(block, 1)
+                      [: shape[0], : shape[1]], seed + 1)
 
 
 def report(net: FNN, x: Any, y: Any, densities: Sequence[float], x_test: Any, y_test: Any,
-           **train_options: Any) -> list[dict]:
-    """Per density: prune, train; then test accuracy, and CR's fill-in and time.
+           pattern: str = "magnitude", *, stages: int = 1, epochs: int = 1, block: int = 4,
+           batch: int = 32, repeats: int = 5, **train_options: Any) -> list[dict]:
+    """Accuracy, cyclic reduction's fill-in and its time against density.
 
-    The backward system is that of the first 32 training samples; ``fill_in``
-    lists the non-zeros of a reduced block over an original one, level by level.
+    For each density, ``net`` is pruned by ``pattern`` (in ``stages`` steps of
+    :func:`prune_gradually`, one-shot by default) and trained ``epochs`` epochs
+    after each stage (``train_options`` go to :func:`propop.train`). Then the
+    backward system of the first ``batch`` training samples is solved by
+    ``substitution`` and by sparse ``cyclic-reduction``, each once to warm up
+    and ``repeats`` times.
+
+    Returns
+    -------
+    list of dict
+        One per density: ``density`` (reached), ``test_accuracy``,
+        ``fill_in`` (non-zeros of a reduced block over an original one, per
+        level), ``cr_seconds`` and ``substitution_seconds`` (medians),
+        ``cr_error`` (relative to substitution) and ``levels``.
     """
     rows = []
     for density in densities:
-        model, history = train(prune(net, density), x, y, x_test=x_test, y_test=y_test,
-                               **train_options)
-        trace = model.forward(x[:, :32])
-        system = backward_system(model, trace, model.loss_gradient(trace, y[:32],
+        model, histories = prune_gradually(net, x, y, density, stages, epochs, pattern,
+                                           block=block, x_test=x_test, y_test=y_test,
+                                           **train_options)
+        trace = model.forward(x[:, :batch])
+        system = backward_system(model, trace, model.loss_gradient(trace, y[:batch],
                                                                    "cross_entropy"))
-        start = time.perf_counter()
-        sol = solve(system, "cyclic-reduction", sparse=True)
-        rows.append({"density": density, "test_accuracy": history.epochs[-1]["test_accuracy"],
-                     "fill_in": sol.info.get("fill_in", []),
-                     "cr_seconds": time.perf_counter() - start,
-                     "backprop_seconds": _timed(model, x[:, :32], y[:32])})
+        exact, timed = solve(system, "substitution"), {}
+        for method, options in (("substitution", {}), ("cyclic-reduction", {"sparse": True})):
+            solutions = [solve(system, method, **options) for _ in range(repeats + 1)]
+            timed[method] = (solutions[-1], float(np.median([s.time for s in solutions[1:]])))
+        cr = timed["cyclic-reduction"][0]
+        rows.append({"density": density_of(model),
+                     "test_accuracy": histories[-1].epochs[-1]["test_accuracy"],
+                     "fill_in": cr.info.get("fill_in", []), "levels": cr.levels,
+                     "cr_error": float(np.linalg.norm(cr.x - exact.x) / np.linalg.norm(exact.x)),
+                     "cr_seconds": timed["cyclic-reduction"][1],
+                     "substitution_seconds": timed["substitution"][1]})
     return rows
-
-
-def _timed(model: FNN, x: Any, y: Any) -> float:
-    """Seconds of one sequential backpropagation (forward and backward)."""
-    start = time.perf_counter()
-    backprop(model, x, y, "cross_entropy")
-    return time.perf_counter() - start

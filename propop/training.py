@@ -23,6 +23,7 @@ from .networks.graph import Graph
 from .networks.rnn import RNN
 from .progress import bar
 from .propagation import backprop
+from .propagation import forward as propagate
 from .solvers.solution import ConvergenceError, Status
 
 __all__ = ["train", "History", "OPTIMIZERS", "parameters"]
@@ -114,14 +115,31 @@ class _Optimizer:
         return out
 
 
+@dataclass(frozen=True)
+class _Passes:
+    """How each step propagates: the loss, the backward solver, the forward pass."""
+
+    loss: str
+    method: str
+    options: dict
+    forward: str | None
+    forward_options: dict
+    gradient_error: bool
+
+
 def train(model: Any, x: Any, y: Any, *, epochs: int = 1, batch_size: int = 32,
           lr: float = 0.1, optimizer: str = "sgd", momentum: float = 0.9,
           betas: tuple = (0.9, 0.999), eps: float = 1e-8, loss: str = "cross_entropy",
           method: str = "substitution", solver_options: dict | None = None,
+          forward: str | None = None, forward_options: dict | None = None,
           gradient_error: bool = False, x_test: Any = None, y_test: Any = None,
-          shuffle: bool = True, seed: int = 0, progress: bool | str = False
+          shuffle: bool = True, seed: int = 0, progress: bool | str = "auto"
           ) -> tuple[Any, History]:
     """Train ``model`` by mini-batch gradient descent; returns ``(model, history)``.
+
+    Every step solves the backward system (eq. back_prop_sys) of its mini-batch
+    with ``method`` and updates the parameters with the batch-mean gradient, the
+    paper's ``W_new = W - alpha / r dW-bar`` (section 1) for ``optimizer="sgd"``.
 
     Parameters
     ----------
@@ -129,22 +147,54 @@ def train(model: Any, x: Any, y: Any, *, epochs: int = 1, batch_size: int = 32,
     x, y : arrays
         Inputs and targets with samples on the last axis (labels ``(n,)`` for
         ``"cross_entropy"``).
-    batch_size : int
-        Samples per step; the gradient is the batch mean (``dW / r``).
-    optimizer : {"sgd", "momentum", "adam"}
-        PyTorch's update rules (``momentum`` as ``torch.optim.SGD(momentum=...)``).
+    epochs, batch_size : int
+        Passes over the data, and samples per step; the gradient is the batch
+        mean (``dW / r``).
+    lr, optimizer, momentum, betas, eps
+        ``optimizer`` is ``"sgd"``, ``"momentum"`` or ``"adam"``, with PyTorch's
+        update rules (``momentum`` as ``torch.optim.SGD(momentum=...)``, ``betas``
+        and ``eps`` as ``torch.optim.Adam``'s).
+    loss : {"cross_entropy", "mse"}
     method, solver_options : str, dict
         The backward solver and its options, e.g. ``"jacobi", {"maxiter": 8}``:
         a truncated solve that stops at ``maxiter`` gives an approximate
         gradient on purpose; breakdown or overflow raise ``ConvergenceError``.
+    forward, forward_options : str or None, dict
+        ``None``: the sequential reference forward pass. A solver name: Newton's
+        method on the forward system (eq. forw_prop_sys), each linear step solved
+        by that method, :func:`propop.forward` with ``forward_options`` (such as
+        ``rtol`` or ``maxiter``).
     gradient_error : bool
-        Record each step's relative gradient error against the exact gradient.
+        Record each step's relative gradient error against the exact gradient
+        (sequential forward and backward passes).
     x_test, y_test : arrays, optional
-        Evaluated after every epoch (``test_accuracy``).
+        Evaluated after every epoch (``test_loss``, ``test_accuracy``).
     shuffle, seed : bool, int
-        Deterministic shuffling of the samples each epoch.
-    progress : {False, True, "auto"}
-        A bar over the steps (:mod:`propop.progress`).
+        Deterministic shuffling of the samples each epoch: the same seed gives
+        the same batches and the same result.
+    progress : {"auto", True, False}
+        A bar over the steps (:mod:`propop.progress`); ``"auto"`` shows it only
+        in a terminal or a Jupyter kernel.
+
+    Returns
+    -------
+    model : FNN, RNN or Graph
+        The trained model (a new FNN or RNN; a Graph's layers updated in place).
+    history : History
+        ``history.epochs[e]``: ``loss``, ``accuracy`` (labels only), ``test_*``,
+        ``seconds``. ``history.steps[t]``: ``seconds``, ``iterations``, ``levels``,
+        ``status`` of the backward solve, ``forward_iterations`` (Newton forward
+        only) and ``gradient_error`` (when asked).
+
+    Examples
+    --------
+    >>> import numpy as np, propop as pp
+    >>> net = pp.FNN.random([4, 8, 3], activation="tanh", seed=0)
+    >>> x, y = np.random.default_rng(0).random((4, 60)), np.arange(60) % 3
+    >>> model, history = pp.train(net, x, y, epochs=2, batch_size=20, method="jacobi",
+    ...                           solver_options={"maxiter": 1}, gradient_error=True)
+    >>> len(history.epochs), len(history.steps), history.steps[0]["status"]
+    (2, 6, 'MAX_ITER')
     """
     r = np.shape(x)[-1]
     if int(batch_size) != batch_size or batch_size < 1:
@@ -153,6 +203,8 @@ def train(model: Any, x: Any, y: Any, *, epochs: int = 1, batch_size: int = 32,
         raise ValueError(f"epochs must be an integer >= 1, got {epochs}")
     _check_labels(model, y, loss)
     opt = _Optimizer(optimizer, lr, momentum, betas, eps)
+    passes = _Passes(loss, method, solver_options or {}, forward, forward_options or {},
+                     gradient_error)
     rng = np.random.default_rng(seed)
     history = History()
     steps = int(np.ceil(r / batch_size))
@@ -162,26 +214,33 @@ def train(model: Any, x: Any, y: Any, *, epochs: int = 1, batch_size: int = 32,
             order = rng.permutation(r) if shuffle else np.arange(r)
             for first in range(0, r, batch_size):
                 index = order[first: first + batch_size]
-                model = _step(model, x[..., index], _columns(y, index), loss, method,
-                              solver_options or {}, opt, gradient_error, history)
+                model = _step(model, x[..., index], _columns(y, index), passes, opt, history)
                 shown.update()
             history.epochs.append(dict(_evaluate(model, x, y, loss), seconds=time.perf_counter()
                                        - start, **_test(model, x_test, y_test, loss)))
+            shown.set_postfix_str(f"loss {history.epochs[-1]['loss']:.3g}")
     return model, history
 
 
-def _step(model: Any, xb: Any, yb: Any, loss: str, method: str, options: dict, opt: _Optimizer,
-          gradient_error: bool, history: History) -> Any:
+def _step(model: Any, xb: Any, yb: Any, passes: _Passes, opt: _Optimizer,
+          history: History) -> Any:
+    """One optimiser step on a mini-batch; appends the step's record to ``history``."""
     start = time.perf_counter()
-    g = backprop(model, xb, yb, loss, method, check=False, **options)
+    record: dict = {}
+    trace = None
+    if passes.forward is not None:
+        trace = propagate(model, xb, passes.forward, **passes.forward_options)
+        record["forward_iterations"] = trace.info["iterations"]
+    g = backprop(model, xb, yb, passes.loss, passes.method, check=False, trace=trace,
+                 **passes.options)
     if g.solution.status in (Status.BREAKDOWN, Status.NONFINITE):
         raise ConvergenceError(g.solution)
     r = np.shape(xb)[-1]
     grads = {k: v / r for k, v in _gradients(model, g).items()}
-    record = {"iterations": g.solution.iterations, "levels": g.solution.levels,
-              "status": g.solution.status.name}
-    if gradient_error:
-        exact = _gradients(model, backprop(model, xb, yb, loss, "substitution"))
+    record.update(iterations=g.solution.iterations, levels=g.solution.levels,
+                  status=g.solution.status.name)
+    if passes.gradient_error:
+        exact = _gradients(model, backprop(model, xb, yb, passes.loss, "substitution"))
         record["gradient_error"] = _relative(grads, {k: v / r for k, v in exact.items()})
     model = _rebuilt(model, opt.step(parameters(model), grads))
     history.steps.append(dict(record, seconds=time.perf_counter() - start))

@@ -1,6 +1,7 @@
 """Progress bars: silent by default, tqdm when asked, a clear error without tqdm."""
 
 import importlib.util
+import sys
 
 import numpy as np
 import pytest
@@ -55,3 +56,14 @@ def test_missing_tqdm_and_bad_values_are_named(monkeypatch):
     with pytest.raises(ImportError, match=r"pip install \"propop\[progress\]\""):
         pp.solve(system(), "jacobi", progress=True)
     assert isinstance(progress.bar("auto", 3, "x"), progress.Silent)
+
+
+def test_auto_shows_a_bar_in_a_jupyter_kernel_only(monkeypatch, capsys):
+    net = pp.FNN.random([4, 5, 3], activation="tanh", seed=0)
+    x, y = np.ones((4, 6)), np.arange(6) % 3
+    pp.train(net, x, y, batch_size=3)  # progress="auto": silent here, not a terminal
+    assert capsys.readouterr().err == "" and not progress.interactive()
+    monkeypatch.setitem(sys.modules, "ipykernel", object())
+    assert progress.interactive()
+    pp.train(net, x, y, batch_size=3)
+    assert "training" in capsys.readouterr().err

@@ -33,8 +33,17 @@ def test_the_data_sets():
     np.testing.assert_array_equal(targets[-1, 0], bits[:, 0].sum(axis=0) % 2)
 
 
-@pytest.mark.parametrize("method", ["substitution", "level-scheduled", "cyclic-reduction",
-                                    "scipy.spsolve_triangular"])
+EXACT = [s.name for s in pp.solvers.available() if s.exact
+         and s.applies_to(pp.backward_system(mlp(), mlp().forward(np.ones((64, 2))),
+                                             np.ones((10, 2))))]
+
+
+def test_every_exact_method_is_listed():
+    assert {"substitution", "level-scheduled", "cyclic-reduction", "parallel-cyclic-reduction",
+            "scipy.spsolve_triangular"} <= set(EXACT)
+
+
+@pytest.mark.parametrize("method", EXACT)
 def test_loss_decreases_on_digits_with_every_exact_method(data, method):
     xtr, ytr, xte, yte = data
     model, history = train(mlp(), xtr, ytr, epochs=3, batch_size=50, lr=0.5, method=method,
@@ -113,6 +122,39 @@ def test_an_rnn_learns_running_parity_a_little():
     assert history.epochs[-1]["loss"] < 0.8 * history.epochs[0]["loss"]
 
 
+@pytest.mark.parametrize("method", ["substitution", "cyclic-reduction", "batched-gmres"])
+def test_newton_forward_trains_like_the_sequential_forward(data, method):
+    xtr, ytr, _, _ = data
+    reference, _ = train(mlp(), xtr, ytr, epochs=1, batch_size=100, lr=0.5)
+    newton, history = train(mlp(), xtr, ytr, epochs=1, batch_size=100, lr=0.5,
+                            forward=method, forward_options={"rtol": 1e-13})
+    for a, b in zip(newton.W + newton.b, reference.W + reference.b):
+        assert relative_error(a, b) < 1e-10
+    # Newton on 2 layers: exact after 2 iterations, the second confirms the residual
+    assert all(1 <= s["forward_iterations"] <= 2 for s in history.steps)
+
+
+def test_a_truncated_newton_forward_is_reported_or_raises(data):
+    xtr, ytr, _, _ = data
+    base = pp.FNN.random([64, 24, 24, 10], seed=0)
+    deep = pp.FNN(base.W, base.b, activation=["tanh", "tanh", "identity"])  # 2 iterations
+    with pytest.raises(pp.ConvergenceError, match="forward iteration stopped after 1"):
+        train(deep, xtr, ytr, forward="substitution", forward_options={"maxiter": 1})
+    _, history = train(deep, xtr, ytr, batch_size=100, forward="substitution",
+                       forward_options={"maxiter": 1, "check": False}, gradient_error=True)
+    assert all(s["forward_iterations"] == 1 and s["gradient_error"] > 1e-3
+               for s in history.steps)
+
+
+def test_training_is_deterministic_with_a_seed(data):
+    xtr, ytr, _, _ = data
+    runs = [train(mlp(), xtr, ytr, epochs=2, batch_size=64, lr=0.5, seed=seed)[0]
+            for seed in (3, 3, 4)]
+    for a, b in zip(runs[0].W, runs[1].W):
+        np.testing.assert_array_equal(a, b)
+    assert relative_error(runs[2].W[0], runs[0].W[0]) > 1e-3  # other batches
+
+
 def test_bad_training_input_is_named(data):
     xtr, ytr, _, _ = data
     with pytest.raises(ValueError, match="labels must be integers in \\[0, 10\\)"):
@@ -121,6 +163,16 @@ def test_bad_training_input_is_named(data):
         train(mlp(), xtr, ytr, batch_size=0)
     with pytest.raises(ValueError, match="unknown optimizer 'rmsprop'"):
         train(mlp(), xtr, ytr, optimizer="rmsprop")
+    with pytest.raises(ValueError, match="epochs must be an integer >= 1, got 0"):
+        train(mlp(), xtr, ytr, epochs=0)
+    with pytest.raises(ValueError, match="lr must be > 0, got -1"):
+        train(mlp(), xtr, ytr, lr=-1)
+    with pytest.raises(KeyError, match="unknown solver 'gauss'"):
+        train(mlp(), xtr, ytr, method="gauss")
+    with pytest.raises(KeyError, match="unknown solver 'newton'"):
+        train(mlp(), xtr, ytr, forward="newton")
+    with pytest.raises(ValueError, match="x has shape \\(63, 5\\)"):
+        train(mlp(), xtr[:63, :5], ytr[:5])
 
 
 def test_propop_train_prints_epochs_and_a_summary(capsys):
@@ -130,39 +182,18 @@ def test_propop_train_prints_epochs_and_a_summary(capsys):
                      "--maxiter", "1", "--density", "0.5"]) == 0
     out = capsys.readouterr().out
     assert "| 2 |" in out and "final test accuracy" in out and "mean gradient error" in out
+    assert cli.main(["train", "--layers", "16,16", "--epochs", "1", "--prune", "block",
+                     "--density", "0.25", "--stages", "2", "--forward", "cyclic-reduction"]) == 0
+    out = capsys.readouterr().out
+    assert "| 2 |" in out and "weight density 0.25" in out and "Newton with cyclic" in out
 
 
-def test_pruned_training_keeps_the_sparsity_pattern(data):
-    from propop import sparsity
+def test_propop_train_names_bad_options(capsys):
+    from propop import cli
 
-    xtr, ytr, _, _ = data
-    pruned = sparsity.prune(mlp(), 0.3)
-    assert abs(sparsity.density_of(pruned) - 0.3) < 0.01
-    dense = mlp().W[0]
-    kept = pruned.W[0].toarray() != 0
-    assert np.abs(dense[kept]).min() >= np.abs(dense[~kept]).max()  # the largest survive
-    trained, history = train(pruned, xtr, ytr, epochs=2, batch_size=50, lr=0.5)
-    for before, after in zip(pruned.W, trained.W):
-        assert after.nnz <= before.nnz
-        assert set(zip(*after.nonzero())) <= set(zip(*before.nonzero()))
-    assert history.epochs[-1]["accuracy"] > 0.5
-
-
-def test_gradual_pruning_structured_patterns_and_the_report(data):
-    from propop import sparsity
-
-    xtr, ytr, xte, yte = data
-    net, stages = sparsity.prune_gradually(mlp(), xtr, ytr, 0.2, stages=3, batch_size=50,
-                                           lr=0.5)
-    assert abs(sparsity.density_of(net) - 0.2) < 0.01 and len(stages) == 3
-    B = sparsity.banded((6, 6), 1)
-    assert B.nnz == 6 + 2 * 5 and np.all(np.abs(np.subtract.outer(*np.nonzero(B.toarray())
-                                                                   [::-1]).diagonal()) <= 1)
-    S = sparsity.block_sparse((8, 8), 4, 0.5, seed=3)
-    tiles = S.toarray().reshape(2, 4, 2, 4).transpose(0, 2, 1, 3).reshape(4, 16)
-    assert all(np.count_nonzero(t) in (0, 16) for t in tiles)
-    rows = sparsity.report(mlp(), xtr, ytr, [1.0, 0.1], xte, yte, batch_size=50, lr=0.5)
-    assert [r["density"] for r in rows] == [1.0, 0.1]
-    assert all(0 <= r["test_accuracy"] <= 1 and r["cr_seconds"] > 0 for r in rows)
-    with pytest.raises(ValueError, match="density must lie in \\(0, 1\\], got 0"):
-        sparsity.prune(mlp(), 0)
+    for argv, message in ((["--density", "0"], "must lie in (0, 1], got 0.0"),
+                          (["--method", "gauss"], "unknown solver 'gauss'"),
+                          (["--prune", "diagonal"], "invalid choice: 'diagonal'")):
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(["train", *argv])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
