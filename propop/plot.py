@@ -1,4 +1,4 @@
-"""Plots of what propop studies: system structure, convergence, parallel levels.
+"""Plots of what propop studies: system structure, convergence, levels, training, density.
 
 matplotlib is optional (``pip install "propop[plot]"``); it is imported when a
 plot is drawn. Every function draws on ``ax`` (a new figure's axes if omitted)
@@ -7,7 +7,7 @@ and returns the matplotlib ``Axes``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,7 +16,7 @@ from .networks.fnn import FNN
 from .solvers.registry import solve
 from .systems import backward_system
 
-__all__ = ["plot_system", "plot_convergence", "plot_levels"]
+__all__ = ["plot_system", "plot_convergence", "plot_levels", "plot_training", "plot_density"]
 
 ENTRY_LIMIT = 2000  # above this many unknowns, plot the block pattern instead
 
@@ -102,4 +102,34 @@ def plot_levels(depths: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256),
     ax.set_xlabel("layers l")
     ax.set_ylabel("levels (parallel steps)")
     ax.legend()
+    return ax
+
+
+def plot_training(histories: Mapping[str, Any], key: str = "test_accuracy",
+                  ax: Any = None) -> Any:
+    """``key`` per epoch, one line per labelled :class:`~propop.History`.
+
+    ``key`` is any per-epoch entry: ``"loss"``, ``"accuracy"``, ``"test_loss"``,
+    ``"test_accuracy"``. Compare, say, exact and truncated backward solves.
+    """
+    ax = _axes(ax)
+    for label, history in histories.items():
+        values = [epoch[key] for epoch in history.epochs]
+        ax.plot(np.arange(1, len(values) + 1), values, marker="o", label=label)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(key.replace("_", " "))
+    ax.legend()
+    return ax
+
+
+def plot_density(rows: Sequence[dict], ax: Any = None, label: str | None = None) -> Any:
+    """Test accuracy against weight density, from :func:`propop.sparsity.report` rows."""
+    ax = _axes(ax)
+    ax.semilogx([r["density"] for r in rows], [r["test_accuracy"] for r in rows],
+                marker="o", label=label)
+    ax.tick_params(axis="x", which="minor", labelbottom=False)  # log ticks crowd
+    ax.set_xlabel("weight density")
+    ax.set_ylabel("test accuracy")
+    if label is not None:
+        ax.legend()
     return ax

@@ -36,7 +36,7 @@ class History:
     """What :func:`train` saw: one entry per epoch and one per step."""
 
     epochs: list = field(default_factory=list)  # loss, accuracy, test_accuracy, seconds
-    steps: list = field(default_factory=list)  # seconds, iterations, levels, status, error
+    steps: list = field(default_factory=list)  # seconds, the solve's facts, errors
 
 
 def parameters(model: Any) -> dict:
@@ -182,9 +182,10 @@ def train(model: Any, x: Any, y: Any, *, epochs: int = 1, batch_size: int = 32,
         The trained model (a new FNN or RNN; a Graph's layers updated in place).
     history : History
         ``history.epochs[e]``: ``loss``, ``accuracy`` (labels only), ``test_*``,
-        ``seconds``. ``history.steps[t]``: ``seconds``, ``iterations``, ``levels``,
-        ``status`` of the backward solve, ``forward_iterations`` (Newton forward
-        only) and ``gradient_error`` (when asked).
+        ``seconds``. ``history.steps[t]``: ``seconds``, and the backward solve's
+        ``iterations``, ``levels``, ``status`` and ``solve_seconds``;
+        ``forward_iterations`` (Newton forward only) and ``gradient_error``
+        (when asked).
 
     Examples
     --------
@@ -238,7 +239,7 @@ def _step(model: Any, xb: Any, yb: Any, passes: _Passes, opt: _Optimizer,
     r = np.shape(xb)[-1]
     grads = {k: v / r for k, v in _gradients(model, g).items()}
     record.update(iterations=g.solution.iterations, levels=g.solution.levels,
-                  status=g.solution.status.name)
+                  status=g.solution.status.name, solve_seconds=g.solution.time)
     if passes.gradient_error:
         exact = _gradients(model, backprop(model, xb, yb, passes.loss, "substitution"))
         record["gradient_error"] = _relative(grads, {k: v / r for k, v in exact.items()})

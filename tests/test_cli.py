@@ -62,6 +62,17 @@ def test_demo_runs_every_method_quickly():
     assert "| substitution | yes | CONVERGED |" in result.stdout
     assert "tanh RNN over 50 time steps" in result.stdout
     assert "| hybrid | no | CONVERGED |" in result.stdout
+    training = [line.split("|") for line in result.stdout.splitlines()
+                if line.startswith("| ") and line.split("|")[2].strip() in
+                ("exact", "1", "3", "6")]
+    assert len(training) == len(cli.DEMO_TRAINING)
+    accuracy = {(r[1].strip(), r[2].strip(), r[3].strip()): float(r[4]) for r in training}
+    error = {(r[1].strip(), r[2].strip(), r[3].strip()): float(r[5]) for r in training}
+    assert accuracy["substitution", "exact", "1.00"] > 0.85
+    assert accuracy["cyclic-reduction", "exact", "1.00"] == accuracy[
+        "substitution", "exact", "1.00"]
+    assert error["jacobi", "6", "1.00"] < 1e-12 < 0.5 < error["jacobi", "1", "1.00"]
+    assert ("substitution", "exact", "0.10") in accuracy
 
 
 def test_run_an_rnn_reports_what_does_not_apply(capsys):

@@ -55,3 +55,18 @@ def test_levels_follow_depth_and_log_depth():
     np.testing.assert_array_equal(by_label["substitution"], [d + 1 for d in depths])
     np.testing.assert_array_equal(by_label["cyclic-reduction"],
                                   [math.ceil(math.log2(d + 1)) for d in depths])
+
+
+def test_training_and_density_plots_draw_the_recorded_values():
+    from propop.training import History
+
+    runs = {"exact": History(epochs=[{"loss": 2.0}, {"loss": 1.0}]),
+            "jacobi 1": History(epochs=[{"loss": 2.0}, {"loss": 1.5}, {"loss": 1.2}])}
+    ax = plot.plot_training(runs, key="loss")
+    assert [line.get_label() for line in ax.lines] == ["exact", "jacobi 1"]
+    np.testing.assert_array_equal(ax.lines[1].get_xydata(), [[1, 2.0], [2, 1.5], [3, 1.2]])
+    assert ax.get_ylabel() == "loss"
+    rows = [{"density": 0.5, "test_accuracy": 0.9}, {"density": 0.1, "test_accuracy": 0.7}]
+    ax = plot.plot_density(rows, label="magnitude")
+    np.testing.assert_array_equal(ax.lines[0].get_xydata(), [[0.5, 0.9], [0.1, 0.7]])
+    assert ax.get_xscale() == "log" and ax.get_legend() is not None
