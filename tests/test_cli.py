@@ -62,7 +62,8 @@ def test_demo_runs_every_method_quickly():
     assert "| substitution | yes | CONVERGED |" in result.stdout
     assert "tanh RNN over 50 time steps" in result.stdout
     assert "| hybrid | no | CONVERGED |" in result.stdout
-    training = [line.split("|") for line in result.stdout.splitlines()
+    training = [line.split("|") for line in
+                result.stdout.split("Training a 6-layer")[1].splitlines()
                 if line.startswith("| ") and line.split("|")[2].strip() in
                 ("exact", "1", "3", "6")]
     assert len(training) == len(cli.DEMO_TRAINING)
