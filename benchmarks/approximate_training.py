@@ -22,7 +22,7 @@ import numpy as np
 import propop as pp
 from propop.data import digits
 
-from .common import RESULTS, each, publish
+from .common import RESULTS, each, publish, pyplot
 
 LAYERS, WIDTH, EPOCHS, SEEDS = 16, 32, 10, (0, 1, 2)
 EXACT = ("substitution", "cyclic-reduction")
@@ -82,12 +82,9 @@ def table(lines: list) -> str:
 
 def plot(lines: list) -> None:
     """Accuracy against maxiter, one line per method (skipped without matplotlib)."""
-    try:
-        import matplotlib
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for method in METHODS:

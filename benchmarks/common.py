@@ -90,6 +90,18 @@ def publish(name: str, rows: list[dict[str, Any]], table: str) -> None:
     print(f"written to {save(name, rows, table)}")
 
 
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` drawing to files (Agg), or ``None`` without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def each(items: Iterable[Any], description: str) -> Iterator[Any]:
     """``items`` one by one, with a progress bar when run in a terminal."""
     items = list(items)

@@ -19,7 +19,7 @@ import propop as pp
 from propop.data import digits
 from propop.sparsity import PATTERNS, report
 
-from .common import RESULTS, each, publish
+from .common import RESULTS, each, publish, pyplot
 
 DENSITIES = (0.5, 0.2, 0.1, 0.05, 0.02)
 SCHEDULES = {"one-shot": {"stages": 1, "epochs": 4}, "gradual": {"stages": 4, "epochs": 1}}
@@ -67,12 +67,9 @@ def table(rows: list) -> str:
 
 def plot(rows: list) -> None:
     """Accuracy and CR's time ratio against density (skipped without matplotlib)."""
-    try:
-        import matplotlib
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     from propop.plot import plot_density
 
