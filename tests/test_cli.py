@@ -85,3 +85,16 @@ def test_run_an_rnn_reports_what_does_not_apply(capsys):
     assert "| parallel-cyclic-reduction | yes | N/A (needs a chain) |" in out
     rows = [line for line in out.splitlines() if "CONVERGED" in line]
     assert len(rows) == 3 and max(float(row.split("|")[6]) for row in rows) < 1e-9
+
+
+def test_demo_training_says_what_it_needs_without_scikit_learn(monkeypatch, capsys):
+    from propop import data
+
+    def missing(*args, **kwargs):
+        raise ImportError('digits() needs scikit-learn: pip install "propop[data]"')
+
+    monkeypatch.setattr(data, "digits", missing)
+    cli._demo_training()
+    out = capsys.readouterr().out
+    assert "Training on the digits skipped" in out and "propop[data]" in out
+    assert "| backward method |" not in out
