@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ._checks import require_finite
 from .losses import loss_value
 from .networks.fnn import FNN
 from .networks.graph import Graph
@@ -202,6 +203,7 @@ def train(model: Any, x: Any, y: Any, *, epochs: int = 1, batch_size: int = 32,
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size}")
     if int(epochs) != epochs or epochs < 1:
         raise ValueError(f"epochs must be an integer >= 1, got {epochs}")
+    _check_data(x, y, x_test, y_test)
     _check_labels(model, y, loss)
     opt = _Optimizer(optimizer, lr, momentum, betas, eps)
     passes = _Passes(loss, method, solver_options or {}, forward, forward_options or {},
@@ -284,6 +286,19 @@ def _test(model: Any, x: Any, y: Any, loss: str) -> dict:
         return {}
     scores = _evaluate(model, x, y, loss)
     return {f"test_{k}": v for k, v in scores.items()}
+
+
+def _check_data(x: Any, y: Any, x_test: Any, y_test: Any) -> None:
+    """Finite inputs and targets, as many targets as samples (test set alike)."""
+    for inputs, targets, name in ((x, y, ""), (x_test, y_test, "_test")):
+        if inputs is None:
+            continue
+        require_finite(inputs, f"x{name}")
+        for t in targets if isinstance(targets, list) else [targets]:
+            require_finite(np.asarray(t), f"y{name}")
+            if np.shape(t)[-1] != np.shape(inputs)[-1]:
+                raise ValueError(f"y{name} has {np.shape(t)[-1]} samples (last axis) but "
+                                 f"x{name} has {np.shape(inputs)[-1]}")
 
 
 def _check_labels(model: Any, y: Any, loss: str) -> None:

@@ -173,6 +173,14 @@ def test_bad_training_input_is_named(data):
         train(mlp(), xtr, ytr, forward="newton")
     with pytest.raises(ValueError, match="x has shape \\(63, 5\\)"):
         train(mlp(), xtr[:63, :5], ytr[:5])
+    bad = xtr[:, :6].copy()
+    bad[2, 3] = np.nan
+    with pytest.raises(ValueError, match="x contains NaN or Inf \\(first at index \\(2, 3\\)"):
+        train(mlp(), bad, ytr[:6])
+    with pytest.raises(ValueError, match="y has 5 samples \\(last axis\\) but x has 6"):
+        train(mlp(), xtr[:, :6], ytr[:5])
+    with pytest.raises(ValueError, match="y_test has 4 samples \\(last axis\\) but x_test"):
+        train(mlp(), xtr[:, :6], ytr[:6], x_test=xtr[:, :6], y_test=ytr[:4])
 
 
 def test_propop_train_prints_epochs_and_a_summary(capsys):
