@@ -205,3 +205,19 @@ def test_propop_train_names_bad_options(capsys):
         with pytest.raises(SystemExit) as exit_:
             cli.main(["train", *argv])
         assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["rnn", "graph"])
+def test_newton_forward_trains_rnns_and_graphs_like_the_sequential_forward(kind):
+    if kind == "rnn":
+        x, y = parity(24, tau=5, seed=0)
+        make = lambda: pp.RNN.random([1, 6, 1], activation="tanh", seed=0)  # noqa: E731
+    else:  # a graph's layers are trained in place: one fresh graph per run
+        x, y = np.random.default_rng(0).standard_normal((2, 6, 24))
+        make = lambda: pp.Graph.residual_mlp(6, 2, "tanh", 0)  # noqa: E731
+    models = [train(make(), x, y, batch_size=8, lr=0.05, loss="mse", forward=forward,
+                    forward_options={"rtol": 1e-13})[0] for forward in (None, "substitution")]
+    before, reference, newton = (pp.training.parameters(m) for m in (make(), *models))
+    for name, value in reference.items():
+        assert relative_error(newton[name], value) < 1e-10
+        assert relative_error(before[name], value) > 1e-4  # training moved it
