@@ -6,36 +6,31 @@
 # A jupytext `py:percent` notebook. Sparse weights keep the systems sparse, but cyclic
 # reduction multiplies couplings, and products of sparse matrices fill in. Here:
 # three patterns at the same width, the fill-in of every reduction level, and time
-# against density next to substitution (which only ever multiplies vectors).
+# against density next to substitution (which only ever multiplies vectors). The
+# patterns come from `propop.sparsity`; notebook 7 trains pruned networks.
 
 # %%
 import time
 
 import numpy as np
-import scipy.sparse as sp
 
 import propop as pp
+from propop import sparsity
 
 WIDTH, LAYERS, BATCH = 512, 16, 4
 rng = np.random.default_rng(0)
 
 
 def pruned(density: float) -> list:
-    """Dense random weights with all but the largest-magnitude entries set to zero."""
-    out = []
-    for _ in range(LAYERS):
-        W = rng.standard_normal((WIDTH, WIDTH)) / np.sqrt(WIDTH * density)
-        threshold = np.quantile(abs(W), 1 - density)
-        out.append(sp.csr_array(np.where(abs(W) >= threshold, W, 0)))
-    return out
+    """Dense random weights (scaled for the kept share) pruned by magnitude."""
+    dense = [rng.standard_normal((WIDTH, WIDTH)) / np.sqrt(WIDTH * density)
+             for _ in range(LAYERS)]
+    return sparsity.prune(pp.FNN(dense, activation="tanh"), density).W
 
 
 def banded(half_width: int) -> list:
     """Weights with ``2 half_width + 1`` diagonals (a local, convolution-like pattern)."""
-    offsets = range(-half_width, half_width + 1)
-    return [sp.csr_array(sp.diags([rng.standard_normal(WIDTH) / np.sqrt(2 * half_width + 1)
-                                   for _ in offsets], list(offsets), shape=(WIDTH, WIDTH)))
-            for _ in range(LAYERS)]
+    return [sparsity.banded((WIDTH, WIDTH), half_width, seed=k) for k in range(LAYERS)]
 
 
 def random_sparse(density: float) -> list:
