@@ -213,23 +213,28 @@ def report(net: FNN, x: Any, y: Any, densities: Sequence[float], x_test: Any, y_
         level), ``cr_seconds`` and ``substitution_seconds`` (medians),
         ``cr_error`` (relative to substitution) and ``levels``.
     """
+    if int(repeats) != repeats or repeats < 1:
+        raise ValueError(f"repeats must be an integer >= 1, got {repeats}")
     rows = []
     for density in densities:
         model, histories = prune_gradually(net, x, y, density, stages, epochs, pattern,
                                            block=block, x_test=x_test, y_test=y_test,
                                            **train_options)
         trace = model.forward(x[:, :batch])
-        system = backward_system(model, trace, model.loss_gradient(trace, y[:batch],
-                                                                   "cross_entropy"))
-        exact, timed = solve(system, "substitution"), {}
-        for method, options in (("substitution", {}), ("cyclic-reduction", {"sparse": True})):
-            solutions = [solve(system, method, **options) for _ in range(repeats + 1)]
-            timed[method] = (solutions[-1], float(np.median([s.time for s in solutions[1:]])))
-        cr = timed["cyclic-reduction"][0]
+        eps = model.loss_gradient(trace, y[..., :batch],
+                                  train_options.get("loss", "cross_entropy"))
+        system = backward_system(model, trace, eps)
+        exact, substitution_seconds = _timed(system, "substitution", repeats)
+        cr, cr_seconds = _timed(system, "cyclic-reduction", repeats, sparse=True)
         rows.append({"density": density_of(model),
                      "test_accuracy": histories[-1].epochs[-1]["test_accuracy"],
                      "fill_in": cr.info.get("fill_in", []), "levels": cr.levels,
                      "cr_error": float(np.linalg.norm(cr.x - exact.x) / np.linalg.norm(exact.x)),
-                     "cr_seconds": timed["cyclic-reduction"][1],
-                     "substitution_seconds": timed["substitution"][1]})
+                     "cr_seconds": cr_seconds, "substitution_seconds": substitution_seconds})
     return rows
+
+
+def _timed(system: Any, method: str, repeats: int, **options: Any) -> tuple[Any, float]:
+    """A solution by ``method``, and the median time of ``repeats`` solves after a warm-up."""
+    solutions = [solve(system, method, **options) for _ in range(repeats + 1)]
+    return solutions[-1], float(np.median([s.time for s in solutions[1:]]))

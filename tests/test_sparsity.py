@@ -121,5 +121,7 @@ def test_bad_sparsity_input_is_named():
         sparsity.prune(mlp(), 0.5, "diagonal")
     with pytest.raises(ValueError, match="block must be an integer >= 1, got 0"):
         sparsity.prune(mlp(), 0.5, "block", block=0)
+    with pytest.raises(ValueError, match="repeats must be an integer >= 1, got 0"):
+        sparsity.report(mlp(), np.ones((64, 2)), np.zeros(2, int), [0.5], None, None, repeats=0)
     with pytest.raises(ValueError, match="stages must be an integer >= 1, got 0"):
         sparsity.prune_gradually(mlp(), np.ones((64, 2)), np.zeros(2, int), 0.5, stages=0)
