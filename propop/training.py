@@ -134,8 +134,8 @@ def train(model: Any, x: Any, y: Any, *, epochs: int = 1, batch_size: int = 32,
           method: str = "substitution", solver_options: dict | None = None,
           forward: str | None = None, forward_options: dict | None = None,
           gradient_error: bool = False, x_test: Any = None, y_test: Any = None,
-          shuffle: bool = True, seed: int = 0, progress: bool | str = "auto"
-          ) -> tuple[Any, History]:
+          shuffle: bool = True, seed: int = 0, progress: bool | str = "auto",
+          **options: Any) -> tuple[Any, History]:
     """Train ``model`` by mini-batch gradient descent; returns ``(model, history)``.
 
     Every step solves the backward system (eq. back_prop_sys) of its mini-batch
@@ -176,6 +176,9 @@ def train(model: Any, x: Any, y: Any, *, epochs: int = 1, batch_size: int = 32,
     progress : {"auto", True, False}
         A bar over the steps (:mod:`propop.progress`); ``"auto"`` shows it only
         in a terminal or a Jupyter kernel.
+    **options
+        More options of the backward solver, as for :func:`propop.backprop`:
+        ``method="jacobi", maxiter=8`` is ``solver_options={"maxiter": 8}``.
 
     Returns
     -------
@@ -194,7 +197,7 @@ def train(model: Any, x: Any, y: Any, *, epochs: int = 1, batch_size: int = 32,
     >>> net = pp.FNN.random([4, 8, 3], activation="tanh", seed=0)
     >>> x, y = np.random.default_rng(0).random((4, 60)), np.arange(60) % 3
     >>> model, history = pp.train(net, x, y, epochs=2, batch_size=20, method="jacobi",
-    ...                           solver_options={"maxiter": 1}, gradient_error=True)
+    ...                           maxiter=1, gradient_error=True)
     >>> len(history.epochs), len(history.steps), history.steps[0]["status"]
     (2, 6, 'MAX_ITER')
     """
@@ -206,8 +209,12 @@ def train(model: Any, x: Any, y: Any, *, epochs: int = 1, batch_size: int = 32,
     _check_data(x, y, x_test, y_test)
     _check_labels(model, y, loss)
     opt = _Optimizer(optimizer, lr, momentum, betas, eps)
-    passes = _Passes(loss, method, solver_options or {}, forward, forward_options or {},
-                     gradient_error)
+    twice = set(options) & set(solver_options or {})
+    if twice:
+        raise ValueError(f"solver options {sorted(twice)} given both as keywords and in "
+                         "solver_options")
+    passes = _Passes(loss, method, {**(solver_options or {}), **options}, forward,
+                     forward_options or {}, gradient_error)
     rng = np.random.default_rng(seed)
     history = History()
     steps = int(np.ceil(r / batch_size))

@@ -110,7 +110,7 @@ def test_truncated_gradients_train_and_report_their_error(data):
     assert all(s["status"] == "MAX_ITER" for s in rough.steps) and min(errors) > 0.1
     assert rough.epochs[-1]["loss"] > exact.epochs[-1]["loss"]
     _, full = train(mlp(), xtr, ytr, epochs=1, batch_size=100, lr=0.5, method="jacobi",
-                    solver_options={"maxiter": 3}, gradient_error=True)
+                    maxiter=3, gradient_error=True)  # solver options as keywords too
     assert max(s["gradient_error"] for s in full.steps) < 1e-12  # l + 1 = 3 sweeps: exact
 
 
@@ -163,6 +163,10 @@ def test_bad_training_input_is_named(data):
         train(mlp(), xtr, ytr, batch_size=0)
     with pytest.raises(ValueError, match="unknown optimizer 'rmsprop'"):
         train(mlp(), xtr, ytr, optimizer="rmsprop")
+    with pytest.raises(ValueError, match="solver options \\['maxiter'\\] given both"):
+        train(mlp(), xtr, ytr, method="jacobi", maxiter=2, solver_options={"maxiter": 3})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'restrat'"):
+        train(mlp(), xtr, ytr, method="batched-gmres", restrat=5)
     with pytest.raises(ValueError, match="epochs must be an integer >= 1, got 0"):
         train(mlp(), xtr, ytr, epochs=0)
     with pytest.raises(ValueError, match="lr must be > 0, got -1"):
