@@ -6,7 +6,7 @@ from typing import Any
 
 from . import backend
 
-__all__ = ["require_finite", "require_shape"]
+__all__ = ["require_finite", "require_shape", "require_density"]
 
 
 def require_finite(array: Any, what: str) -> None:
@@ -23,6 +23,13 @@ def require_finite(array: Any, what: str) -> None:
     else:
         where = tuple(int(i) for i in be.xp.unravel_index(flat, array.shape))
     raise ValueError(f"{what} contains NaN or Inf (first at index {where})")
+
+
+def require_density(density: float) -> float:
+    """``density`` as a float, or ``ValueError`` unless it lies in ``(0, 1]``."""
+    if not 0 < density <= 1:
+        raise ValueError(f"density must lie in (0, 1], got {density}")
+    return float(density)
 
 
 def require_shape(array: Any, shape: tuple, what: str, why: str = "") -> None:

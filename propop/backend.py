@@ -101,6 +101,11 @@ def is_sparse(matrix: Any) -> bool:
     return bool(of(matrix).sparse.issparse(matrix))
 
 
+def dense(array: Any) -> Any:
+    """``array`` as a dense array of its backend (sparse arrays expanded)."""
+    return array.toarray() if is_sparse(array) else array
+
+
 def to_host(array: Any) -> Any:
     """Return ``array`` as a NumPy array (a no-op for NumPy input)."""
     return array.get() if _name_of(array) == "cupy" else array

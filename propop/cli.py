@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 import numpy as np
 import scipy
 
-from . import solvers
+from . import backend, solvers
 from .solvers.registry import REQUIREMENT_WORDS
 from .activations import available_activations
 from .networks.fnn import FNN
@@ -43,17 +43,18 @@ class Row:
     rank_seconds: tuple = ()
 
 
+def _dense(a: Any) -> np.ndarray:
+    return np.asarray(backend.dense(a), dtype=float)
+
+
 def gradient_error(g: Any, reference: Any) -> float:
     """Largest relative 2-norm error over all of ``dW``, ``dU`` (RNNs), ``db`` and ``dx``."""
-    def dense(a: Any) -> np.ndarray:
-        return np.asarray(a.toarray() if hasattr(a, "toarray") else a, dtype=float)
-
     pairs = [(g.x, reference.x)]
     for name in ("W", "U", "b"):
         pairs += list(zip(getattr(g, name, ()), getattr(reference, name, ())))
     for node, grads in getattr(g, "parameters", {}).items():  # a Graph's
         pairs += [(value, reference.parameters[node][key]) for key, value in grads.items()]
-    errors = [np.linalg.norm(dense(a) - dense(b)) / max(np.linalg.norm(dense(b)), 1e-300)
+    errors = [np.linalg.norm(_dense(a) - _dense(b)) / max(np.linalg.norm(_dense(b)), 1e-300)
               for a, b in pairs]
     return float(max(errors))
 

@@ -34,6 +34,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from . import backend
+from ._checks import require_density
 from .networks.fnn import FNN
 from .solvers import solve
 from .systems import backward_system
@@ -43,16 +45,6 @@ __all__ = ["PATTERNS", "mask", "prune", "prune_gradually", "density_of", "banded
            "block_sparse", "report"]
 
 PATTERNS = ("magnitude", "block", "banded")
-
-
-def _check_density(density: float) -> float:
-    if not 0 < density <= 1:
-        raise ValueError(f"density must lie in (0, 1], got {density}")
-    return float(density)
-
-
-def _dense(W: Any) -> np.ndarray:
-    return W.toarray() if sp.issparse(W) else np.asarray(W)
 
 
 def _largest(scores: np.ndarray, keep: int) -> np.ndarray:
@@ -96,8 +88,8 @@ def mask(W: Any, density: float, pattern: str = "magnitude", *, block: int = 4) 
            [0, 1, 1, 1],
            [0, 0, 1, 1]])
     """
-    density = _check_density(density)
-    dense = np.abs(_dense(W))
+    density = require_density(density)
+    dense = np.abs(backend.dense(W))
     if pattern == "magnitude":
         return _largest(dense, max(1, int(round(density * dense.size))))
     if pattern == "banded":
@@ -128,7 +120,7 @@ def prune(net: FNN, density: float, pattern: str = "magnitude", *, block: int = 
     >>> round(density_of(net), 2), net.sparse
     (0.25, True)
     """
-    weights = [sp.csr_array(np.where(mask(W, density, pattern, block=block), _dense(W), 0))
+    weights = [sp.csr_array(np.where(mask(W, density, pattern, block=block), backend.dense(W), 0))
                for W in net.W]
     return FNN(weights, net.b, activation=net.activations)
 
@@ -156,7 +148,7 @@ def prune_gradually(net: FNN, x: Any, y: Any, density: float, stages: int = 4,
     histories : list of History
         One per stage.
     """
-    density = _check_density(density)
+    density = require_density(density)
     if int(stages) != stages or stages < 1:
         raise ValueError(f"stages must be an integer >= 1, got {stages}")
     histories = []

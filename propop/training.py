@@ -17,14 +17,14 @@ from typing import Any
 
 import numpy as np
 
+from . import backend
 from ._checks import require_finite
 from .losses import loss_value
 from .networks.fnn import FNN
 from .networks.graph import Graph
 from .networks.rnn import RNN
 from .progress import bar
-from .propagation import backprop
-from .propagation import forward as propagate
+from .propagation import backprop, forward as propagate
 from .solvers.solution import ConvergenceError, Status
 
 __all__ = ["train", "History", "OPTIMIZERS", "parameters"]
@@ -258,11 +258,8 @@ def _step(model: Any, xb: Any, yb: Any, passes: _Passes, opt: _Optimizer,
 
 
 def _relative(a: dict, b: dict) -> float:
-    def dense(v: Any) -> Any:
-        return v.toarray() if hasattr(v, "toarray") else np.asarray(v)
-
-    num = sum(float(np.linalg.norm(dense(a[k]) - dense(b[k]))) ** 2 for k in b)
-    den = sum(float(np.linalg.norm(dense(b[k]))) ** 2 for k in b)
+    num = sum(float(np.linalg.norm(backend.dense(a[k]) - backend.dense(b[k]))) ** 2 for k in b)
+    den = sum(float(np.linalg.norm(backend.dense(b[k]))) ** 2 for k in b)
     return float(np.sqrt(num / max(den, 1e-300)))
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import backend
-from .._checks import require_finite, require_shape
+from .._checks import require_density, require_finite, require_shape
 from ..activations import Activation, get_activation
 from ..losses import loss_gradient
 from .trace import Gradients, Trace
@@ -152,8 +152,7 @@ class FNN:
         sizes = [int(n) for n in sizes]
         if len(sizes) < 2 or min(sizes) < 1:
             raise ValueError(f"sizes must list at least two positive widths, got {sizes}")
-        if not 0 < density <= 1:
-            raise ValueError(f"density must lie in (0, 1], got {density}")
+        require_density(density)
         act = get_activation(activation)
         rng = np.random.default_rng(seed)
         W, b = [], []

@@ -141,10 +141,10 @@ class _LayerChain:
             if s is not None:
                 L[i, :, :h] = s
             if k in self.within:
-                M = _dense(self.within[k].M)
+                M = backend.dense(self.within[k].M)
                 C[i, 0, : M.shape[0], : M.shape[1]] = M
             for t in (t for t in self.across if t.row == k):
-                M, o = _dense(t.M), self.carried_offset[t.col]
+                M, o = backend.dense(t.M), self.carried_offset[t.col]
                 G[i, :, :h, o: o + M.shape[1]] = M[None] if s is None else s[:, :, None] * M
         counter.hold(G.nbytes)
         return Chain(L, C, G, [f"block {k} of every step" for k in self.order[:m]], ())
@@ -168,7 +168,7 @@ class _LayerChain:
                 x[k] = Y[i, :, :h, -1] + (Y[i, :, :h, :-1] @ prev)[..., 0]
                 counter.flops += 2 * prev.shape[0] * h * self.width
                 continue
-            M = _dense(self.within[k].M)
+            M = backend.dense(self.within[k].M)
             product = x[self.order[i - 1]] @ M.T
             x[k] = (product if self.scale[k] is None else self.scale[k] * product) + self.rhs[k]
             counter.flops += 2 * product.size * M.shape[1]
@@ -183,7 +183,3 @@ class _LayerChain:
             scale = scale[:, :, None]
         full = scale if scale.shape[2] == self.r else scale.repeat(self.r, axis=2)
         return full.transpose(0, 2, 1).reshape(self.tau * self.r, scale.shape[1])
-
-
-def _dense(M: Any) -> Any:
-    return M.toarray() if backend.is_sparse(M) else M
