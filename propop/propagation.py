@@ -9,7 +9,8 @@ import numpy as np
 
 from .networks.trace import Trace
 from .progress import bar
-from .solvers.convergence import check_options
+from .solvers.convergence import default_rtol
+from .solvers.options import check_options
 from .solvers.registry import solve
 from .solvers.solution import ConvergenceError, Solution, Status
 from .systems import backward_system, forward_system
@@ -20,7 +21,7 @@ STOPS = ("residual", "change")
 
 
 def backprop(net: Any, x: Any, target: Any, loss: str = "mse",
-             method: str = "substitution", *, rtol: float = 1e-10, check: bool = True,
+             method: str = "substitution", *, rtol: float | None = None, check: bool = True,
              trace: Trace | None = None, **options: Any) -> Any:
     """Gradients of the loss by solving the backward system (eq. back_prop_sys).
 
@@ -37,8 +38,10 @@ def backprop(net: Any, x: Any, target: Any, loss: str = "mse",
     loss : {"mse", "cross_entropy"}
     method : str
         Any registered solver (:func:`propop.solvers.available`).
-    rtol : float
-        Tolerance for iterative methods; exact gradients by default.
+    rtol : float, optional
+        Every block of the gradients to this relative accuracy (the accuracy
+        contract of :mod:`propop.solvers.convergence`); default by dtype,
+        ``1e-10`` in float64: exact gradients unless the caller asks for less.
     check : bool
         Raise :class:`~propop.ConvergenceError` if the solve fails.
     trace : Trace, optional
@@ -63,12 +66,15 @@ def backprop(net: Any, x: Any, target: Any, loss: str = "mse",
     trace = net.forward(x) if trace is None else trace
     eps = net.loss_gradient(trace, target, loss)
     system = backward_system(net, trace, eps)
-    solution = solve(system, method, check=check, rtol=rtol, **options)
+    if rtol is not None:
+        options["rtol"] = rtol
+    solution = solve(system, method, check=check, **options)
     return replace(net.gradients(trace, net.unstack(system, solution.x)), solution=solution)
 
 
 def forward(net: Any, x: Any, method: str = "substitution", *,
-            linearization: str = "newton", rtol: float = 1e-10, maxiter: int | None = None,
+            linearization: str = "newton", rtol: float | None = None,
+            maxiter: int | None = None,
             around: Trace | None = None, check: bool = True, linear_rtol: float | None = None,
             progress: bool | str = False, stop: str = "residual", **options: Any) -> Trace:
     """Forward propagation by iterated linearised systems (eq. forw_prop_sys).
@@ -86,8 +92,9 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     are recorded, in ``info["residuals"]`` and ``info["changes"]``.
     ``trace.info`` also holds ``iterations`` and the linear ``solutions``.
     ``around`` starts the iteration from a trace (default: all states zero);
-    ``linear_rtol`` is the tolerance of each linear solve (default
-    ``min(rtol, 1e-10)``); ``progress`` shows a bar over the Newton iterations
+    ``rtol`` defaults by dtype (``1e-10`` in float64, ``1.2e-5`` in float32);
+    ``linear_rtol`` is the tolerance of each linear solve (default the smaller
+    of ``rtol`` and the dtype's default); ``progress`` shows a bar over the Newton iterations
     (:mod:`propop.progress`); other options go to the solver.
 
     Raises
@@ -99,7 +106,8 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     check_options(rtol, 0.0, maxiter)
     if stop not in STOPS:
         raise ValueError(f"stop must be one of {STOPS}, got {stop!r}")
-    linear_rtol = min(rtol, 1e-10) if linear_rtol is None else linear_rtol
+    rtol = default_rtol(net.dtype) if rtol is None else rtol
+    linear_rtol = min(rtol, default_rtol(net.dtype)) if linear_rtol is None else linear_rtol
     trace = around if around is not None else net.trace_from_states(x, None)
     residual = getattr(net, "nonlinear_residual", None) or (
         lambda t: _nonlinear_residual(net, t))

@@ -107,7 +107,7 @@ def test_shared_diagonal_mean_is_approximate_and_says_how_much(method):
     assert sol.info["flops"] == FLOPS[method]((6,) * 7, 5, shared=True)
     single, _ = system_pair((6,) * 7, 1)  # one sample: the mean is exact
     assert pp.solve(single, method, shared_diagonal="mean").converged
-    with pytest.raises(ValueError, match="shared_diagonal must be one of"):
+    with pytest.raises(ValueError, match="shared_diagonal='median' must be one of 'mean', None"):
         pp.solve(B, method, shared_diagonal="median")
 
 

@@ -137,7 +137,7 @@ def test_two_level_cyclic_reduction_reports_overflow_and_bad_options():
     system = pp.backward_system(rnn, trace, rnn.loss_gradient(trace, targets))
     sol = pp.solve(system, "cyclic-reduction")
     assert sol.status is pp.Status.NONFINITE and "step" in sol.message
-    with pytest.raises(ValueError, match="within must be one of"):
+    with pytest.raises(ValueError, match="option within='jacobi' must be one of"):
         pp.solve(system, "cyclic-reduction", within="jacobi")
     with pytest.raises(ValueError, match="shared_diagonal is not supported on RNN"):
         pp.solve(system, "cyclic-reduction", shared_diagonal="mean")
@@ -236,5 +236,5 @@ def test_hybrid_is_exact_after_tau_outer_iterations(outer, form):
     assert relative_error(sol.x, pp.solve(B, "substitution").x) < 1e-12
     few = pp.solve(B, "hybrid", outer=outer, maxiter=2)
     assert not few.converged and few.status is pp.Status.MAX_ITER
-    with pytest.raises(ValueError, match="outer must be one of"):
+    with pytest.raises(ValueError, match="hybrid: option outer='richardson' must be one of"):
         pp.solve(B, "hybrid", outer="richardson")

@@ -165,7 +165,7 @@ def test_bad_training_input_is_named(data):
         train(mlp(), xtr, ytr, optimizer="rmsprop")
     with pytest.raises(ValueError, match="solver options \\['maxiter'\\] given both"):
         train(mlp(), xtr, ytr, method="jacobi", maxiter=2, solver_options={"maxiter": 3})
-    with pytest.raises(TypeError, match="unexpected keyword argument 'restrat'"):
+    with pytest.raises(TypeError, match="has no option 'restrat' .did you mean 'restart'"):
         train(mlp(), xtr, ytr, method="batched-gmres", restrat=5)
     with pytest.raises(ValueError, match="epochs must be an integer >= 1, got 0"):
         train(mlp(), xtr, ytr, epochs=0)

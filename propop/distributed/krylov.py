@@ -14,10 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from ..solvers.batched_krylov import gmres
-from ..solvers.bicgstab import SHADOWS, iterate
-from ..solvers.convergence import (Tolerance, check_options, default_maxiter, finish,
-                                   initial_guess)
+from ..solvers.batched_krylov import gmres, restart_length
+from ..solvers.bicgstab import iterate
+from ..solvers.convergence import Tolerance, default_maxiter, finish, initial_guess
 from ..solvers.registry import register
 from ..solvers.solution import Solution
 from ..solvers.views import Block
@@ -34,6 +33,7 @@ class DistributedBlock(Block):
         self.vector = d.nrhs is None
         self.minv = None
         self.system = d.local
+        self._tolerances: dict = {}
 
     def _local(self, P: Any) -> Any:
         return P[:, 0] if self.vector else P
@@ -51,53 +51,62 @@ class DistributedBlock(Block):
 
     def dot(self, a: Any, b: Any) -> Any:
         """Column-wise inner products over all ranks (one ``Allreduce``)."""
-        from mpi4py import MPI
-
-        local = np.ascontiguousarray(np.sum(a * b, axis=0))
-        total = np.empty_like(local)
-        self.d.comm.Allreduce(local, total, op=MPI.SUM)
-        return total
+        return self.d.allreduce(np.sum(a * b, axis=0), "sum")
 
     def norms(self, R: Any) -> Any:
         """Global column norms."""
         return np.sqrt(self.dot(R, R))
 
+    def _mine(self, tol: Tolerance) -> Tolerance:
+        """The contract ``tol`` on my rows."""
+        key = (tol.rtol, tol.atol)
+        if key not in self._tolerances:
+            self._tolerances[key] = Tolerance.of(self.d.local, tol.rtol, tol.atol)
+        return self._tolerances[key]
 
-def _start(system: Any, comm: Any, x0: Any, rtol: float, atol: float, maxiter: int | None
-           ) -> tuple[DistributedSystem, DistributedBlock, Tolerance, int, Any]:
+    def ratios(self, tol: Tolerance, R: Any, X: Any) -> Any:
+        """The worst block's ratio per column over all ranks (one ``Allreduce``)."""
+        return self.d.allreduce(self._mine(tol).ratios(R, X), "max")
+
+    def floor(self, tol: Tolerance, X: Any) -> Any:
+        """The smallest rank's residual floor per column (one ``Allreduce``)."""
+        return self.d.allreduce(self._mine(tol).floor(X), "min")
+
+
+def _start(system: Any, comm: Any, x0: Any, rtol: float | None, atol: float,
+           maxiter: int | None) -> tuple[DistributedSystem, DistributedBlock, Tolerance, int, Any]:
     """The distributed view, its block, the tolerance, ``maxiter`` and my rows of ``x0``."""
-    check_options(rtol, atol, maxiter)
     d = DistributedSystem(system, comm)
     maxiter = default_maxiter(system) if maxiter is None else int(maxiter)
     X = d.own(initial_guess(system, x0)).reshape(d.local.size, -1)
     return d, DistributedBlock(d), Tolerance.of(system, rtol, atol), maxiter, X
 
 
-@register("mpi.gmres", kind="krylov", exact=False, backends=("numpy",))
-def mpi_gmres(system: Any, *, comm: Any = None, x0: Any = None, rtol: float = 1e-10,
-              atol: float = 0.0,
-              maxiter: int | None = None, callback: Callable | None = None,
-              restart: int | None = None, **ignored: Any) -> Solution:
+@register("mpi.gmres", kind="krylov", exact=False, backends=("numpy",), needs=("mpi4py",),
+          extra="mpi")
+def mpi_gmres(system: Any, *, comm: Any = None, x0: Any = None, rtol: float | None = None,
+              atol: float = 0.0, maxiter: int | None = None, callback: Callable | None = None,
+              restart: int | None = None) -> Solution:
     """``batched-gmres`` over MPI ranks: a neighbour exchange per product, ``Allreduce`` dots.
 
     ``restart`` as for ``batched-gmres``; the solution is gathered on every rank.
     """
     d, block, tol, maxiter, X = _start(system, comm, x0, rtol, atol, maxiter)
-    m = min(system.nblocks + 1, 50) if restart is None else int(restart)
+    m = restart_length(system, restart)
     X, history, it, stagnated, _, _ = gmres(block, X, tol, maxiter, m, callback)
     return finish(system, d.gather(block.out(X)), tol=tol, iterations=it, history=history,
                   levels=it, maxiter=maxiter, breakdown=stagnated, estimates=True,
                   info={"ranks": d.size, "restart": m})
 
 
-@register("mpi.bicgstab", kind="krylov", exact=False, backends=("numpy",))
-def mpi_bicgstab(system: Any, *, comm: Any = None, x0: Any = None, rtol: float = 1e-10,
-                 atol: float = 0.0,
-                 maxiter: int | None = None, callback: Callable | None = None,
-                 seed: int = 0, **ignored: Any) -> Solution:
+@register("mpi.bicgstab", kind="krylov", exact=False, backends=("numpy",), needs=("mpi4py",),
+          extra="mpi")
+def mpi_bicgstab(system: Any, *, comm: Any = None, x0: Any = None, rtol: float | None = None,
+                 atol: float = 0.0, maxiter: int | None = None,
+                 callback: Callable | None = None, seed: int = 0) -> Solution:
     """The ``bicgstab`` method over MPI ranks (random shadow residual, seeded per rank)."""
     d, block, tol, maxiter, X = _start(system, comm, x0, rtol, atol, maxiter)
-    X, history, it, breakdown = iterate(block, X, tol, maxiter, callback, SHADOWS[0],
+    X, history, it, breakdown = iterate(block, X, tol, maxiter, callback, "random",
                                         seed + 7919 * d.rank)
     return finish(system, d.gather(block.out(X)), tol=tol, iterations=it, history=history,
                   levels=2 * it, maxiter=maxiter, breakdown=breakdown, estimates=True,

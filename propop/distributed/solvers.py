@@ -23,11 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from ..solvers.convergence import (Tolerance, check_options, default_maxiter, finish,
-                                   initial_guess)
+from ..solvers.convergence import Tolerance, finish, initial_guess
 from ..solvers.registry import register
 from ..solvers.solution import Solution
-from .system import DistributedSystem, world
+from .system import DistributedSystem
 
 __all__ = ["mpi_substitution", "mpi_cyclic_reduction", "mpi_jacobi"]
 
@@ -37,14 +36,14 @@ def _info(d: DistributedSystem, **more: Any) -> dict:
     return {"ranks": d.size, "blocks_per_rank": local, **more}
 
 
-@register("mpi.substitution", kind="direct", exact=True, backends=("numpy",))
-def mpi_substitution(system: Any, *, comm: Any = None, rtol: float = 1e-10, atol: float = 0.0,
-                     verify: bool = False, **ignored: Any) -> Solution:
+@register("mpi.substitution", kind="direct", exact=True, backends=("numpy",), needs=("mpi4py",),
+          extra="mpi")
+def mpi_substitution(system: Any, *, comm: Any = None, rtol: float | None = None,
+                     atol: float = 0.0, verify: bool = False) -> Solution:
     """Pipelined block substitution over MPI ranks: the distributed baseline.
 
     ``levels`` is the number of blocks: the ranks take their turns.
     """
-    check_options(rtol, atol, None)
     d = DistributedSystem(system, comm)
     imported = d.receive() if d.rank > 0 else {}
     x_local = d.solve_local(d.local.rhs + d.external_rhs(imported))
@@ -96,16 +95,16 @@ def _compose_over_ranks(d: DistributedSystem, Ag: Any, m: int) -> tuple[Any, int
     return Ag, levels
 
 
-@register("mpi.cyclic-reduction", kind="direct", exact=True, backends=("numpy",))
-def mpi_cyclic_reduction(system: Any, *, comm: Any = None, rtol: float = 1e-10,
-                         atol: float = 0.0, verify: bool = False, **ignored: Any) -> Solution:
+@register("mpi.cyclic-reduction", kind="direct", exact=True, backends=("numpy",),
+          needs=("mpi4py",), extra="mpi")
+def mpi_cyclic_reduction(system: Any, *, comm: Any = None, rtol: float | None = None,
+                         atol: float = 0.0, verify: bool = False) -> Solution:
     """Local reduction to boundary relations, cyclic reduction over the ranks, local solves.
 
     ``levels`` counts the blocks of the largest rank (its local solves run in
     parallel with the others') plus the ``ceil(log2 P)`` steps over the ranks;
     ``info["rank_levels"]`` gives the latter.
     """
-    check_options(rtol, atol, None)
     d = DistributedSystem(system, comm)
     Yc, YG, Ag, m = _boundary_relation(d)
     Ag, rank_levels = _compose_over_ranks(d, Ag, m)
@@ -125,32 +124,29 @@ def mpi_cyclic_reduction(system: Any, *, comm: Any = None, rtol: float = 1e-10,
                                             if d.size > 1 else 0))
 
 
-@register("mpi.jacobi", kind="iterative", exact=False, backends=("numpy",))
-def mpi_jacobi(system: Any, *, comm: Any = None, x0: Any = None, rtol: float = 1e-10,
-               atol: float = 0.0, maxiter: int | None = None, callback: Any = None,
-               **ignored: Any) -> Solution:
-    """Block Jacobi over MPI ranks: one neighbour exchange and one ``Allreduce`` a sweep."""
-    from mpi4py import MPI
+@register("mpi.jacobi", kind="iterative", exact=False, backends=("numpy",), needs=("mpi4py",),
+          extra="mpi")
+def mpi_jacobi(system: Any, *, comm: Any = None, x0: Any = None, rtol: float | None = None,
+               atol: float = 0.0, maxiter: int | None = None, callback: Any = None
+               ) -> Solution:
+    """Block Jacobi over MPI ranks: one neighbour exchange and two ``Allreduce`` a sweep."""
+    from .krylov import DistributedBlock
 
-    check_options(rtol, atol, maxiter)
-    d = DistributedSystem(system, comm if comm is not None else world())
-    maxiter = default_maxiter(system) if maxiter is None else int(maxiter)
+    d = DistributedSystem(system, comm)
+    block = DistributedBlock(d)
+    maxiter = system.nblocks if maxiter is None else int(maxiter)
     tol = Tolerance.of(system, rtol, atol)
-    x_local = d.own(initial_guess(system, x0))
+    X = d.own(initial_guess(system, x0)).reshape(d.local.size, -1)
     history, it = [], 0
     while True:
-        imported = d.exchange(d.split(x_local))
-        residual = d.local.rhs + d.external_rhs(imported) - d.local.apply(x_local)
-        squares = np.atleast_1d((residual * residual).sum(axis=0))
-        total = np.zeros_like(squares)
-        d.comm.Allreduce(squares, total, op=MPI.SUM)
-        norms = np.sqrt(total)
+        R = block.residual(X)
+        met, norms = block.met(tol, R, X)
         history.append(float(norms.max()))
-        if tol.met(norms).all() or it >= maxiter:
+        if met.all() or it >= maxiter:
             break
-        x_local = x_local + residual
+        X = X + R
         it += 1
         if callback is not None:
-            callback(x_local)
-    return finish(system, d.gather(x_local), tol=tol, iterations=it, history=history,
+            callback(block.out(X))
+    return finish(system, d.gather(block.out(X)), tol=tol, iterations=it, history=history,
                   levels=it, maxiter=maxiter, info=_info(d))

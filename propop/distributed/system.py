@@ -85,6 +85,16 @@ class DistributedSystem:
                            source=self.previous)
         return self._unpack(incoming)
 
+    def allreduce(self, values: Any, op: str) -> Any:
+        """``values`` (a host array) combined over all ranks by ``op``: sum, max or min."""
+        from mpi4py import MPI
+
+        local = np.ascontiguousarray(values)
+        total = np.empty_like(local)
+        self.comm.Allreduce(local, total, op={"sum": MPI.SUM, "max": MPI.MAX,
+                                              "min": MPI.MIN}[op])
+        return total
+
     def receive(self) -> dict:
         """Wait for my imports from the previous rank (a pipeline step)."""
         incoming = self._buffer(len(self.imports))

@@ -23,19 +23,28 @@ from typing import Any
 import numpy as np
 
 from .bicgstab import bicgstab
-from .convergence import (Tolerance, check_options, default_maxiter, finish,
-                          initial_guess)
+from .convergence import Tolerance, default_maxiter, finish, initial_guess
+from .options import OptionError
 from .registry import register
 from .solution import Solution
 from .views import Block
 
-__all__ = ["batched_gmres", "gmres"]
+__all__ = ["batched_gmres", "gmres", "restart_length"]
 
 
 def _safe(xp: Any, num: Any, den: Any) -> Any:
     """``num / den`` where ``den != 0``, else 0."""
     ok = den != 0
     return xp.where(ok, num / xp.where(ok, den, 1), 0)
+
+
+def restart_length(system: Any, restart: int | None) -> int:
+    """``restart``, checked, or the default ``min(nblocks + 1, 50)``."""
+    if restart is None:
+        return min(system.nblocks + 1, 50)
+    if restart < 1:
+        raise OptionError(f"restart must be >= 1, got {restart}")
+    return int(restart)
 
 
 class _Cycle:
@@ -50,13 +59,19 @@ class _Cycle:
         self.g = xp.zeros((m + 1, r), dtype=R.dtype)
         self.g[0] = beta
 
-    def step(self, j: int, W: Any) -> Any:
-        """Orthogonalise ``W = A M^{-1} V_j`` (modified Gram-Schmidt), rotate; the estimates."""
+    def step(self, j: int, W: Any) -> tuple[Any, Any]:
+        """Orthogonalise ``W = A M^{-1} V_j`` (modified Gram-Schmidt), rotate.
+
+        Returns the residual estimates and which columns' Krylov space is
+        exhausted (the new direction is rounding: ``1e3 eps`` of ``W``).
+        """
         xp, H = self.xp, self.H
+        size = xp.sqrt(self.dot(W, W))
         for i, Vi in enumerate(self.V):
             H[i, j] = self.dot(Vi, W)
             W = W - H[i, j] * Vi
         H[j + 1, j] = xp.sqrt(self.dot(W, W))
+        exhausted = H[j + 1, j] <= 1e3 * float(np.finfo(W.dtype).eps) * size
         self.V.append(_safe(xp, W, H[j + 1, j]))  # a zero column: that sample is solved
         for i in range(j):  # the rotations so far, on the new column
             upper = self.cs[i] * H[i, j] + self.sn[i] * H[i + 1, j]
@@ -68,7 +83,7 @@ class _Cycle:
         H[j, j], H[j + 1, j] = d, 0
         self.g[j + 1] = -self.sn[j] * self.g[j]
         self.g[j] = self.cs[j] * self.g[j]
-        return abs(self.g[j + 1])
+        return abs(self.g[j + 1]), exhausted
 
     def update(self, steps: Any) -> Any:
         """``sum_i V_i y_i`` with ``y`` from the triangular ``H``, ``steps[c]`` rows per column."""
@@ -84,37 +99,47 @@ def gmres(block: Block, X: Any, tol: Tolerance, maxiter: int, m: int,
           callback: Callable | None) -> tuple:
     """The lock-step GMRES(m) loop on ``block`` (any :class:`Block`, distributed too).
 
+    A cycle ends early for a column once its residual estimate is below
+    :meth:`Tolerance.floor` (every block then meets ``rtol``) or at the rounding
+    level of the cycle's initial residual, or when its Krylov space is
+    exhausted; the true residual at the end of every cycle decides,
+    block by block, which columns go on. Restarts from the true residual refine
+    the small blocks that a cycle resolved only to the precision of the largest.
+
     Returns ``(X, history, iterations, stagnated, column_iterations, cycles)``.
     """
     xp = block.xp
     R = block.residual(X)
-    norms = block.norms(R)
+    met, norms = block.met(tol, R, X)
     history, it, stagnated, cycles = [float(norms.max())], 0, "", 0
+    progress = (np.inf, np.inf)
     columns = np.zeros(norms.size, dtype=int)
-    while it < maxiter and not tol.met(norms).all():
-        done = xp.asarray(tol.met(norms))
-        beta = xp.asarray(norms, dtype=R.dtype)
+    while it < maxiter and not met.all():
+        done = xp.asarray(met)
+        beta = block.norms(R)  # below rounding of the cycle's start, a restart must refine
+        floor = np.maximum(block.floor(tol, X), 10 * float(np.finfo(R.dtype).eps) * beta)
+        beta = xp.asarray(beta, dtype=R.dtype)
         cycle, steps = _Cycle(xp, R, beta, m, block.dot), xp.zeros(norms.size, dtype=int)
         for j in range(min(m, maxiter - it)):
             it += 1
-            estimate = cycle.step(j, block.A(block.M(cycle.V[j])))
+            estimate, exhausted = cycle.step(j, block.A(block.M(cycle.V[j])))
             steps = xp.where(done, steps, j + 1)
-            done = done | xp.asarray(tol.met(np.asarray(estimate.tolist())))
-            done = done | (cycle.H[j, j] == 0)  # an exhausted Krylov space: solved
+            done = done | xp.asarray(np.asarray(estimate.tolist()) <= floor) | exhausted
             history.append(float(xp.where(done, 0, estimate).max()))
             if bool(done.all()):
                 break
         X = X + block.M(cycle.update(steps))
         cycles += 1
         columns += np.asarray(steps.tolist())
-        R, norms, stagnated = block.end_cycle(X, norms, history, callback, tol, it, m, "GMRES")
+        R, met, progress, stagnated = block.end_cycle(X, progress, history, callback, tol, it,
+                                                      m, "GMRES", last=it >= maxiter)
         if stagnated:
             break
     return X, history, it, stagnated, columns, cycles
 
 
 @register("batched-gmres", kind="krylov", exact=False, backends=("numpy", "cupy"))
-def batched_gmres(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float = 0.0,
+def batched_gmres(system: Any, *, x0: Any = None, rtol: float | None = None, atol: float = 0.0,
                   maxiter: int | None = None, callback: Callable | None = None,
                   restart: int | None = None, M: Any = None) -> Solution:
     """GMRES for every sample at once: one batched product per iteration.
@@ -136,14 +161,12 @@ def batched_gmres(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: flo
     a cycle and the initial one), ``info["matvecs"]`` the columns all of them
     carried, ``info["column_iterations"]`` the steps each sample needed.
     ``residuals`` holds the largest residual estimate per iteration. A restart
-    cycle that does not reduce the residual stops the method as stagnated
+    cycle that does not bring the worst block closer to ``rtol`` (the accuracy
+    contract of :mod:`.convergence`) stops the method as stagnated
     (``BREAKDOWN``); ``callback(x)`` is called after each cycle.
     """
-    check_options(rtol, atol, maxiter)
     maxiter = default_maxiter(system) if maxiter is None else int(maxiter)
-    m = min(system.nblocks + 1, 50) if restart is None else int(restart)
-    if m < 1:
-        raise ValueError(f"restart must be >= 1, got {restart}")
+    m = restart_length(system, restart)
     block, tol = Block(system, M), Tolerance.of(system, rtol, atol)
     X = initial_guess(system, x0).reshape(system.size, -1)
     X, history, it, stagnated, columns, cycles = gmres(block, X, tol, maxiter, m, callback)

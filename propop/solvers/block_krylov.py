@@ -30,34 +30,34 @@ linear systems with multiple right-hand sides", ETNA 16 (2003).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from .convergence import (Tolerance, check_options, column_norms, default_maxiter, finish,
-                          initial_guess)
+from .batched_krylov import restart_length
+from .convergence import Tolerance, default_maxiter, finish, initial_guess
 from .direct import approximation_report
+from .options import OptionError
 from .registry import register
 from .solution import Solution
 from .views import Block
 
 __all__ = ["block_gmres", "block_bicgstab"]
 
-SHARED_DIAGONALS = (None, "mean")
-
-
 def _shared(system: Any, shared_diagonal: str | None) -> Any:
     """The one-matrix system the block methods work on, or a clear error."""
-    if shared_diagonal not in SHARED_DIAGONALS:
-        raise ValueError(f"shared_diagonal must be one of {SHARED_DIAGONALS}, "
-                         f"got {shared_diagonal!r}")
     return system.shared("exact" if shared_diagonal is None else "mean")
 
 
-def _orthonormal(xp: Any, W: Any, drop: float) -> tuple[Any, Any]:
-    """``W = Q T`` with orthonormal ``Q`` of the numerical rank of ``W`` (deflation)."""
+def _orthonormal(xp: Any, W: Any, drop: float, size: float = 0.0) -> tuple[Any, Any]:
+    """``W = Q T`` with orthonormal ``Q`` of the numerical rank of ``W`` (deflation).
+
+    Directions below ``drop`` of the largest, or rounding (``1e3 eps``) of
+    ``size`` (the norm of ``W`` before orthogonalisation), are dropped.
+    """
     U, s, Vh = xp.linalg.svd(W, full_matrices=False)
-    keep = int((s > drop * max(float(s[0]), 1e-300)).sum()) if s.size else 0
+    floor = 1e3 * float(np.finfo(W.dtype).eps) * size
+    keep = int((s > max(drop * float(s[0]), floor, 1e-300)).sum()) if s.size else 0
     return U[:, :keep], s[:keep, None] * Vh[:keep]
 
 
@@ -84,11 +84,12 @@ class _Arnoldi:
     def extend(self, W: Any) -> bool:
         """Add ``W = A M^{-1} V_j`` to the basis; ``False`` if it adds no direction."""
         xp = self.xp
+        size = float(xp.linalg.norm(W))
         basis = xp.concatenate(self.V, axis=1)
         coefficients = basis.T @ W
         W = W - basis @ coefficients
         again = basis.T @ W  # classical Gram-Schmidt twice: orthogonal to rounding
-        V, T = _orthonormal(xp, W - basis @ again, self.drop)
+        V, T = _orthonormal(xp, W - basis @ again, self.drop, size)
         c = xp.concatenate([coefficients + again, T])  # the new block column of H
         for start, Q in self.rotations:
             c[start: start + Q.shape[0]] = Q.T @ c[start: start + Q.shape[0]]
@@ -122,9 +123,10 @@ class _Arnoldi:
 
 @register("block-gmres", kind="block", exact=False, backends=("numpy", "cupy"),
           requires=("shared_matrix",))
-def block_gmres(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float = 0.0,
+def block_gmres(system: Any, *, x0: Any = None, rtol: float | None = None, atol: float = 0.0,
                 maxiter: int | None = None, callback: Callable | None = None,
-                restart: int | None = None, M: Any = None, shared_diagonal: str | None = None,
+                restart: int | None = None, M: Any = None,
+                shared_diagonal: Literal["mean"] | None = None,
                 deflation_tol: float | None = None) -> Solution:
     """Block GMRES for several right-hand sides of one matrix, with deflation.
 
@@ -149,35 +151,37 @@ def block_gmres(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float
     and one a cycle), ``info["matvecs"]`` the columns all of them carried,
     ``info["block_widths"]`` the width of each Arnoldi block.
     """
-    check_options(rtol, atol, maxiter)
     shared = _shared(system, shared_diagonal)
     maxiter = default_maxiter(system) if maxiter is None else int(maxiter)
-    m = min(system.nblocks + 1, 50) if restart is None else int(restart)
-    if m < 1:
-        raise ValueError(f"restart must be >= 1, got {restart}")
+    m = restart_length(system, restart)
+    if deflation_tol is not None and not 0 <= deflation_tol < 1:
+        raise OptionError(f"deflation_tol must lie in [0, 1), got {deflation_tol}")
     drop = float(np.sqrt(np.finfo(system.dtype).eps)) if deflation_tol is None \
         else float(deflation_tol)
     block, tol = Block(shared, M), Tolerance.of(shared, rtol, atol)
     xp = block.xp
     X = initial_guess(shared, x0).reshape(shared.size, -1)
     R = block.residual(X)
-    norms = column_norms(R)
+    met, norms = block.met(tol, R, X)
     history, it, widths, stagnated, cycles = [float(norms.max())], 0, [], "", 0
-    while it < maxiter and not tol.met(norms).all():
-        active = np.flatnonzero(~tol.met(norms))
+    progress = (np.inf, np.inf)
+    while it < maxiter and not met.all():
+        active = np.flatnonzero(~met)
+        floor = np.maximum(tol.floor(X[:, active], active),  # or rounding: restart refines
+                           10 * float(np.finfo(R.dtype).eps) * block.norms(R[:, active]))
         arnoldi = _Arnoldi(xp, R[:, active], drop)
         for _ in range(min(m, maxiter - it)):
             it += 1
             widths.append(arnoldi.width)
             grew = arnoldi.extend(block.A(block.M(arnoldi.V[-1])))
-            estimates = arnoldi.estimates()
+            estimates = np.asarray(arnoldi.estimates().tolist())
             history.append(float(estimates.max()))
-            if not grew or _met(tol, estimates, active):
+            if not grew or (estimates <= floor).all():
                 break
         X[:, active] += block.M(arnoldi.correction())
         cycles += 1
-        R, norms, stagnated = block.end_cycle(X, norms, history, callback, tol, it, m,
-                                              "block GMRES")
+        R, met, progress, stagnated = block.end_cycle(X, progress, history, callback, tol, it,
+                                                      m, "block GMRES", last=it >= maxiter)
         if stagnated:
             break
     solution = finish(system, block.out(X), tol=Tolerance.of(system, rtol, atol),
@@ -189,11 +193,6 @@ def block_gmres(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float
     return _judged(system, solution)
 
 
-def _met(tol: Tolerance, estimates: Any, active: np.ndarray) -> bool:
-    """Whether the estimates of the ``active`` columns meet their thresholds."""
-    return bool((np.asarray(estimates.tolist()) <= tol.thresholds[active]).all())
-
-
 def _judged(system: Any, solution: Solution) -> Solution:
     """Report a ``shared_diagonal="mean"`` answer as the approximation it is."""
     return solution if system.shares_matrix else approximation_report(system, solution)
@@ -201,9 +200,9 @@ def _judged(system: Any, solution: Solution) -> Solution:
 
 @register("block-bicgstab", kind="block", exact=False, backends=("numpy", "cupy"),
           requires=("shared_matrix",))
-def block_bicgstab(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float = 0.0,
+def block_bicgstab(system: Any, *, x0: Any = None, rtol: float | None = None, atol: float = 0.0,
                    maxiter: int | None = None, callback: Callable | None = None,
-                   M: Any = None, shared_diagonal: str | None = None, seed: int = 0
+                   M: Any = None, shared_diagonal: Literal["mean"] | None = None, seed: int = 0
                    ) -> Solution:
     """Block BiCGStab (Guennouni et al. 2003) for several right-hand sides of one matrix.
 
@@ -222,7 +221,6 @@ def block_bicgstab(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: fl
     Two block operator applications per iteration. A singular ``R~^T V`` is a
     breakdown, reported with the iteration.
     """
-    check_options(rtol, atol, maxiter)
     shared = _shared(system, shared_diagonal)
     maxiter = default_maxiter(system) if maxiter is None else int(maxiter)
     block, tol = Block(shared, M), Tolerance.of(shared, rtol, atol)
@@ -230,9 +228,10 @@ def block_bicgstab(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: fl
     X = initial_guess(shared, x0).reshape(shared.size, -1)
     R = block.residual(X)
     shadow = xp.asarray(np.random.default_rng(seed).standard_normal(R.shape), dtype=R.dtype)
-    P, norms = R.copy(), column_norms(R)
+    P = R.copy()
+    met, norms = block.met(tol, R, X)
     history, it, breakdown = [float(norms.max())], 0, ""
-    while it < maxiter and not tol.met(norms).all():
+    while it < maxiter and not met.all():
         it += 1
         P_hat = block.M(P)
         V = block.A(P_hat)
@@ -250,13 +249,14 @@ def block_bicgstab(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: fl
         R = S - omega * T
         beta = xp.linalg.solve(SV, -(shadow.T @ T))
         P = R + (P - omega * V) @ beta
-        norms = column_norms(R)
+        met, norms = block.met(tol, R, X)
         history.append(float(norms.max()))
         if callback is not None:
             callback(block.out(X))
-        if tol.met(norms).all():  # confirm on the true residual
+        if met.all():  # confirm on the true residual; restart from it if it disagrees
             R = block.residual(X)
-            norms = column_norms(R)
+            met, norms = block.met(tol, R, X)
+            P = R.copy()
     solution = finish(system, block.out(X), tol=Tolerance.of(system, rtol, atol),
                       iterations=it, history=history, levels=2 * it, maxiter=maxiter,
                       breakdown=breakdown, estimates=True,

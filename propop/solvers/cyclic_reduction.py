@@ -31,9 +31,10 @@ methods for solving Poisson's equations", SIAM J. Numer. Anal. 7 (1970).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -42,14 +43,14 @@ from .chain import Chain, Counter, apply, in_system_order, product
 from .sparse_chain import SparseChain, sparse_reduce
 from .group_reduction import reduce_over_groups
 from .time_reduction import WITHIN, reduce_over_time
-from .convergence import Tolerance, check_options, finish
+from .convergence import Tolerance, finish
+from .options import OptionError
 from .direct import approximation_report
 from .registry import register
 from .solution import Solution, Status
 
 __all__ = ["cyclic_reduction", "parallel_cyclic_reduction"]
 
-SHARED_DIAGONALS = (None, "mean")
 # Below this width padded dense blocks beat sparse products on a CPU, even for
 # sparse weights (measured: width 128 at density 0.05, dense 2x faster; width
 # 512 at density 0.01, sparse 2x faster); ``sparse=True`` overrides.
@@ -141,7 +142,7 @@ def _parallel_reduce(chain: Chain, counter: Counter, xp: Any) -> tuple[Any, int]
 def _dense(reduce: Callable) -> Callable:
     """A system-level reduction on the padded dense chain."""
 
-    def run(system: Any, shared_diagonal: str | None, counter: Counter, **options: Any
+    def run(system: Any, shared_diagonal: str | None, counter: Counter
             ) -> tuple[Any, int, dict]:
         chain = Chain.of(system, shared_diagonal)
         X, levels = reduce(chain, counter, system.backend.xp)
@@ -151,38 +152,37 @@ def _dense(reduce: Callable) -> Callable:
 
 
 def _over_time(system: Any, shared_diagonal: str | None, counter: Counter, *,
-               within: str, **ignored: Any) -> tuple[Any, int, dict]:
+               within: str) -> tuple[Any, int, dict]:
     """Two-level cyclic reduction of an RNN system (:mod:`.time_reduction`)."""
     if shared_diagonal is not None:
-        raise ValueError("shared_diagonal is not supported on RNN systems: their reduced "
-                         "blocks are per sample and per step anyway")
+        raise OptionError("shared_diagonal is not supported on RNN systems: their reduced "
+                          "blocks are per sample and per step anyway")
     xp = system.backend.xp
     return reduce_over_time(system, lambda chain, c: _reduce(chain, c, xp), counter, within)
 
 
-def _over_groups(system: Any, shared_diagonal: str | None, counter: Counter,
-                 **ignored: Any) -> tuple[Any, int, dict]:
+def _over_groups(system: Any, shared_diagonal: str | None, counter: Counter
+                 ) -> tuple[Any, int, dict]:
     """Cyclic reduction over groups of blocks (:mod:`.group_reduction`)."""
     if shared_diagonal is not None:
-        raise ValueError("shared_diagonal is not supported on grouped systems")
+        raise OptionError("shared_diagonal is not supported on grouped systems")
     xp = system.backend.xp
     return reduce_over_groups(system, lambda chain, c: _reduce(chain, c, xp), counter)
 
 
 def _sparse_or_dense(system: Any, shared_diagonal: str | None, counter: Counter, *,
-                     sparse: bool | None = None, dense_threshold: float = 0.25,
-                     **ignored: Any) -> tuple[Any, int, dict]:
+                     sparse: bool | None, dense_threshold: float) -> tuple[Any, int, dict]:
     """Cyclic reduction on sparse cores where the couplings are sparse, else dense."""
     be = system.backend
     if not 0 <= dense_threshold <= 1:
-        raise ValueError(f"dense_threshold must lie in [0, 1], got {dense_threshold}")
+        raise OptionError(f"dense_threshold must lie in [0, 1], got {dense_threshold}")
     if sparse is None:
         sparse = (be.name == "numpy" and max(system.sizes) >= SPARSE_MIN_WIDTH
                   and any(be.sparse.issparse(M) for M in system.blocks.coupling))
     if not sparse:
         return _dense(_reduce)(system, shared_diagonal, counter)
     if be.name != "numpy":
-        raise ValueError("sparse=True needs scipy.sparse couplings on the CPU")
+        raise OptionError("sparse=True needs scipy.sparse couplings on the CPU")
     chain = SparseChain.of(system, shared_diagonal)
     X, levels, info = sparse_reduce(chain, counter, lambda c, k: _reduce(c, k, be.xp),
                                     dense_threshold, _check_sparse)
@@ -198,18 +198,14 @@ def _check_sparse(cores: list, level: int, blocks: list) -> None:
             raise _OverflowError.between(level, a, b)
 
 
-def _solve(system: Any, run: Callable, rtol: float, atol: float, verify: bool,
-           shared_diagonal: str | None, **options: Any) -> Solution:
-    check_options(rtol, atol, None)
-    if shared_diagonal not in SHARED_DIAGONALS:
-        raise ValueError(f"shared_diagonal must be one of {SHARED_DIAGONALS}, "
-                         f"got {shared_diagonal!r}")
+def _solve(system: Any, run: Callable, rtol: float | None, atol: float, verify: bool,
+           shared_diagonal: str | None) -> Solution:
     xp = system.backend.xp
     counter = Counter()
     expected = math.ceil(math.log2(system.nblocks)) if system.nblocks > 1 else 0
     try:
         with backend.quiet(xp):  # overflow is detected level by level and reported
-            x, levels, info = run(system, shared_diagonal, counter, **options)
+            x, levels, info = run(system, shared_diagonal, counter)
     except _OverflowError as overflow:
         return Solution(x=xp.full_like(system.rhs, xp.nan), status=Status.NONFINITE,
                         message=overflow.message, levels=expected,
@@ -224,13 +220,19 @@ def _solve(system: Any, run: Callable, rtol: float, atol: float, verify: bool,
     return solution
 
 
+def _applies(option: str, value: Any, where: str) -> None:
+    """An option given for a system it does not apply to is an error, not ignored."""
+    if value is not None:
+        raise OptionError(f"{option} applies to {where} only; this system is not one")
+
+
 @register("cyclic-reduction", kind="direct", exact=True, backends=("numpy", "cupy"),
           requires=("reducible",))
-def cyclic_reduction(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
-                     verify: bool = False, shared_diagonal: str | None = None,
-                     sparse: bool | None = None, dense_threshold: float = 0.25,
-                     within: str = "cyclic-reduction", groups: bool = False,
-                     **ignored: Any) -> Solution:
+def cyclic_reduction(system: Any, *, rtol: float | None = None, atol: float = 0.0,
+                     verify: bool = False, shared_diagonal: Literal["mean"] | None = None,
+                     sparse: bool | None = None, dense_threshold: float | None = None,
+                     within: Literal["cyclic-reduction", "substitution"] | None = None,
+                     groups: bool = False) -> Solution:
     """Odd-even cyclic reduction: ceil(log2 nblocks) levels, exact.
 
     On a block bi-diagonal system (FNN) it reduces the chain of blocks. On an
@@ -242,23 +244,24 @@ def cyclic_reduction(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
     Parameters
     ----------
     verify : bool
-        Compute the true residual (as costly as a substitution).
+        Compute the true residual (as costly as a substitution) and judge it by
+        the accuracy contract (:mod:`propop.solvers.convergence`).
     shared_diagonal : {None, "mean"}
         ``"mean"``: one reduced block per pair for the whole batch, from the
         batch-mean scalings. Approximate; ``info["approximation_error"]`` holds
         its error against the exact solution and the status is ``APPROXIMATE``
         unless it meets ``rtol``.
     sparse : bool or None
-        Reduce with sparse products. Default: where the couplings are
+        Chains: reduce with sparse products. Default: where the couplings are
         ``scipy.sparse`` and some block is at least ``SPARSE_MIN_WIDTH`` (256)
-        wide; narrower blocks are faster dense. ``info["fill_in"]`` then lists, per level, the
-        non-zeros of a reduced block relative to an original one.
-    dense_threshold : float
-        Density of the reduced blocks beyond which the remaining levels run
-        dense (padded stacks, one batched ``matmul`` a level).
-    within : {"cyclic-reduction", "substitution"}
+        wide; narrower blocks are faster dense. ``info["fill_in"]`` then lists,
+        per level, the non-zeros of a reduced block relative to an original one.
+    dense_threshold : float, optional
+        Chains: density of the reduced blocks beyond which the remaining levels
+        run dense (padded stacks, one batched ``matmul`` a level); default 0.25.
+    within : {"cyclic-reduction", "substitution"}, optional
         RNN systems: how the layers of each step are solved, in
-        ``ceil(log2(l + 1))`` levels or ``l`` cheaper ones.
+        ``ceil(log2(l + 1))`` levels (the default) or ``l`` cheaper ones.
     groups : bool
         Graphs with skip connections: reduce over :attr:`~propop.Blocks.groups`
         of consecutive blocks, each residual block one node
@@ -270,29 +273,36 @@ def cyclic_reduction(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
     ``levels`` is the number of reduction levels; back-substitution takes as many
     again. ``info["flops"]`` counts the floating-point operations executed
     (padded widths) and ``info["peak_bytes"]`` the reduced blocks alive at once.
+    An option for another kind of system (``within`` on a chain, ``sparse`` on
+    an RNN system) raises ``ValueError``.
     """
-    if within not in WITHIN:
-        raise ValueError(f"within must be one of {WITHIN}, got {within!r}")
-    run = _sparse_or_dense
     if system.structure is not None:
-        run = _over_time
-    elif groups and not system.blocks.is_chain:
-        run = _over_groups
-    elif not system.blocks.is_chain:
-        raise ValueError("this system is not block bi-diagonal (a chain): each block row must "
-                         "have at most one neighbour; for a graph with skip connections pass "
-                         "groups=True (each residual block becomes one node, "
-                         f"{len(system.blocks.groups)} groups here), or use 'substitution', "
-                         "'level-scheduled' or a Krylov method")
-    return _solve(system, run, rtol, atol, verify, shared_diagonal,
-                  sparse=sparse, dense_threshold=dense_threshold, within=within)
+        _applies("sparse", sparse, "chains")
+        _applies("dense_threshold", dense_threshold, "chains")
+        run = functools.partial(_over_time, within=within or WITHIN[0])
+    else:
+        _applies("within", within, "RNN systems")
+        if groups and not system.blocks.is_chain:
+            _applies("sparse", sparse, "chains")
+            _applies("dense_threshold", dense_threshold, "chains")
+            run = _over_groups
+        elif not system.blocks.is_chain:
+            raise ValueError("this system is not block bi-diagonal (a chain): each block row "
+                             "must have at most one neighbour; for a graph with skip "
+                             "connections pass groups=True (each residual block becomes one "
+                             f"node, {len(system.blocks.groups)} groups here), or use "
+                             "'substitution', 'level-scheduled' or a Krylov method")
+        else:
+            run = functools.partial(_sparse_or_dense, sparse=sparse, dense_threshold=0.25
+                                    if dense_threshold is None else dense_threshold)
+    return _solve(system, run, rtol, atol, verify, shared_diagonal)
 
 
 @register("parallel-cyclic-reduction", kind="direct", exact=True, backends=("numpy", "cupy"),
           requires=("chain",))
-def parallel_cyclic_reduction(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
-                              verify: bool = False, shared_diagonal: str | None = None,
-                              **ignored: Any) -> Solution:
+def parallel_cyclic_reduction(system: Any, *, rtol: float | None = None, atol: float = 0.0,
+                              verify: bool = False,
+                              shared_diagonal: Literal["mean"] | None = None) -> Solution:
     """Parallel cyclic reduction (the paper's form): ceil(log2 nblocks) levels.
 
     Options as for ``cyclic-reduction``, except that sparse couplings are

@@ -8,7 +8,7 @@ from typing import Any
 from scipy.sparse.linalg import spsolve_triangular as scipy_solve
 
 from .. import backend
-from .convergence import Tolerance, check_options, finish
+from .convergence import Tolerance, finish
 from .registry import register
 from .solution import Solution, Status
 
@@ -16,8 +16,8 @@ __all__ = ["substitution", "level_scheduled", "spsolve_triangular", "approximati
 
 
 @register("substitution", kind="direct", exact=True, backends=("numpy", "cupy"))
-def substitution(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
-                 verify: bool = False, **ignored: Any) -> Solution:
+def substitution(system: Any, *, rtol: float | None = None, atol: float = 0.0,
+                 verify: bool = False) -> Solution:
     """Block forward/back substitution: the sequential baseline.
 
     Eqs. def_forw_prop2 and def_back_prop2, written on the system's blocks.
@@ -28,15 +28,14 @@ def substitution(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
     computed (as costly as the solve) and judged by ``rtol``/``atol``; otherwise
     only finiteness is checked: overflow is reported, never returned.
     """
-    check_options(rtol, atol, None)
     x = _substitute(system, [[step] for step in system.blocks.steps])
     tol = Tolerance.of(system, rtol, atol) if verify else None
     return finish(system, x, tol=tol, levels=system.nblocks, verify=verify)
 
 
 @register("level-scheduled", kind="direct", exact=True, backends=("numpy", "cupy"))
-def level_scheduled(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
-                    verify: bool = False, **ignored: Any) -> Solution:
+def level_scheduled(system: Any, *, rtol: float | None = None,
+                    atol: float = 0.0, verify: bool = False) -> Solution:
     """Substitution by topological levels: the classic parallel sparse triangular solve.
 
     The blocks of a level (:attr:`Blocks.levels`) read only earlier levels, so
@@ -46,7 +45,6 @@ def level_scheduled(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
     level still run one after another; ``info["level_sizes"]`` gives the
     parallelism each level offers.
     """
-    check_options(rtol, atol, None)
     levels = system.blocks.levels
     x = _substitute(system, levels)
     tol = Tolerance.of(system, rtol, atol) if verify else None
@@ -93,14 +91,13 @@ def _sum_into(xp: Any, out: Any, sources: tuple, xs: list) -> None:
 
 
 @register("scipy.spsolve_triangular", kind="direct", exact=True)
-def spsolve_triangular(system: Any, *, rtol: float = 1e-10, atol: float = 0.0,
-                       verify: bool = False, **ignored: Any) -> Solution:
+def spsolve_triangular(system: Any, *, rtol: float | None = None,
+                       atol: float = 0.0, verify: bool = False) -> Solution:
     """SciPy's ``spsolve_triangular`` on the explicit matrix (all samples in one call).
 
     Row by row: ``levels`` is the number of unknowns of a sample. ``verify`` as
     for :func:`substitution`.
     """
-    check_options(rtol, atol, None)
     matrix = system.matrix.tocsr()
     rhs = system.rhs if system.nrhs is None else system.rhs.T.reshape(-1)
     x = scipy_solve(matrix, rhs, lower=system.lower)  # the diagonal is stored, even ones

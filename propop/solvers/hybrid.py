@@ -10,17 +10,15 @@ is a batch axis there): ``l + 1`` sequential steps, each one product per layer.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from ..networks.rnn import over_time
-from .convergence import Tolerance, check_options, finish, initial_guess
+from .convergence import Tolerance, finish, initial_guess
 from .registry import register, solve
 from .solution import Solution
 from .stationary import fixed_point
 
 __all__ = ["within_step_solve", "hybrid"]
-
-OUTER = ("jacobi", "gmres", "bicgstab")
 
 
 def within_step_solve(system: Any, R: Any) -> Any:
@@ -67,9 +65,9 @@ def _krylov(method: str) -> Callable:
 
 @register("hybrid", kind="hybrid", exact=False, backends=("numpy", "cupy"),
           requires=("time_structure",))
-def hybrid(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float = 0.0,
+def hybrid(system: Any, *, x0: Any = None, rtol: float | None = None, atol: float = 0.0,
            maxiter: int | None = None, callback: Callable | None = None,
-           outer: str = "jacobi") -> Solution:
+           outer: Literal["jacobi", "gmres", "bicgstab"] = "jacobi") -> Solution:
     """Direct solves of each time step's layers inside an iteration over time (RNNs).
 
     Parameters
@@ -85,9 +83,6 @@ def hybrid(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float = 0.
     ``iterations`` counts outer iterations; ``info["inner_steps"]`` is the number
     of sequential layer steps each direct solve takes (``l + 1``).
     """
-    check_options(rtol, atol, maxiter)
-    if outer not in OUTER:
-        raise ValueError(f"outer must be one of {OUTER}, got {outer!r}")
     if system.structure is None:
         raise ValueError("'hybrid' needs a system with a time structure (an RNN's); use "
                          "'jacobi', a Krylov method or a direct method for this one")

@@ -17,11 +17,20 @@ producing NaN after a breakdown.
 
 These solvers take one vector: a batch is solved sample by sample through
 ``system.sample(i)``, and ``callback(x)`` is called after each sample with the
-whole ``x``. The final status is decided on the true residual.
+whole ``x``. The libraries stop on a global residual; propop's accuracy contract
+holds every block to ``rtol`` (:mod:`.convergence`), so each sample is refined:
+the library solves ``A d = c - A x`` to ``rtol`` and ``x += d``, until every
+block meets the contract, ``maxiter`` iterations are spent, or a round stops
+improving. Each round resolves blocks down to ``rtol`` of the current residual,
+so the small blocks of a network with vanishing gradients take a round or two
+more. The final status is decided on the true residual. ``M`` is propop's spec
+(:mod:`.preconditioners`), handed to the library as a ``LinearOperator``; the
+library's own options (``restart``, ``inner_m``, ``orthog``, ...) pass through.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from typing import Any
@@ -30,19 +39,23 @@ import numpy as np
 import pyamg.krylov
 import scipy.sparse.linalg as spla
 
-from .convergence import (Tolerance, check_options, column_norms, default_maxiter, finish,
-                          initial_guess)
+from .convergence import Tolerance, column_norms, default_maxiter, finish, initial_guess
+from .preconditioners import preconditioner
 from .registry import register
 from .solution import Solution
 
 __all__: list[str] = []
 
+# Library parameters propop sets itself; the others are the method's own options.
+TRANSLATED = {"A", "b", "x0", "rtol", "atol", "tol", "maxiter", "M", "callback",
+              "callback_type", "residuals", "restrt", "show", "criteria"}
 
-def _scipy_call(function: Callable, sample: Any, x0: Any, rtol: float, atol: float,
-                maxiter: int | None, options: dict) -> tuple[Any, int, list, int]:
-    """Run a SciPy solver on one sample; return ``(x, info, history, iterations)``."""
+
+def _scipy_call(function: Callable, sample: Any, rhs: Any, rtol: float, maxiter: int,
+                M: Any, options: dict) -> tuple[Any, int, list, int]:
+    """Solve ``A d = rhs`` with a SciPy solver; return ``(d, info, history, iterations)``."""
     history: list[float] = []
-    norm_c = float(np.linalg.norm(sample.rhs))
+    norm_c = float(np.linalg.norm(rhs))
 
     def record(value: Any) -> None:
         """Arnoldi residual estimates for GMRES; a count (``nan``) for x-callbacks."""
@@ -57,67 +70,103 @@ def _scipy_call(function: Callable, sample: Any, x0: Any, rtol: float, atol: flo
         options = {**options, "inner_m": inner, "maxiter": math.ceil(maxiter / inner)}
     else:  # x-callbacks are only counted: a true residual each would cost a product
         options = {**options, "maxiter": maxiter}
-    x, info = function(sample.operator, sample.rhs, x0=x0, rtol=rtol, atol=atol,
-                       callback=record, **options)
+    d, info = function(sample.operator, rhs, rtol=rtol, atol=0.0, M=M, callback=record,
+                       **options)
     estimates = [h for h in history if not np.isnan(h)]
-    return x, info, estimates, len(history)
+    return d, info, estimates, len(history)
 
 
-def _pyamg_call(function: Callable, sample: Any, x0: Any, rtol: float, atol: float,
-                maxiter: int | None, options: dict) -> tuple[Any, int, list, int]:
-    """Run a PyAMG solver on one sample; return ``(x, info, history, iterations)``."""
-    norm_c = float(np.linalg.norm(sample.rhs))
-    tol = max(rtol, atol / norm_c) if norm_c > 0 else max(atol, 1e-300)
+def _pyamg_call(function: Callable, sample: Any, rhs: Any, rtol: float, maxiter: int,
+                M: Any, options: dict) -> tuple[Any, int, list, int]:
+    """Solve ``A d = rhs`` with a PyAMG solver; return ``(d, info, history, iterations)``."""
     residuals: list[float] = []
     maxiter = min(maxiter, sample.size)  # PyAMG's GMRES warns beyond N, which is exact
-    x, info = function(sample.operator, sample.rhs, x0=x0, tol=tol, maxiter=maxiter,
+    d, info = function(sample.operator, rhs, tol=rtol, maxiter=maxiter, M=M,
                        residuals=residuals, **options)
-    return x, info, residuals[1:], max(len(residuals) - 1, 0)
+    return d, info, residuals[1:], max(len(residuals) - 1, 0)
+
+
+def _refine(call: Callable, function: Callable, sample: Any, x: Any, tol: Tolerance,
+            maxiter: int, M: Any, options: dict) -> tuple[int, list, int, bool]:
+    """Rounds ``x += library(A, c - A x)`` on one sample, in place in ``x``.
+
+    Returns ``(library info, residual history, iterations, stopped improving)``.
+    """
+    info, history, its, worst = 0, [], 0, math.inf
+    while its < maxiter:
+        r = sample.residual(x)
+        ratio = float(tol.ratios(r, x)[0])
+        if tol.met(np.array([ratio]), column_norms(r)).all():
+            return info, history, its, False
+        if ratio >= worst:
+            return info, history, its, True
+        worst = ratio
+        with np.errstate(all="ignore"):
+            d, info, estimates, k = call(function, sample, r, tol.rtol, maxiter - its, M,
+                                         options)
+        x += d
+        history += estimates
+        its += max(k, 1)
+        if not np.isfinite(d).all():
+            info = min(int(info), -1)  # NaN from inside the library: a breakdown
+        if info < 0:
+            break
+    return int(info), history, its, False
+
+
+def _library_preconditioner(sample: Any, spec: Any) -> Any:
+    """A preconditioner spec for one sample, as the ``LinearOperator`` the libraries take."""
+    apply = preconditioner(sample, spec)
+    if apply is None:
+        return None
+    return spla.LinearOperator(sample.shape, matvec=apply, dtype=sample.dtype)
 
 
 def _adapter(call: Callable, function: Callable, name: str) -> Callable[..., Solution]:
     """A registered method that runs ``function`` through ``call`` on every sample."""
 
-    def method(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float = 0.0,
-               maxiter: int | None = None, callback: Callable | None = None,
+    def method(system: Any, *, x0: Any = None, rtol: float | None = None, atol: float = 0.0,
+               maxiter: int | None = None, callback: Callable | None = None, M: Any = None,
                **options: Any) -> Solution:
-        check_options(rtol, atol, maxiter)
         maxiter = default_maxiter(system) if maxiter is None else int(maxiter)
         tol = Tolerance.of(system, rtol, atol)
         x = initial_guess(system, x0)
         columns = [x] if system.nrhs is None else [x[:, i] for i in range(system.nrhs)]
-        initial = column_norms(system.residual(x))
-        done = tol.met(initial)
-        infos, histories, iterations = [], [], []
-        for sample, column, skip in zip(system.samples(), columns, done):
-            if skip:  # some libraries iterate even from the solution
-                infos.append(0)
-                histories.append([])
-                iterations.append(0)
-                continue
-            with np.errstate(all="ignore"):
-                xi, info, history, its = call(function, sample, column, rtol, atol,
-                                              maxiter, options)
-            column[...] = xi
-            if not np.isfinite(xi).all():
-                info = min(int(info), -1)  # NaN from inside the library: a breakdown
-            infos.append(int(info))
+        infos, histories, iterations, stalled = [], [], [], []
+        for sample, column in zip(system.samples(), columns):
+            column_x = column.copy()
+            info, history, its, stopped = _refine(
+                call, function, sample, column_x, Tolerance.of(sample, tol.rtol, tol.atol),
+                maxiter, _library_preconditioner(sample, M), options)
+            column[...] = column_x
+            infos.append(info)
             histories.append(history)
             iterations.append(its)
+            stalled.append(stopped)
             if callback is not None:
                 callback(x)
         breakdown = next((f"{name} reported breakdown (info={i}) in sample {s}; try "
                           "'bicgstab' (propop's, random shadow residual) or 'scipy.gmres'"
-                          for s, i in enumerate(infos) if i < 0), "")
+                          for s, i in enumerate(infos) if i < 0), "") or next((
+            f"{name} stopped improving in sample {s}: a round of refinement did not bring "
+            "its worst block closer to rtol; use a direct method such as 'substitution'"
+            for s, stop in enumerate(stalled) if stop), "")
+        initial = float(column_norms(system.residual(initial_guess(system, x0))).max())
         return finish(system, x, tol=tol, iterations=max(iterations), levels=max(iterations),
-                      history=[float(initial.max())] + _merge(histories), maxiter=maxiter,
+                      history=[initial] + _merge(histories), maxiter=maxiter,
                       breakdown=breakdown, estimates=True,
                       info={"library_info": infos, "sample_iterations": iterations,
                             "sample_histories": histories})
 
+    own = [inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, default=p.default)
+           for p in inspect.signature(function).parameters.values()
+           if p.name not in TRANSLATED and p.kind is not p.VAR_KEYWORD]
+    base = [p for p in inspect.signature(method).parameters.values()
+            if p.kind is not p.VAR_KEYWORD]
+    method.__signature__ = inspect.Signature(base + own)
     method.__name__ = name.replace(".", "_")
     method.__doc__ = (f"``{function.__module__.split('.')[0]}``'s ``{function.__name__}``, "
-                      "one sample at a time.")
+                      "one sample at a time, refined until every block meets rtol.")
     return method
 
 

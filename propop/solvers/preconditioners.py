@@ -19,6 +19,7 @@ they watch are the true ones.
 
 from __future__ import annotations
 
+import inspect
 import time
 import warnings
 from collections.abc import Callable
@@ -26,9 +27,20 @@ from typing import Any
 
 from .direct import substitution
 
-__all__ = ["preconditioner", "PRECONDITIONERS"]
+__all__ = ["preconditioner", "check_spec", "PRECONDITIONERS"]
 
 PRECONDITIONERS = ("diagonal", "block-jacobi", "air")
+
+
+def check_spec(spec: Any) -> tuple[str, dict] | None:
+    """``(name, options)`` of a named spec, ``None`` for none or a function; else ``ValueError``."""
+    if spec is None or callable(spec):
+        return None
+    name, options = spec if isinstance(spec, tuple) and len(spec) == 2 else (spec, {})
+    if not isinstance(name, str) or name not in PRECONDITIONERS or not isinstance(options, dict):
+        raise ValueError(f"unknown preconditioner {spec!r}; choose one of {PRECONDITIONERS}, "
+                         "a (name, {options}) tuple or a function R -> M^{-1} R")
+    return name, options
 
 
 def preconditioner(system: Any, spec: Any) -> Callable[[Any], Any] | None:
@@ -36,13 +48,17 @@ def preconditioner(system: Any, spec: Any) -> Callable[[Any], Any] | None:
 
     Raises ``ValueError`` for an unknown name or bad options.
     """
-    if spec is None or callable(spec):
+    named = check_spec(spec)
+    if named is None:
         return spec
-    name, options = spec if isinstance(spec, tuple) else (spec, {})
-    if name not in PRECONDITIONERS:
-        raise ValueError(f"unknown preconditioner {name!r}; choose one of {PRECONDITIONERS}, "
-                         "a (name, {options}) tuple or a function R -> M^{-1} R")
+    name, options = named
     build = {"diagonal": _diagonal, "block-jacobi": _block_jacobi, "air": _air}[name]
+    known = list(inspect.signature(build).parameters)[1:]
+    unknown = sorted(set(options) - set(known)) if "options" not in known else []
+    if unknown:
+        listed = ", ".join(known) if known else "none"
+        raise ValueError(f"preconditioner {name!r} has no option {unknown[0]!r}; its options "
+                         f"are {listed}")
     return build(system, **options)
 
 

@@ -9,6 +9,9 @@ through the entry-point group ``propop.solvers``, loaded on first look-up.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
+import importlib.util
 import inspect
 import time
 from collections.abc import Callable
@@ -17,6 +20,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from ..progress import Silent, bar
+from .options import OptionError, validate
 from .solution import ConvergenceError, Solution
 
 __all__ = ["SolverInfo", "KINDS", "register", "get", "info", "available", "solve"]
@@ -41,6 +45,24 @@ class SolverInfo:
     description: str
     function: Callable[..., Solution] = dataclasses.field(repr=False, compare=False)
     requires: tuple = ()
+    needs: tuple = ()
+    extra: str = ""
+
+    @property
+    def missing(self) -> tuple:
+        """The optional modules this method needs that are not installed."""
+        return tuple(m for m in self.needs if not _installed(m))
+
+    @property
+    def available(self) -> bool:
+        """Whether every optional module the method needs is installed."""
+        return not self.missing
+
+    def require_available(self) -> None:
+        """Raise ``ImportError`` naming the missing modules and the extra that provides them."""
+        if self.missing:
+            raise ImportError(f"solver {self.name!r} needs {', '.join(self.missing)}: "
+                              f"pip install propop[{self.extra}]")
 
     def applies_to(self, system: Any) -> bool:
         """Whether ``system`` has the structure this method requires."""
@@ -55,9 +77,15 @@ _REGISTRY: dict[str, SolverInfo] = {}
 _ENTRY_POINTS_LOADED = False
 
 
+@functools.cache
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be imported, without importing it."""
+    return importlib.util.find_spec(module) is not None
+
+
 def register(name: str, *, kind: str, exact: bool, backends: tuple = ("numpy",),
-             description: str | None = None, requires: tuple = ()
-             ) -> Callable[[Callable], Callable]:
+             description: str | None = None, requires: tuple = (), needs: tuple = (),
+             extra: str = "") -> Callable[[Callable], Callable]:
     """Decorator that registers ``function`` as method ``name``.
 
     Parameters
@@ -75,6 +103,11 @@ def register(name: str, *, kind: str, exact: bool, backends: tuple = ("numpy",),
         Structure a system must have: block bi-diagonal (parallel cyclic
         reduction), repeated over time steps (RNN-specific methods), either of
         the two (cyclic reduction), or one matrix for all samples (block Krylov).
+    needs : tuple of str
+        Optional modules the method imports when it runs (``("mpi4py",)``); without
+        them it is listed as unavailable and :func:`solve` names ``extra``.
+    extra : str
+        The ``propop[extra]`` that installs ``needs``.
 
     Examples
     --------
@@ -93,6 +126,9 @@ def register(name: str, *, kind: str, exact: bool, backends: tuple = ("numpy",),
         raise ValueError(f"unknown backends {sorted(unknown)}; choose from {BACKENDS}")
     if set(requires) - set(REQUIREMENTS):
         raise ValueError(f"requires must be drawn from {REQUIREMENTS}, got {requires}")
+    if needs and not extra:
+        raise ValueError("a method with optional modules (needs=) must name the extra that "
+                         "installs them (extra=)")
 
     def decorate(function: Callable[..., Solution]) -> Callable[..., Solution]:
         if name in _REGISTRY:
@@ -100,7 +136,7 @@ def register(name: str, *, kind: str, exact: bool, backends: tuple = ("numpy",),
         doc = (function.__doc__ or "").strip().splitlines()
         _REGISTRY[name] = SolverInfo(name, kind, bool(exact), tuple(backends),
                                      description or (doc[0] if doc else ""), function,
-                                     tuple(requires))
+                                     tuple(requires), tuple(needs), extra)
         return function
 
     return decorate
@@ -127,8 +163,25 @@ def info(name: str) -> SolverInfo:
     try:
         return _REGISTRY[name]
     except (KeyError, TypeError):
-        raise KeyError(f"unknown solver {name!r}; known: {', '.join(sorted(_REGISTRY))}"
-                       ) from None
+        raise KeyError(f"unknown solver {name!r}{_did_you_mean(str(name))}; known: "
+                       f"{', '.join(sorted(_REGISTRY))}") from None
+
+
+def _did_you_mean(name: str) -> str:
+    """Up to three registered names close to ``name``, ignoring case.
+
+    Whole names and the part after a library prefix count: ``gmres`` finds ``scipy.gmres``.
+    """
+    def score(known: str) -> float:
+        parts = {known.lower(), known.lower().split(".")[-1]}
+        return max(difflib.SequenceMatcher(None, name.lower(), p).ratio() for p in parts)
+
+    close = sorted((k for k in _REGISTRY if score(k) >= 0.75), key=lambda k: -score(k))[:3]
+    if not close:
+        return ""
+    quoted = [repr(k) for k in close]
+    listed = ", ".join(quoted[:-1]) + " or " + quoted[-1] if len(quoted) > 1 else quoted[0]
+    return f" (did you mean {listed}?)"
 
 
 def _advancing(shown: Any, callback: Callable | None) -> Callable[[Any], None]:
@@ -147,7 +200,11 @@ def get(name: str) -> Callable[..., Solution]:
 
 
 def available() -> list[SolverInfo]:
-    """All registered methods, sorted by kind then name."""
+    """All registered methods, sorted by kind then name.
+
+    A method whose optional modules are missing is listed too; its
+    :attr:`SolverInfo.available` is ``False``.
+    """
     _load_entry_points()
     return sorted(_REGISTRY.values(), key=lambda s: (KINDS.index(s.kind), s.name))
 
@@ -186,15 +243,20 @@ def solve(system: Any, method: str | Callable[..., Solution] = "substitution", *
         name, function = getattr(method, "__name__", "custom"), method
     else:
         solver = info(method)
+        solver.require_available()
         if system.backend.name not in solver.backends:
             raise ValueError(f"solver {method!r} runs on {solver.backends}, but the system's "
                              f"arrays are {system.backend.name} arrays")
         name, function = method, solver.function
+    validate(name, function, system, options)
     with bar(progress, options.get("maxiter"), name) as shown:
         if not isinstance(shown, Silent) and "callback" in inspect.signature(function).parameters:
             options["callback"] = _advancing(shown, options.get("callback"))
         start = time.perf_counter()
-        solution = function(system, **options)
+        try:
+            solution = function(system, **options)
+        except OptionError as error:
+            raise OptionError(f"{name}: {error}") from None
         elapsed = time.perf_counter() - start
     solution = dataclasses.replace(solution, time=elapsed, method=name)
     if check and not solution.converged:

@@ -13,26 +13,18 @@ from typing import Any
 
 import numpy as np
 
-from .convergence import Tolerance, check_options, column_norms, finish, initial_guess
+from .convergence import Tolerance, column_norms, finish, initial_guess
+from .options import OptionError
 from .registry import register
 from .solution import Solution
 
 __all__ = ["jacobi", "richardson", "fixed_point"]
 
 
-def _inverse_diagonal(system: Any, R: Any) -> Any:
-    """``D^{-1} R``: the residual of the scaled form (a no-op there)."""
-    if system.form == "scaled":
-        return R
-    parts = [r if d is None else r / d
-             for r, d in zip(system.split(R), system.blocks.diagonal)]
-    return system.backend.xp.concatenate(parts)
-
-
 def fixed_point(system: Any, x: Any, tol: Tolerance, maxiter: int,
                 callback: Callable | None, correction: Callable[[Any], Any]
                 ) -> tuple[Any, list[float], int]:
-    """``x <- x + correction(c - A x)`` until the true residual meets ``tol``.
+    """``x <- x + correction(c - A x)`` until the true residual meets ``tol`` in every block.
 
     Returns ``(x, residual history, iterations)``; stops early on a non-finite
     residual (the caller's :func:`finish` reports it).
@@ -40,7 +32,8 @@ def fixed_point(system: Any, x: Any, tol: Tolerance, maxiter: int,
     R = system.residual(x)
     norms = column_norms(R)
     history, it = [float(norms.max())], 0
-    while it < maxiter and not tol.met(norms).all() and bool(np.isfinite(norms).all()):
+    while it < maxiter and not tol.met(tol.ratios(R, x), norms).all() \
+            and bool(np.isfinite(norms).all()):
         x = x + correction(R)
         R = system.residual(x)
         norms = column_norms(R)
@@ -51,20 +44,19 @@ def fixed_point(system: Any, x: Any, tol: Tolerance, maxiter: int,
     return x, history, it
 
 
-def _iterate(system: Any, omega: float, x0: Any, rtol: float, atol: float,
+def _iterate(system: Any, omega: float, x0: Any, rtol: float | None, atol: float,
              maxiter: int | None, callback: Callable | None) -> Solution:
     """``x <- x + omega D^{-1} (c - A x)``: Jacobi and Richardson."""
-    check_options(rtol, atol, maxiter)
     maxiter = system.nblocks if maxiter is None else int(maxiter)
     tol = Tolerance.of(system, rtol, atol)
     x, history, it = fixed_point(system, initial_guess(system, x0), tol, maxiter, callback,
-                                 lambda R: omega * _inverse_diagonal(system, R))
+                                 lambda R: omega * system.unit_rows(R))
     return finish(system, x, tol=tol, iterations=it, history=history, levels=it,
                   maxiter=maxiter, info={"matvecs": it + 1, "omega": omega})
 
 
 @register("jacobi", kind="iterative", exact=False, backends=("numpy", "cupy"))
-def jacobi(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float = 0.0,
+def jacobi(system: Any, *, x0: Any = None, rtol: float | None = None, atol: float = 0.0,
            maxiter: int | None = None, callback: Callable | None = None) -> Solution:
     """Block Jacobi ``x <- x + D^{-1}(c - A x)``: exact after ``nblocks`` sweeps.
 
@@ -76,7 +68,7 @@ def jacobi(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float = 0.
 
 
 @register("richardson", kind="iterative", exact=False, backends=("numpy", "cupy"))
-def richardson(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float = 0.0,
+def richardson(system: Any, *, x0: Any = None, rtol: float | None = None, atol: float = 0.0,
                maxiter: int | None = None, callback: Callable | None = None,
                omega: float = 1.0) -> Solution:
     """Damped Richardson on the scaled system, ``x <- x + omega (c - A x)``.
@@ -86,5 +78,5 @@ def richardson(system: Any, *, x0: Any = None, rtol: float = 1e-10, atol: float 
     for ``omega = 1`` (where it is Jacobi); other values trade that for damping.
     """
     if not 0 < omega < 2:
-        raise ValueError(f"omega must lie in (0, 2) for convergence, got {omega}")
+        raise OptionError(f"omega must lie in (0, 2) for convergence, got {omega}")
     return _iterate(system, float(omega), x0, rtol, atol, maxiter, callback)

@@ -521,6 +521,27 @@ class TriangularSystem:
         """``c - A x``."""
         return self.rhs - self.apply(x)
 
+    def unit_rows(self, R: Any) -> Any:
+        """``D^{-1} R``: a residual of this form as the unit-diagonal form's (``R`` if scaled).
+
+        ``R`` is ``(N,)`` or ``(N, c)``; the accuracy contract
+        (:mod:`propop.solvers.convergence`) judges this residual.
+        """
+        if self.form == "scaled":
+            return R
+        parts = [r if s is None else (s if s.ndim == r.ndim else s[:, None]) * r
+                 for r, s in zip(self.split(R), self._row_scale)]
+        return self.backend.xp.concatenate(parts)
+
+    @functools.cached_property
+    def row_scale_max(self) -> float:
+        """``max |s|`` over the paper form's row scalings (``1`` for the scaled form)."""
+        if self.form == "scaled":
+            return 1.0
+        xp = self.backend.xp
+        return max([1.0] + [float(xp.abs(s).max()) for s in self._row_scale
+                            if s is not None and s.size])
+
     @functools.cached_property
     def operator(self) -> Any:
         """Matrix-free ``LinearOperator`` equal to :attr:`matrix` (samples stacked)."""

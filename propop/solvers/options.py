@@ -1,0 +1,158 @@
+"""Options checked once, at the registry's front door (DESIGN section 3).
+
+:func:`validate` runs before any method does: every option must be a parameter
+of the method's function (no method takes ``**ignored``), of the type its
+annotation names (``int``, ``float``, ``bool``, ``str``, a ``Literal`` of
+choices, ``None``), and the options every method shares (``rtol``, ``atol``,
+``maxiter``, ``x0``, ``callback``, ``M``) must make sense. Messages name the
+method and the option; an unknown name gets SciPy's ``difflib`` suggestion.
+
+A method's own range checks (``restart >= 1``, say) raise :class:`OptionError`,
+which :func:`propop.solve` prefixes with the method's name.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import math
+import numbers
+import types
+import typing
+from collections.abc import Callable
+from typing import Any
+
+from .._checks import require_finite
+
+__all__ = ["OptionError", "validate", "check_options"]
+
+COMMON = ("x0", "rtol", "atol", "maxiter", "callback", "M")
+
+
+class OptionError(ValueError):
+    """A bad option value; :func:`propop.solve` prefixes the method's name."""
+
+
+def check_options(rtol: float | None, atol: float, maxiter: int | None) -> None:
+    """Raise :class:`OptionError` with an actionable message for bad shared options."""
+    if rtol is not None and not (_real(rtol) and 0 <= rtol < 1):
+        raise OptionError(f"rtol must be a number in [0, 1), got {rtol!r}")
+    if not (_real(atol) and 0 <= atol < math.inf):
+        raise OptionError(f"atol must be a finite number >= 0, got {atol!r}")
+    if maxiter is not None and not (_integer(maxiter) and maxiter >= 1):
+        raise OptionError(f"maxiter must be an integer >= 1, got {maxiter!r}")
+
+
+def _real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) \
+        and not math.isnan(value)
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def validate(name: str, function: Callable, system: Any, options: dict) -> None:
+    """Raise ``TypeError``/``ValueError`` naming ``name`` and the option unless all are good."""
+    parameters = inspect.signature(function).parameters
+    open_ended = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    known = [p for p, spec in list(parameters.items())[1:]
+             if spec.kind in (spec.KEYWORD_ONLY, spec.POSITIONAL_OR_KEYWORD)]
+    for key in options:
+        if key not in known and not open_ended:
+            listed = ", ".join(known) if known else "none"
+            raise TypeError(f"{name} has no option {key!r}{_suggestion(key, known)}; its "
+                            f"options are {listed}")
+    hints = _hints(function)
+    for key, value in options.items():
+        if key in hints:
+            _check_type(name, key, value, hints[key])
+    try:
+        check_options(options.get("rtol"), options.get("atol", 0.0), options.get("maxiter"))
+    except OptionError as error:
+        raise OptionError(f"{name}: {error}") from None
+    _check_common(name, system, options)
+
+
+def _suggestion(key: str, known: list) -> str:
+    close = difflib.get_close_matches(key, known, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _hints(function: Callable) -> dict:
+    """The evaluated annotations of ``function``; none if they cannot be evaluated."""
+    try:
+        return typing.get_type_hints(function)
+    except Exception:  # a user's function with annotations we cannot resolve
+        return {}
+
+
+def _check_type(name: str, key: str, value: Any, hint: Any) -> None:
+    allowed = _alternatives(hint)
+    if allowed is None or any(_fits(value, kind) for kind in allowed):
+        return
+    if isinstance(value, numbers.Real) and math.isnan(value):
+        raise ValueError(f"{name}: option {key} is NaN")
+    choices = [c for kind in allowed if typing.get_origin(kind) is typing.Literal
+               for c in typing.get_args(kind)]
+    if choices:
+        extra = ["None"] if type(None) in allowed else []
+        raise ValueError(f"{name}: option {key}={value!r} must be one of "
+                         f"{', '.join([repr(c) for c in choices] + extra)}")
+    words = " or ".join(_word(kind) for kind in allowed)
+    raise TypeError(f"{name}: option {key}={value!r} must be {words}, got "
+                    f"{type(value).__name__}")
+
+
+def _alternatives(hint: Any) -> list | None:
+    """The kinds a hint allows, or ``None`` for a hint not checked here (``Any``, classes)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        parts = [_alternatives(h) for h in typing.get_args(hint)]
+        return None if any(p is None for p in parts) else [k for p in parts for k in p]
+    if hint in (bool, int, float, str, type(None)) or typing.get_origin(hint) is typing.Literal:
+        return [hint]
+    return None
+
+
+def _fits(value: Any, kind: Any) -> bool:
+    if typing.get_origin(kind) is typing.Literal:
+        return any(value == c and type(value) is type(c) for c in typing.get_args(kind))
+    if kind is type(None):
+        return value is None
+    if kind is bool:
+        return isinstance(value, bool) or type(value).__name__ == "bool_"
+    if kind is int:
+        return _integer(value)
+    if kind is float:
+        return _real(value)
+    return isinstance(value, kind)
+
+
+def _word(kind: Any) -> str:
+    return {type(None): "None", bool: "a bool", int: "an integer", float: "a number",
+            str: "a string"}.get(kind, str(kind))
+
+
+def _check_common(name: str, system: Any, options: dict) -> None:
+    """``x0`` shaped like the right-hand side and finite; ``callback`` callable; ``M`` known."""
+    x0 = options.get("x0")
+    if x0 is not None:
+        shape = tuple(getattr(x0, "shape", ()))
+        if shape != tuple(system.rhs.shape):
+            raise ValueError(f"{name}: option x0 has shape {shape}, expected "
+                             f"{tuple(system.rhs.shape)} (the right-hand side's)")
+        if getattr(x0, "dtype", None) is None or x0.dtype.kind not in "fiub":
+            raise TypeError(f"{name}: option x0 must be a real array, got dtype "
+                            f"{getattr(x0, 'dtype', type(x0).__name__)}")
+        require_finite(x0, f"{name}: option x0")
+    callback = options.get("callback")
+    if callback is not None and not callable(callback):
+        raise TypeError(f"{name}: option callback must be callable, got "
+                        f"{type(callback).__name__}")
+    if options.get("M") is not None:
+        from .preconditioners import check_spec
+
+        try:
+            check_spec(options["M"])
+        except ValueError as error:
+            raise ValueError(f"{name}: option M: {error}") from None
