@@ -95,10 +95,10 @@ def experiment(layers: int = 6, width: int = 256, batch: int = 32, activation: s
     the ``mpi.*`` methods by default, times each rank and reports the slowest
     rank's time, with every rank's in ``Row.rank_seconds``.
     """
-    names = [s.name for s in solvers.available()
-             if s.name.startswith("mpi.") or not distributed] if methods is None else list(methods)
+    names = [s.name for s in solvers.available() if s.available and (
+        s.name.startswith("mpi.") or not distributed)] if methods is None else list(methods)
     for name in names:
-        solvers.info(name)  # unknown names fail before any work
+        solvers.info(name).require_available()  # unknown names fail before any work
     if network not in NETWORKS:
         raise ValueError(f"network must be one of {NETWORKS}, got {network!r}")
     net, trace, eps = _problem(network, layers, width, batch, activation, density, dtype,
@@ -164,11 +164,23 @@ def machine() -> str:
 
 
 def _solvers_table() -> str:
-    lines = ["| name | kind | exact | backends | description |", "|---|---|---|---|---|"]
+    lines = ["| name | kind | exact | backends | available | description |",
+             "|---|---|---|---|---|---|"]
     for s in solvers.available():
+        here = "yes" if s.available else f"no: pip install propop[{s.extra}]"
         lines.append(f"| {s.name} | {s.kind} | {'yes' if s.exact else 'no'} | "
-                     f"{', '.join(s.backends)} | {s.description} |")
+                     f"{', '.join(s.backends)} | {here} | {s.description} |")
     return "\n".join(lines)
+
+
+def unavailable_note() -> str:
+    """One line naming the registered methods whose optional modules are missing, or ``""``."""
+    missing: dict[str, list[str]] = {}
+    for s in solvers.available():
+        if not s.available:
+            missing.setdefault(s.extra, []).append(s.name)
+    return "; ".join(f"Skipped {', '.join(names)}: they need pip install propop[{extra}]."
+                     for extra, names in missing.items())
 
 
 class _Parser(argparse.ArgumentParser):
@@ -260,6 +272,8 @@ def _report(settings: dict) -> None:
           "warm-up.\n")
     print(format_table(rows, "mpi.substitution" if settings.get("distributed")
                        else "substitution"))
+    if settings.get("methods") is None and unavailable_note():
+        print(f"\n{unavailable_note()}")
     print(f"\n{machine()}; total {time.perf_counter() - start:.1f} s\n")
 
 

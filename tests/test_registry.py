@@ -90,3 +90,37 @@ def test_method_names_in_messages_are_registered():
     assert {"substitution", "scipy.gmres"} <= quoted, "the patterns are out of date"
     not_methods = {"fnn", "rnn", "swish-doc"}  # network kinds, a doctest's activation
     assert quoted - not_methods <= names
+
+
+def test_a_method_whose_optional_module_is_missing_is_listed_and_skipped():
+    from propop import cli
+
+    with pytest.raises(ValueError, match="must name the extra"):
+        pp.solvers.register("test.needs", kind="direct", exact=True, needs=("x",))
+    pp.solvers.register("test.needs", kind="direct", exact=True, needs=("no_such_module_xyz",),
+                        extra="mpi")(pp.solvers.get("substitution"))
+    try:
+        info = pp.solvers.info("test.needs")
+        assert not info.available and info.missing == ("no_such_module_xyz",)
+        net, trace, eps, _ = Case((3, 4, 2)).problem()
+        with pytest.raises(ImportError, match=r"needs no_such_module_xyz: pip install "
+                                              r"propop\[mpi\]"):
+            pp.solve(pp.backward_system(net, trace, eps), "test.needs")
+        assert "| test.needs | direct | yes | numpy | no: pip install propop[mpi] |" in \
+            cli._solvers_table()
+        rows = cli.experiment(layers=2, width=4, batch=2, repeats=1)
+        assert "test.needs" not in {row.method for row in rows}
+        assert "substitution" in {row.method for row in rows}
+        assert "test.needs" in cli.unavailable_note() and "propop[mpi]" in cli.unavailable_note()
+    finally:
+        registry._REGISTRY.pop("test.needs")
+
+
+def test_importing_propop_imports_no_optional_package():
+    import subprocess
+
+    optional = ["torch", "matplotlib", "tqdm", "sklearn", "mpi4py", "jax", "cupy"]
+    code = f"import sys, propop; print([m for m in {optional} if m in sys.modules])"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True)
+    assert result.stdout.strip() == "[]"
