@@ -92,15 +92,15 @@ def _refine(call: Callable, function: Callable, sample: Any, x: Any, tol: Tolera
 
     Returns ``(library info, residual history, iterations, stopped improving)``.
     """
-    info, history, its, worst = 0, [], 0, math.inf
+    info, history, its, previous = 0, [], 0, (math.inf, math.inf)
     while its < maxiter:
         r = sample.residual(x)
-        ratio = float(tol.ratios(r, x)[0])
-        if tol.met(np.array([ratio]), column_norms(r)).all():
+        progress = (float(column_norms(r)[0]), float(tol.ratios(r, x)[0]))
+        if tol.met(np.array([progress[1]]), np.array([progress[0]])).all():
             return info, history, its, False
-        if ratio >= worst:
+        if all(a >= b for a, b in zip(progress, previous)):  # neither norm nor worst block
             return info, history, its, True
-        worst = ratio
+        previous = progress
         with np.errstate(all="ignore"):
             d, info, estimates, k = call(function, sample, r, tol.rtol, maxiter - its, M,
                                          options)
