@@ -1,12 +1,68 @@
-"""Input checks whose messages name the culprit (layer, block, argument)."""
+"""Input checks whose messages name the culprit (layer, block, argument).
+
+Every array that enters propop passes :func:`real_array` or :func:`canonical_matrix`
+once, at the front door (networks, layers, systems, losses): lists and integer
+or boolean arrays become the working floating type, complex, object and string
+arrays are refused, and sparse matrices of any SciPy format or class become
+canonical CSR arrays (duplicates summed, indices sorted).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from . import backend
 
-__all__ = ["require_finite", "require_shape", "require_density"]
+__all__ = ["require_finite", "require_shape", "require_density", "require_samples",
+           "real_array", "canonical_matrix"]
+
+
+def real_array(a: Any, what: str, dtype: Any = None) -> Any:
+    """``a`` as a real floating array of its backend, or ``ValueError`` naming ``what``.
+
+    Lists, integers and booleans become ``dtype`` (default: ``a``'s own floating
+    type, else float64); complex numbers are refused, not silently truncated, and
+    so are object and string arrays. Finiteness is checked separately.
+    """
+    if backend.is_sparse(a):
+        raise ValueError(f"{what} is a sparse matrix; a dense array is expected here")
+    xp = backend.namespace(a) if hasattr(a, "dtype") else np
+    try:
+        array = xp.asarray(a)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"{what} is not a rectangular array of numbers: {error}") from None
+    kind = array.dtype.kind
+    if kind == "c":
+        raise ValueError(f"{what} has complex dtype {array.dtype}; propop works in real "
+                         "arithmetic: pass the real part explicitly if that is what you mean")
+    if kind not in "fiub":
+        raise ValueError(f"{what} has dtype {array.dtype}, expected real numbers")
+    target = dtype if dtype is not None else (array.dtype if kind == "f" else np.float64)
+    return array.astype(target, copy=False)
+
+
+def canonical_matrix(M: Any, what: str, dtype: Any = None) -> Any:
+    """A 2-D real matrix: sparse ones of any format as a canonical CSR array (a copy).
+
+    Duplicate entries are summed and indices sorted, so that every algorithm
+    can read ``indptr``/``indices`` as CSR and no entry counts twice; explicit
+    zeros stay part of the pattern.
+    """
+    be = backend.of(M)
+    if not be.sparse.issparse(M):
+        M = real_array(M, what, dtype)
+    else:
+        if M.dtype.kind not in "fiub":
+            raise ValueError(f"{what} has dtype {M.dtype}; propop works in real arithmetic")
+        make = getattr(be.sparse, "csr_array", None) or be.sparse.csr_matrix
+        M = make(M, dtype=dtype or (M.dtype if M.dtype.kind == "f" else np.float64), copy=True)
+        M.sum_duplicates()
+        M.sort_indices()
+    if M.ndim != 2:
+        raise ValueError(f"{what} has {M.ndim} dimensions, expected a 2-D matrix")
+    return M
 
 
 def require_finite(array: Any, what: str) -> None:
@@ -23,6 +79,13 @@ def require_finite(array: Any, what: str) -> None:
     else:
         where = tuple(int(i) for i in be.xp.unravel_index(flat, array.shape))
     raise ValueError(f"{what} contains NaN or Inf (first at index {where})")
+
+
+def require_samples(x: Any, what: str, axis: int = -1) -> None:
+    """Raise ``ValueError`` for a batch with no samples (``x.shape[axis] == 0``)."""
+    if x.ndim > 1 and x.shape[axis] == 0:
+        raise ValueError(f"{what} has shape {tuple(x.shape)}: a batch of no samples; pass at "
+                         "least one sample (a column)")
 
 
 def require_density(density: float) -> float:

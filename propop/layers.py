@@ -29,6 +29,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import backend
+from ._checks import canonical_matrix, real_array, require_finite
 from .activations import Activation as _Function
 from .activations import get_activation
 
@@ -152,9 +153,11 @@ class Dense(Linear):
     """``z = W x + b``, ``W`` dense or ``scipy.sparse``; sparse ``dW`` on its pattern."""
 
     def __init__(self, W: Any, b: Any = None) -> None:
-        self.W, self.bias = W, b
-        if b is not None and tuple(b.shape) != (W.shape[0],):
-            raise ValueError(f"b has shape {tuple(b.shape)}, expected ({W.shape[0]},)")
+        self.W = _weight(W, "Dense: W")
+        self.bias = None if b is None else _weight(b, "Dense: b", ndim=1)
+        if b is not None and tuple(self.bias.shape) != (self.W.shape[0],):
+            raise ValueError(f"Dense: b has shape {tuple(self.bias.shape)}, expected "
+                             f"({self.W.shape[0]},)")
 
     def __repr__(self) -> str:
         return f"Dense({self.W.shape[1]} -> {self.W.shape[0]})"
@@ -175,7 +178,10 @@ class Dense(Linear):
         """Replace ``W`` or ``b``."""
         if name not in self.parameters():
             super().set_parameter(name, value)
-        setattr(self, "W" if name == "W" else "bias", value)
+        if name == "W":
+            self.W = _weight(value, "Dense: W")
+        else:
+            self.bias = _weight(value, "Dense: b", ndim=1)
 
     def parameters(self) -> dict:
         """Trainable arrays by name."""
@@ -200,7 +206,8 @@ class Conv2d(Linear):
 
     def __init__(self, W: Any, b: Any = None, *, input_shape: Sequence[int],
                  stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0) -> None:
-        self.W, self.b = np.asarray(W), None if b is None else np.asarray(b)
+        self.W = _weight(W, f"{type(self).__name__}: W", ndim=4)
+        self.b = None if b is None else _weight(b, f"{type(self).__name__}: b", ndim=1)
         self.input_shape = tuple(int(s) for s in input_shape)
         self.stride, self.padding = _pair(stride), _pair(padding)
         if self.W.ndim != 4 or len(self.input_shape) != 3 or \
@@ -259,9 +266,9 @@ class Conv2d(Linear):
         if name not in self.parameters():
             super().set_parameter(name, value)
         if name == "b":
-            self.b = np.asarray(value)
+            self.b = _weight(value, f"{type(self).__name__}: b", ndim=1)
             return
-        self.W = np.asarray(value).reshape(self.W.shape)
+        self.W = _weight(np.reshape(value, self.W.shape), f"{type(self).__name__}: W", ndim=4)
         self.__dict__.pop("_jacobian", None)
 
     def gradients(self, inputs: Sequence[Any], grad: Any) -> dict:
@@ -284,8 +291,8 @@ class Conv1d(Conv2d):
 
     def __init__(self, W: Any, b: Any = None, *, input_shape: Sequence[int],
                  stride: int = 1, padding: int = 0) -> None:
-        W = np.asarray(W)
-        if W.ndim != 3 or len(input_shape) != 2:
+        W = _weight(W, "Conv1d: W", ndim=3)
+        if len(input_shape) != 2:
             raise ValueError(f"Conv1d needs W of shape (out, in, k) and input_shape (C, L); "
                              f"got {W.shape} and {tuple(input_shape)}")
         super().__init__(W[:, :, None, :], b, input_shape=(input_shape[0], 1, input_shape[1]),
@@ -299,7 +306,7 @@ class Conv1d(Conv2d):
     def set_parameter(self, name: str, value: Any) -> None:
         """Replace ``W`` (shape ``(out, in, k)``) or ``b``."""
         if name == "W":
-            self.kernel_1d = np.asarray(value)
+            self.kernel_1d = _weight(value, "Conv1d: W", ndim=3)
         super().set_parameter(name, value)
 
     def gradients(self, inputs: Sequence[Any], grad: Any) -> dict:
@@ -424,6 +431,15 @@ class Concat(Linear):
                                     shape=(total, n)))
             start += n
         return out
+
+
+def _weight(a: Any, what: str, ndim: int = 2) -> Any:
+    """A parameter as a finite float64 array (``ndim`` dimensions; matrices may be sparse)."""
+    a = canonical_matrix(a, what, np.float64) if ndim == 2 else real_array(a, what, np.float64)
+    if a.ndim != ndim:
+        raise ValueError(f"{what} has {a.ndim} dimensions, expected {ndim}")
+    require_finite(a, what)
+    return a
 
 
 def _one_input(layer: Layer, sizes: Sequence[int]) -> None:

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from . import backend
+from ._checks import real_array, require_finite
 
 __all__ = ["LOSSES", "loss_gradient", "loss_value"]
 
@@ -22,18 +25,17 @@ def _check(output: Any, target: Any, loss: str) -> Any:
     xp = backend.namespace(output)
     if loss not in LOSSES:
         raise ValueError(f"unknown loss {loss!r}; choose one of {LOSSES}")
-    target = xp.asarray(target)
-    if loss == "cross_entropy" and target.shape == output.shape[1:]:
-        return _one_hot(xp, target, output)
+    if loss == "cross_entropy" and tuple(np.shape(target)) == output.shape[1:]:
+        return _one_hot(xp, xp.asarray(target), output)
+    target = real_array(target, "target", output.dtype)
     if target.shape != output.shape:
         raise ValueError(
             f"target has shape {target.shape}, expected {output.shape} (the output's)"
             + (" or integer labels of shape " + str(output.shape[1:])
                if loss == "cross_entropy" else "")
         )
-    if not bool(xp.isfinite(target).all()):
-        raise ValueError("target contains NaN or Inf")
-    return target.astype(output.dtype, copy=False)
+    require_finite(target, "target")
+    return target
 
 
 def _one_hot(xp: Any, labels: Any, output: Any) -> Any:

@@ -10,7 +10,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import backend
-from .._checks import require_density, require_finite, require_shape
+from .._checks import (canonical_matrix, real_array, require_density, require_finite,
+                       require_samples, require_shape)
 from ..activations import Activation, get_activation
 from ..losses import loss_gradient
 from .trace import Gradients, Trace
@@ -23,18 +24,25 @@ def column(b: Any, like: Any) -> Any:
     return b if like.ndim == 1 else b[:, None]
 
 
-def _as_weight(W: Any, k: int) -> Any:
-    """Return ``W`` as a 2-D float array, sparse ones in CSR."""
-    be = backend.of(W)
-    if be.sparse.issparse(W):
-        W = be.sparse.csr_array(W) if hasattr(be.sparse, "csr_array") else W.tocsr()
-    else:
-        W = be.xp.asarray(W)
-    if W.ndim != 2:
-        raise ValueError(f"W[{k}] has {W.ndim} dimensions, expected a 2-D matrix")
-    if W.dtype.kind not in "fiub":
-        raise ValueError(f"W[{k}] has dtype {W.dtype}, expected a real floating type")
-    return W
+def transposed(W: Any) -> Any:
+    """``W^T``: a view of a dense matrix, a canonical CSR array of a sparse one."""
+    return canonical_matrix(W.T, "W^T") if backend.is_sparse(W) else W.T
+
+
+def _as_weight(W: Any, what: str) -> Any:
+    """``W`` as a 2-D real matrix, sparse ones of any format as canonical CSR arrays."""
+    return canonical_matrix(W, what)
+
+
+def _as_biases(b: Sequence[Any] | None, weights: Sequence[Any], xp: Any) -> list:
+    """The biases as real arrays (zeros if ``b`` is ``None``), as many as ``weights``."""
+    if b is None:
+        return [xp.zeros(Wk.shape[0], dtype=Wk.dtype) for Wk in weights]
+    if isinstance(b, (str, bytes)) or not isinstance(b, Sequence):
+        raise ValueError("b must be a sequence of bias vectors, one per layer")
+    if len(b) != len(weights):
+        raise ValueError(f"got {len(weights)} weight matrices but {len(b)} biases")
+    return [real_array(bk, f"layer {k}: b[{k}]") for k, bk in enumerate(b)]
 
 
 def _float_dtype(arrays: Sequence[Any]) -> np.dtype:
@@ -69,12 +77,9 @@ class FNN:
                  activation: str | Activation | Sequence[str | Activation] = "tanh") -> None:
         if isinstance(W, (str, bytes)) or not isinstance(W, Sequence) or len(W) == 0:
             raise ValueError("W must be a non-empty sequence of weight matrices")
-        weights = [_as_weight(Wk, k) for k, Wk in enumerate(W)]
+        weights = [_as_weight(Wk, f"layer {k}: W[{k}]") for k, Wk in enumerate(W)]
         be = backend.of(*weights)
-        biases = ([be.xp.zeros(Wk.shape[0], dtype=Wk.dtype) for Wk in weights] if b is None
-                  else [be.xp.asarray(bk) for bk in b])
-        if len(biases) != len(weights):
-            raise ValueError(f"got {len(weights)} weight matrices but {len(biases)} biases")
+        biases = _as_biases(b, weights, be.xp)
         self.dtype = _float_dtype(weights + biases)
         self.W = tuple(Wk.astype(self.dtype, copy=False) for Wk in weights)
         self.b = tuple(bk.astype(self.dtype, copy=False) for bk in biases)
@@ -107,8 +112,8 @@ class FNN:
 
     @functools.cached_property
     def WT(self) -> tuple:
-        """The transposed weights ``W[k]^T``, made once (a sparse transpose is a new object)."""
-        return tuple(Wk.T for Wk in self.W)
+        """The transposed weights ``W[k]^T``, made once (sparse ones as canonical CSR)."""
+        return tuple(transposed(Wk) for Wk in self.W)
 
     @property
     def depth(self) -> int:
@@ -164,12 +169,13 @@ class FNN:
 
     def check_input(self, x: Any) -> Any:
         """Return ``x`` as an array of the network's dtype, or raise naming the problem."""
-        x = self.backend.xp.asarray(x)
+        x = real_array(x, "x", self.dtype)
         if x.ndim not in (1, 2) or x.shape[0] != self.sizes[0]:
             raise ValueError(f"x has shape {x.shape}, expected ({self.sizes[0]},) or "
                              f"({self.sizes[0]}, r): samples are columns")
+        require_samples(x, "x")
         require_finite(x, "x")
-        return x.astype(self.dtype, copy=False)
+        return x
 
     def to_graph(self) -> Any:
         """The same network as a :class:`~propop.Graph`: a chain of ``Dense`` and activations.
@@ -217,10 +223,10 @@ class FNN:
 
     def check_eps(self, trace: Trace, eps: Any) -> Any:
         """Return ``eps`` as an array of the output's shape and dtype, or raise."""
-        eps = self.backend.xp.asarray(eps)
+        eps = real_array(eps, "eps", self.dtype)
         require_shape(eps, trace.output.shape, "eps", " (the output's shape)")
         require_finite(eps, "eps")
-        return eps.astype(self.dtype, copy=False)
+        return eps
 
     def loss_gradient(self, trace: Trace, target: Any, loss: str = "mse") -> Any:
         """``eps = dE/dz^(l)`` of this network's output (see :func:`propop.loss_gradient`)."""

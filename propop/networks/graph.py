@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from .._checks import require_finite
+from .._checks import real_array, require_finite, require_samples
 from ..layers import Layer
 from ..losses import loss_gradient
 from .trace import Trace
@@ -184,10 +184,11 @@ class Graph:
     # -- the sequential reference -------------------------------------------------------
     def check_input(self, x: Any) -> Any:
         """``x`` as a float array of shape ``(input_size,)`` or ``(input_size, r)``."""
-        x = np.asarray(x, dtype=self.dtype)
+        x = real_array(x, "x", self.dtype)
         if x.ndim not in (1, 2) or x.shape[0] != self.input_size:
             raise ValueError(f"x has shape {x.shape}, expected ({self.input_size},) or "
                              f"({self.input_size}, r)")
+        require_samples(x, "x")
         require_finite(x, "x")
         return x
 

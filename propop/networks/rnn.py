@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from .._checks import require_finite, require_shape
+from .._checks import real_array, require_finite, require_samples, require_shape
 from ..activations import Activation, get_activation
 from ..losses import loss_gradient
-from .fnn import _as_weight, _float_dtype
+from .fnn import _as_biases, _as_weight, _float_dtype, transposed
 from .trace import Trace
 
 __all__ = ["RNN", "RNNGradients", "over_time"]
@@ -70,15 +70,14 @@ class RNN:
                  activation: str | Activation | Sequence[Any] = "tanh") -> None:
         if isinstance(W, (str, bytes)) or not isinstance(W, Sequence) or len(W) == 0:
             raise ValueError("W must be a non-empty sequence of weight matrices")
+        if isinstance(U, (str, bytes)) or not isinstance(U, Sequence):
+            raise ValueError("U must be a sequence of recurrent weight matrices")
         if len(U) != len(W):
             raise ValueError(f"got {len(W)} input weights W but {len(U)} recurrent weights U")
-        weights = [_as_weight(Wk, k) for k, Wk in enumerate(W)]
-        recurrent = [_as_weight(Uk, k) for k, Uk in enumerate(U)]
+        weights = [_as_weight(Wk, f"layer {k}: W[{k}]") for k, Wk in enumerate(W)]
+        recurrent = [_as_weight(Uk, f"layer {k}: U[{k}]") for k, Uk in enumerate(U)]
         be = backend.of(*weights, *recurrent)
-        biases = ([be.xp.zeros(Wk.shape[0]) for Wk in weights] if b is None
-                  else [be.xp.asarray(bk) for bk in b])
-        if len(biases) != len(weights):
-            raise ValueError(f"got {len(weights)} layers but {len(biases)} biases")
+        biases = _as_biases(b, weights, be.xp)
         self.dtype = _float_dtype(weights + recurrent + biases)
         self.W = tuple(Wk.astype(self.dtype, copy=False) for Wk in weights)
         self.U = tuple(Uk.astype(self.dtype, copy=False) for Uk in recurrent)
@@ -116,12 +115,12 @@ class RNN:
     @functools.cached_property
     def WT(self) -> tuple:
         """The transposed input weights, made once."""
-        return tuple(Wk.T for Wk in self.W)
+        return tuple(transposed(Wk) for Wk in self.W)
 
     @functools.cached_property
     def UT(self) -> tuple:
         """The transposed recurrent weights, made once."""
-        return tuple(Uk.T for Uk in self.U)
+        return tuple(transposed(Uk) for Uk in self.U)
 
     def __repr__(self) -> str:
         return f"RNN(sizes={self.sizes}, dtype={self.dtype})"
@@ -144,12 +143,22 @@ class RNN:
 
     def check_input(self, xs: Any) -> Any:
         """Return ``xs`` as an array of the network's dtype, or raise naming the problem."""
-        xs = self.backend.xp.asarray(xs)
+        xs = real_array(xs, "xs", self.dtype)
         if xs.ndim not in (2, 3) or xs.shape[1] != self.sizes[0] or xs.shape[0] < 1:
             raise ValueError(f"xs has shape {xs.shape}, expected (tau, {self.sizes[0]}) or "
-                             f"(tau, {self.sizes[0]}, r): time first, then features")
+                             f"(tau, {self.sizes[0]}, r) with tau >= 1: time first, then "
+                             "features")
+        require_samples(xs, "xs")
         require_finite(xs, "xs")
-        return xs.astype(self.dtype, copy=False)
+        return xs
+
+    def check_eps(self, trace: Trace, eps: Any) -> Any:
+        """``eps`` as an array of the output's shape ``(tau, h[, r])`` and dtype, or raise."""
+        eps = real_array(eps, "eps", self.dtype)
+        require_shape(eps, trace.output.shape, "eps", " (the output's shape: time, "
+                                                      "features[, samples])")
+        require_finite(eps, "eps")
+        return eps
 
     def forward(self, xs: Any) -> Trace:
         """Sequential reference forward pass; ``trace.y[k]``/``trace.z[k]`` are ``(tau, h, [r])``.
@@ -194,11 +203,8 @@ class RNN:
         ``v[0][s] = W[0]^T v[1][s]`` (eq. back_prop_sys_rnn's recursion).
         """
         xp = self.backend.xp
-        eps = xp.asarray(eps)
-        require_shape(eps, trace.output.shape, "eps", " (the output's shape)")
-        require_finite(eps, "eps")
         v = [None] * (self.depth + 1)
-        above = eps.astype(self.dtype, copy=False)
+        above = self.check_eps(trace, eps)
         for k in range(self.depth - 1, -1, -1):
             slope = self.activations[k].df(trace.y[k])
             vk = xp.empty_like(above)

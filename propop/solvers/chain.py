@@ -175,22 +175,16 @@ def _stacked(system: Any, shared_diagonal: str | None) -> Chain | None:
 def _stack_matrices(be: backend.Backend, matrices: list, n: int, dtype: Any) -> Any:
     """Dense ``(m, n, n)`` stack of ``n x n`` matrices, sparse ones scattered in one go."""
     xp = be.xp
-    if not any(be.sparse.issparse(M) for M in matrices):
-        return xp.concatenate(matrices).reshape(len(matrices), n, n).astype(dtype, copy=False)
-    compressed = [M if M.format in ("csr", "csc") else M.tocsr() for M in matrices]
-    if len({M.format for M in compressed}) > 1:
-        compressed = [M.tocsr() for M in compressed]
-    counts = xp.diff(xp.concatenate([M.indptr for M in compressed]).reshape(-1, n + 1),
+    if not all(be.sparse.issparse(M) for M in matrices):  # dense, or dense and sparse mixed
+        return xp.stack([backend.dense(M) for M in matrices]).astype(dtype, copy=False)
+    # canonical CSR (TriangularSystem makes them so): no duplicates, one scatter
+    counts = xp.diff(xp.concatenate([M.indptr for M in matrices]).reshape(-1, n + 1),
                      axis=1).reshape(-1)
-    major = xp.repeat(xp.tile(xp.arange(n), len(compressed)), counts)
-    block = xp.repeat(xp.arange(len(compressed)), counts.reshape(-1, n).sum(axis=1))
-    minor = xp.concatenate([M.indices for M in compressed])
-    data = xp.concatenate([M.data for M in compressed])
-    out = xp.zeros((len(compressed), n, n), dtype=dtype)
-    if compressed[0].format == "csr":
-        out[block, major, minor] = data
-    else:
-        out[block, minor, major] = data
+    rows = xp.repeat(xp.tile(xp.arange(n), len(matrices)), counts)
+    block = xp.repeat(xp.arange(len(matrices)), counts.reshape(-1, n).sum(axis=1))
+    out = xp.zeros((len(matrices), n, n), dtype=dtype)
+    out[block, rows, xp.concatenate([M.indices for M in matrices])] = xp.concatenate(
+        [M.data for M in matrices])
     return out
 
 

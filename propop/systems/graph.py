@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from .._checks import real_array, require_finite
 from ..networks.graph import Graph
 from ..networks.trace import Trace
 from .builders import backward_system, forward_system
@@ -68,7 +69,8 @@ def _graph_backward(graph: Graph, trace: Trace, eps: Any, *, form: str = "scaled
     rhs = [np.zeros((s,) + batch) for s in graph.block_sizes]
     for name, e in zip(graph.outputs, eps):
         k = index[name]
-        e = np.asarray(e, dtype=float)
+        e = real_array(e, f"eps for output {name!r}", graph.dtype)
+        require_finite(e, f"eps for output {name!r}")
         if e.shape != (graph.sizes[k],) + batch:
             raise ValueError(f"eps for output {name!r} has shape {e.shape}, expected "
                              f"{(graph.sizes[k],) + batch}")

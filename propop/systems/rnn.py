@@ -50,11 +50,8 @@ def _rnn_backward(rnn: RNN, trace: Trace, eps: Any, *, form: str = "scaled"
                   ) -> TriangularSystem:
     """Rows ``v[k,s] - f'[k,s] * (W^T v[k+1,s] + U^T v[k,s+1]) = 0``, top rows ``f' * eps``."""
     xp = rnn.backend.xp
-    eps = xp.asarray(eps, dtype=rnn.dtype)
+    eps = rnn.check_eps(trace, eps)
     tau, batch = trace.output.shape[0], trace.output.shape[2:]
-    if eps.shape != trace.output.shape:
-        raise ValueError(f"eps has shape {eps.shape}, expected {trace.output.shape} "
-                         "(the output's: time, features[, samples])")
     slopes = [act.df(y) for act, y in zip(rnn.activations, trace.y)]
     scales = [None if k == 0 else slopes[k - 1][s]
               for s in range(tau) for k in range(rnn.depth + 1)]

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import backend
-from .._checks import require_finite
+from .._checks import canonical_matrix, require_finite
 
 __all__ = ["TriangularSystem", "Blocks", "Edge", "Step", "FORMS"]
 
@@ -235,7 +235,7 @@ class TriangularSystem:
         if edges is None:
             pairs = [(j + 1, j) if self.lower else (j, j + 1) for j in range(len(coupling))]
             edges = [(row, col, M) for (row, col), M in zip(pairs, coupling)]
-        self._edges = tuple((int(row), int(col), M) for row, col, M in edges)
+        self._edges = _canonical_edges(edges)
         self._row_scale = tuple(row_scale)
         self._scaled_rhs = rhs
         self._paper_hint = paper_hint
@@ -295,7 +295,9 @@ class TriangularSystem:
             raise ValueError(f"rhs has shape {rhs.shape}, expected ({self.size},) or "
                              f"({self.size}, r)")
         if rhs.dtype.kind != "f":
-            raise ValueError(f"rhs has dtype {rhs.dtype}, expected a floating type")
+            raise ValueError(f"rhs has dtype {rhs.dtype}, expected a real floating type")
+        if min(self.sizes, default=0) < 1:
+            raise ValueError(f"block sizes must be >= 1, got {self.sizes}")
         for j, (row, col, M) in enumerate(self._edges):
             if not (0 <= row < nb and 0 <= col < nb) or (row > col) != self.lower \
                     or row == col:
@@ -309,6 +311,8 @@ class TriangularSystem:
         for k, s in enumerate(self._row_scale):
             if s is None:
                 continue
+            if getattr(s, "dtype", None) is None or s.dtype.kind != "f":
+                raise ValueError(f"{self.names[k]}: row scaling must be a real floating array")
             want = (self.sizes[k],) if rhs.ndim == 1 else (self.sizes[k], rhs.shape[1])
             if s.shape != want and not (rhs.ndim == 2 and s.shape == (self.sizes[k], 1)):
                 raise ValueError(f"{self.names[k]}: row scaling has shape {s.shape}, "
@@ -578,6 +582,26 @@ class TriangularSystem:
         if dense and blocksize > 1 and hasattr(csr, "tobsr"):
             return csr.tobsr(blocksize=(blocksize, blocksize))
         return csr
+
+
+def _canonical_edges(edges: Sequence[tuple[int, int, Any]]) -> tuple:
+    """The edges with canonical couplings (:func:`~propop._checks.canonical_matrix`).
+
+    Sparse matrices of any format become canonical CSR arrays, each distinct
+    matrix once (an RNN's edges share their templates); matrices already in that
+    form, and real dense arrays, are kept as they are.
+    """
+    done: dict[int, Any] = {}
+    out = []
+    for row, col, M in edges:
+        if id(M) not in done:
+            canonical = (backend.is_sparse(M) and M.format == "csr" and M.has_canonical_format
+                         and M.dtype.kind == "f") or (
+                not backend.is_sparse(M) and getattr(M, "dtype", None) is not None
+                and M.dtype.kind == "f")
+            done[id(M)] = M if canonical else canonical_matrix(M, f"coupling ({row}, {col})")
+        out.append((int(row), int(col), done[id(M)]))
+    return tuple(out)
 
 
 def _csr_class(be: backend.Backend) -> Any:
