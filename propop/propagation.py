@@ -7,7 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from .networks.trace import Trace
+from . import backend
+from .networks.trace import Trace, require_trace
 from .progress import bar
 from .solvers.convergence import default_rtol
 from .solvers.options import check_options
@@ -45,7 +46,8 @@ def backprop(net: Any, x: Any, target: Any, loss: str = "mse",
     check : bool
         Raise :class:`~propop.ConvergenceError` if the solve fails.
     trace : Trace, optional
-        The forward pass of ``x`` to linearise around (default ``net.forward(x)``).
+        The forward pass of ``x`` to linearise around (default ``net.forward(x)``),
+        for instance from :func:`forward`; checked to be of this ``x`` and network.
     **options
         Passed to the solver.
 
@@ -63,7 +65,11 @@ def backprop(net: Any, x: Any, target: Any, loss: str = "mse",
     >>> g.W[0].shape, g.solution.converged
     ((5, 3), True)
     """
-    trace = net.forward(x) if trace is None else trace
+    if trace is None:
+        trace = net.forward(x)
+    else:
+        x = net.check_input(x)
+        require_trace(trace, x, net.state_shapes(x))
     eps = net.loss_gradient(trace, target, loss)
     system = backward_system(net, trace, eps)
     if rtol is not None:
@@ -87,8 +93,9 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     (``tau + l - 1`` for an RNN, whose dependencies also run along time).
 
     Stops when the nonlinear residual ``max_k ||z_{k+1} - f(y_k)|| / ||f(y_k)||``
-    is at most ``rtol`` (``stop="residual"``), or when the relative change of the
-    states between two iterations is (``stop="change"``, as DEER does); both
+    (and the input block's ``||z_0 - x|| / ||x||``) is at most ``rtol``
+    (``stop="residual"``), or when the relative change of the states between
+    two iterations is (``stop="change"``, as DEER does); both
     are recorded, in ``info["residuals"]`` and ``info["changes"]``.
     ``trace.info`` also holds ``iterations`` and the linear ``solutions``.
     ``around`` starts the iteration from a trace (default: all states zero);
@@ -101,13 +108,15 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     ------
     ConvergenceError
         If ``check`` and the iteration did not converge within ``maxiter``
-        (default: the number of blocks less one, always enough) iterations.
+        (default: the number of blocks less one, always enough; one more for
+        ``stop="change"``, which needs an iterate that no longer changes).
     """
     check_options(rtol, 0.0, maxiter)
     if stop not in STOPS:
         raise ValueError(f"stop must be one of {STOPS}, got {stop!r}")
     rtol = default_rtol(net.dtype) if rtol is None else rtol
     linear_rtol = min(rtol, default_rtol(net.dtype)) if linear_rtol is None else linear_rtol
+    x = net.check_input(x)
     trace = around if around is not None else net.trace_from_states(x, None)
     residual = getattr(net, "nonlinear_residual", None) or (
         lambda t: _nonlinear_residual(net, t))
@@ -117,13 +126,14 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
         while not measure[-1] <= rtol:
             system = forward_system(net, x, around=trace, linearization=linearization)
             if maxiter is None:  # the longest chain of dependencies is shorter than this
-                maxiter = shown.total = system.nblocks - 1
+                maxiter = shown.total = system.nblocks - 1 + (stop == "change")
             if len(solutions) >= maxiter:
                 break
             solution = solve(system, method, check=check, rtol=linear_rtol, **options)
             solutions.append(solution)
-            previous, trace = trace, net.trace_from_states(x, net.unstack(system, solution.x))
-            residuals.append(residual(trace))
+            states = net.unstack(system, solution.x)
+            previous, trace = trace, net.trace_from_states(x, states)
+            residuals.append(max(residual(trace), _relative(states[0], x)))
             changes.append(_change(previous, trace))
             shown.update()
             shown.set_postfix_str(f"residual {residuals[-1]:.1e}")
@@ -131,8 +141,14 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
             "solutions": solutions, "converged": measure[-1] <= rtol}
     if check and not info["converged"]:
         solution = solutions[-1] if solutions else None
-        raise ConvergenceError(_failed(solution, len(solutions), residuals[-1], rtol))
+        raise ConvergenceError(_failed(solution, len(solutions), stop, measure[-1], rtol))
     return Trace(x=trace.x, y=trace.y, z=trace.z, info=info)
+
+
+def _relative(a: Any, b: Any) -> float:
+    """``||a - b|| / ||b||``: how far a solution's input block is from the input."""
+    xp = backend.namespace(b)
+    return float(xp.linalg.norm(a - b)) / max(float(xp.linalg.norm(b)), 1e-300)
 
 
 def _change(before: Trace, after: Trace) -> float:
@@ -153,10 +169,12 @@ def _nonlinear_residual(net: Any, trace: Trace) -> float:
     return worst
 
 
-def _failed(solution: Solution | None, iterations: int, residual: float, rtol: float
+def _failed(solution: Solution | None, iterations: int, stop: str, value: float, rtol: float
             ) -> Solution:
     base = solution or Solution(x=None, status=Status.MAX_ITER)
+    measure = "nonlinear residual" if stop == "residual" else "relative change of the states"
     return replace(base, status=Status.MAX_ITER, message=(
-        f"forward iteration stopped after {iterations} iterations with nonlinear "
-        f"residual {residual:.2e} > rtol={rtol:g}; raise maxiter (the number of layers "
-        "is always enough with exact linear solves) or use linearization='newton'"))
+        f"forward iteration stopped after {iterations} iterations with {measure} "
+        f"{value:.2e} > rtol={rtol:g}; raise maxiter (the number of layers is always enough "
+        "with exact linear solves, one more for stop='change') or use "
+        "linearization='newton'"))

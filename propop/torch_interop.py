@@ -56,6 +56,7 @@ def from_torch(module: nn.Module, input_shape: Sequence[int] | None = None) -> G
         The shape of one input sample, ``(C, H, W)`` or ``(C, L)``; needed when the
         first layer is a convolution or pooling, else the ``Linear``'s input size.
     """
+    _require_plain(module, "")
     if isinstance(module, nn.RNN):
         return _rnn(module)
     shape = tuple(input_shape) if input_shape is not None else _first_linear_input(module)
@@ -89,6 +90,7 @@ def _add(graph: Graph, module: nn.Module, source: str, shape: tuple, path: str
     def child(name: str) -> str:
         return f"{path}.{name}" if path else name
 
+    _require_plain(module, path)
     if isinstance(module, nn.Sequential):
         for name, sub in module.named_children():
             source, shape = _add(graph, sub, source, shape, child(name))
@@ -106,6 +108,29 @@ def _add(graph: Graph, module: nn.Module, source: str, shape: tuple, path: str
     name = path or type(module).__name__.lower()
     graph.add(name, layer, source)
     return name, out_shape
+
+
+KNOWN = (nn.Sequential, Residual, nn.Linear, nn.Conv1d, nn.Conv2d, nn.AvgPool2d, nn.MaxPool2d,
+         nn.Flatten, nn.RNN, *ACTIVATIONS)
+
+
+def _require_plain(module: nn.Module, where: str) -> None:
+    """Refuse a module whose ``forward()`` is not its supported base class's, or has hooks.
+
+    The importer reads a module by its class; a subclass that overrides
+    ``forward()`` (or a forward hook) computes something the class does not say,
+    and importing it as the base class would give a silently different network.
+    """
+    base = next((k for k in KNOWN if isinstance(module, k)), None)
+    name = where or "the top"
+    if base is not None and type(module).forward is not base.forward:
+        raise ValueError(f"{type(module).__name__} at {name} overrides forward() of "
+                         f"{base.__name__}: from_torch reads modules by their class and cannot "
+                         "know what your forward() computes; build the network from the "
+                         f"supported modules ({base.__name__} as it is, Residual for x + f(x))")
+    if module._forward_hooks or module._forward_pre_hooks:
+        raise ValueError(f"{type(module).__name__} at {name} has forward hooks, which may "
+                         "change what it computes: remove them before from_torch")
 
 
 def _layer(module: nn.Module, shape: tuple, where: str) -> tuple[Any, tuple]:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import backend
-from ._checks import require_finite
+from ._checks import real_array, require_finite
 from .losses import loss_value
 from .networks.fnn import FNN
 from .networks.graph import Graph
@@ -82,8 +82,14 @@ class _Optimizer:
     def __init__(self, name: str, lr: float, momentum: float, betas: tuple, eps: float) -> None:
         if name not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {name!r}; choose one of {OPTIMIZERS}")
-        if not lr > 0:
-            raise ValueError(f"lr must be > 0, got {lr}")
+        if not 0 < lr < np.inf:
+            raise ValueError(f"lr must be a finite number > 0, got {lr}")
+        if not 0 <= momentum < np.inf:
+            raise ValueError(f"momentum must be a finite number >= 0, got {momentum}")
+        if len(betas) != 2 or not all(0 <= beta < 1 for beta in betas):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {betas}")
+        if not 0 < eps < np.inf:
+            raise ValueError(f"eps must be a finite number > 0, got {eps}")
         self.name, self.lr, self.momentum, self.betas, self.eps = name, lr, momentum, betas, eps
         self.state: dict = {}
         self.t = 0
@@ -201,6 +207,11 @@ def train(model: Any, x: Any, y: Any, *, epochs: int = 1, batch_size: int = 32,
     >>> len(history.epochs), len(history.steps), history.steps[0]["status"]
     (2, 6, 'MAX_ITER')
     """
+    x, y = _as_data(x, "x"), _as_targets(y, "y")
+    if (x_test is None) != (y_test is None):
+        raise ValueError("x_test and y_test go together: give both or neither")
+    if x_test is not None:
+        x_test, y_test = _as_data(x_test, "x_test"), _as_targets(y_test, "y_test")
     r = np.shape(x)[-1]
     if int(batch_size) != batch_size or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size}")
@@ -290,6 +301,24 @@ def _test(model: Any, x: Any, y: Any, loss: str) -> dict:
         return {}
     scores = _evaluate(model, x, y, loss)
     return {f"test_{k}": v for k, v in scores.items()}
+
+
+def _as_data(x: Any, what: str) -> Any:
+    """Inputs as a real array with samples on the last axis (at least one)."""
+    x = real_array(x, what)
+    if x.ndim < 1 or x.shape[-1] == 0:
+        raise ValueError(f"{what} has shape {x.shape}: no samples on its last axis")
+    return x
+
+
+def _as_targets(y: Any, what: str) -> Any:
+    """Targets as arrays (a list of them for several outputs); integer labels stay integers."""
+    if isinstance(y, list) and y and np.ndim(y[0]) >= 1 and hasattr(y[0], "shape"):
+        return [_as_targets(t, f"{what}[{i}]") for i, t in enumerate(y)]
+    labels = np.asarray(y) if not hasattr(y, "dtype") else y
+    if getattr(labels, "dtype", None) is not None and labels.dtype.kind in "iu":
+        return labels
+    return real_array(y, what)
 
 
 def _check_data(x: Any, y: Any, x_test: Any, y_test: Any) -> None:

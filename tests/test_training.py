@@ -169,7 +169,7 @@ def test_bad_training_input_is_named(data):
         train(mlp(), xtr, ytr, method="batched-gmres", restrat=5)
     with pytest.raises(ValueError, match="epochs must be an integer >= 1, got 0"):
         train(mlp(), xtr, ytr, epochs=0)
-    with pytest.raises(ValueError, match="lr must be > 0, got -1"):
+    with pytest.raises(ValueError, match="lr must be a finite number > 0, got -1"):
         train(mlp(), xtr, ytr, lr=-1)
     with pytest.raises(KeyError, match="unknown solver 'gauss'"):
         train(mlp(), xtr, ytr, method="gauss")

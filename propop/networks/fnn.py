@@ -236,6 +236,11 @@ class FNN:
         """Per-layer blocks (``v[0..l]`` or ``z[0..l]``) of a solution of its system."""
         return system.split(x)
 
+    def state_shapes(self, x: Any) -> tuple[list, list]:
+        """Shapes of ``z[0..l]`` and ``y[0..l-1]`` of a forward pass of ``x``."""
+        z = [(n,) + x.shape[1:] for n in self.sizes]
+        return z, z[1:]
+
     def trace_from_states(self, x: Any, z: Sequence[Any] | None) -> Trace:
         """The trace whose ``y[k] = W[k] z[k] + b[k]`` comes from states ``z``.
 

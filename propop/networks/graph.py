@@ -257,6 +257,13 @@ class Graph:
         """A solution of one of this graph's systems as per-node blocks."""
         return list(system.split(x))
 
+    def state_shapes(self, x: Any) -> tuple[list, list]:
+        """Shapes of every node's output ``z`` and diagonal node's input ``y`` (else ``None``)."""
+        z = [(self._size[n],) + x.shape[1:] for n in self._order]
+        y = [None if self.is_linear(n) else (self._size[self.inputs[n][0]],) + x.shape[1:]
+             for n in self._order]
+        return z, y
+
     def trace_from_states(self, x: Any, states: Sequence[Any] | None) -> Trace:
         """The trace whose forward blocks are ``states`` (zeros when ``None``)."""
         x = self.check_input(x)

@@ -19,7 +19,7 @@ from .. import backend
 from .._checks import real_array, require_finite, require_samples, require_shape
 from ..activations import Activation, get_activation
 from ..losses import loss_gradient
-from .fnn import _as_biases, _as_weight, _float_dtype, transposed
+from .fnn import _as_biases, _as_weight, _float_dtype, _outer, transposed
 from .trace import Trace
 
 __all__ = ["RNN", "RNNGradients", "over_time"]
@@ -32,7 +32,8 @@ class RNNGradients:
     Attributes
     ----------
     W, U, b : tuple
-        Per layer, ``dE/dW[k]``, ``dE/dU[k]``, ``dE/db[k]``.
+        Per layer, ``dE/dW[k]``, ``dE/dU[k]``, ``dE/db[k]``; a sparse weight's
+        gradient is sparse on its pattern.
     x : array
         ``dE/dx``, shaped like the input sequence.
     solution : Solution or None
@@ -224,10 +225,16 @@ class RNN:
         dW, dU, db = [], [], []
         for k in range(self.depth):
             vk, zin, zk = v[k + 1], trace.z[k], trace.z[k + 1]
-            dW.append(_outer_over_time(vk, zin))
-            dU.append(_outer_over_time(vk[1:], zk[:-1]))
+            dW.append(_outer(self.W[k], _steps_as_columns(vk), _steps_as_columns(zin)))
+            dU.append(_outer(self.U[k], _steps_as_columns(vk[1:]),
+                             _steps_as_columns(zk[:-1])))
             db.append(vk.sum(axis=tuple(a for a in range(vk.ndim) if a != 1)))
         return RNNGradients(tuple(dW), tuple(dU), tuple(db), v[0])
+
+    def state_shapes(self, xs: Any) -> tuple[list, list]:
+        """Shapes of ``z[0..l]`` and ``y[0..l-1]``, each ``(tau, h[, r])``, of a pass of ``xs``."""
+        z = [(xs.shape[0], n) + xs.shape[2:] for n in self.sizes]
+        return z, z[1:]
 
     def trace_from_states(self, xs: Any, z: Sequence[Any] | None) -> Trace:
         """The trace whose ``y[k][s] = W z[k][s] + U z[k+1][s-1] + b`` comes from states ``z``.
@@ -262,10 +269,11 @@ def over_time(M: Any, Z: Any) -> Any:
     return xp.moveaxis(xp.asarray(M @ flat).reshape((-1, tau) + Z.shape[2:]), 1, 0)
 
 
-def _outer_over_time(V: Any, Z: Any) -> Any:
-    """``sum_s V[s] Z[s]^T`` (over samples too) as one product."""
-    if V.ndim == 2:
-        return V.T @ Z
-    tau, m, r = V.shape
-    return V.transpose(1, 0, 2).reshape(m, tau * r) @ Z.transpose(1, 0, 2).reshape(-1,
-                                                                                 tau * r).T
+def _steps_as_columns(A: Any) -> Any:
+    """``(tau, h[, r])`` as ``(h, tau r)``: every step and sample a column (``tau`` may be 0).
+
+    Then ``sum_s V[s] Z[s]^T`` over steps and samples is one outer product of columns.
+    """
+    xp = backend.namespace(A)
+    h = A.shape[1]
+    return xp.moveaxis(A, 1, 0).reshape(h, A.size // h)

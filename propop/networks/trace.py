@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Trace", "Gradients"]
+from .. import backend
+
+__all__ = ["Trace", "Gradients", "require_trace"]
 
 
 @dataclass(frozen=True)
@@ -58,3 +60,29 @@ class Gradients:
     b: tuple
     x: Any
     solution: Any = field(default=None, compare=False)
+
+
+def require_trace(trace: Any, x: Any, shapes: tuple[list, list]) -> None:
+    """Raise unless ``trace`` is a forward pass of input ``x`` with states of ``shapes``.
+
+    ``shapes`` is ``(z_shapes, y_shapes)`` (``None`` where ``y`` is ``None``), as a
+    network's ``state_shapes(x)`` gives them; ``x`` is the checked input.
+    """
+    if not isinstance(trace, Trace):
+        raise TypeError(f"trace must be a propop Trace, got {type(trace).__name__}")
+    xp = backend.namespace(x)
+    if tuple(getattr(trace.x, "shape", ())) != tuple(x.shape) or not bool(
+            xp.array_equal(xp.asarray(trace.x), x)):
+        raise ValueError("trace was computed from another input: trace.x differs from x "
+                         f"(shapes {tuple(getattr(trace.x, 'shape', ()))} and {tuple(x.shape)});"
+                         " pass the trace of this x, or none")
+    for letter, states, want in (("z", trace.z, shapes[0]), ("y", trace.y, shapes[1])):
+        have = [None if s is None else tuple(s.shape) for s in states]
+        if have != [None if w is None else tuple(w) for w in want]:
+            bad = next(k for k in range(max(len(have), len(want)))
+                       if k >= len(have) or k >= len(want) or have[k] != want[k])
+            raise ValueError(f"trace does not belong to this network: trace.{letter} has "
+                             f"{len(have)} entries, {letter}[{bad}] of shape "
+                             f"{have[bad] if bad < len(have) else 'none'}; expected "
+                             f"{len(want)} entries, {letter}[{bad}] of shape "
+                             f"{want[bad] if bad < len(want) else 'none'}")
