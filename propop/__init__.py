@@ -6,9 +6,10 @@ The public API is DESIGN section 6; everything is re-exported here.
 
 from typing import Any
 
-from . import data, layers, solvers, sparsity
+from . import data, layers, memory, solvers, sparsity
 from .activations import Activation, available_activations, get_activation, register_activation
 from .losses import loss_gradient, loss_value
+from .memory import MemoryBudgetError
 from .networks import FNN, RNN, Gradients, Graph, GraphGradients, RNNGradients, Trace
 from .propagation import backprop, forward
 from .solvers import ConvergenceError, Solution, Status, solve
@@ -37,4 +38,5 @@ __all__ = [
     "TriangularSystem", "Blocks", "backward_system", "forward_system",
     "solve", "solvers", "Solution", "Status", "ConvergenceError",
     "backprop", "forward", "from_torch", "train", "History", "data", "sparsity",
+    "memory", "MemoryBudgetError",
 ]

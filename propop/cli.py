@@ -17,6 +17,7 @@ import scipy
 from . import backend, solvers
 from .solvers.registry import REQUIREMENT_WORDS
 from .activations import available_activations
+from .memory import MemoryBudgetError
 from .networks.fnn import FNN
 from .networks.graph import Graph
 from .networks.rnn import RNN
@@ -128,7 +129,11 @@ def _measure(name: str, system: Any, net: Any, trace: Any, reference: Any, repea
     if not solvers.info(name).applies_to(system):
         needs = " and ".join(REQUIREMENT_WORDS[r] for r in solvers.info(name).requires)
         return Row(name, exact, f"N/A (needs a {needs})", 0, 0, float("nan"), float("nan"))
-    solution = solvers.solve(system, name)
+    try:
+        solution = solvers.solve(system, name)
+    except MemoryBudgetError as error:
+        return Row(name, exact, f"N/A (memory: needs {error.estimate / 2**30:.1f} GiB, budget "
+                   f"{error.budget / 2**30:.1f} GiB)", 0, 0, float("nan"), float("nan"))
     times = [solvers.solve(system, name).time for _ in range(repeats)]
     g = net.gradients(trace, net.unstack(system, solution.x))
     return Row(name, exact, solution.status.name, solution.iterations, solution.levels,

@@ -181,7 +181,9 @@ def test_sparse_overflow_and_bad_options():
     sol = pp.solve(B, "cyclic-reduction", sparse=True, dense_threshold=1.0)
     assert sol.status is pp.Status.NONFINITE and "level 1" in sol.message
     with pytest.raises(ValueError, match=r"dense_threshold must lie in \[0, 1\]"):
-        pp.solve(B, "cyclic-reduction", dense_threshold=2)
+        pp.solve(B, "cyclic-reduction", sparse=True, dense_threshold=2)
+    with pytest.raises(ValueError, match=r"dense_threshold applies to sparse reductions"):
+        pp.solve(B, "cyclic-reduction", dense_threshold=0.5)  # narrow: the dense path
 
 
 def test_sparse_path_is_the_default_only_for_wide_sparse_layers():

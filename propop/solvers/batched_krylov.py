@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import memory
+from . import footprint
 from .bicgstab import bicgstab
 from .convergence import Tolerance, default_maxiter, finish, initial_guess
 from .options import OptionError
@@ -39,12 +41,17 @@ def _safe(xp: Any, num: Any, den: Any) -> Any:
 
 
 def restart_length(system: Any, restart: int | None) -> int:
-    """``restart``, checked, or the default ``min(nblocks + 1, 50)``."""
-    if restart is None:
-        return min(system.nblocks + 1, 50)
-    if restart < 1:
+    """``restart``, checked against the memory budget, or the default ``min(nblocks + 1, 50)``.
+
+    A cycle keeps ``restart + 1`` basis blocks the size of the right-hand side.
+    """
+    if restart is not None and restart < 1:
         raise OptionError(f"restart must be >= 1, got {restart}")
-    return int(restart)
+    m = min(system.nblocks + 1, 50) if restart is None else int(restart)
+    memory.require(footprint.krylov_basis(system, m), f"GMRES with restart={m} on this "
+                   f"{system.nrhs or 1}-sample system", "lower restart, or use 'bicgstab' "
+                   "or 'substitution'")
+    return m
 
 
 class _Cycle:

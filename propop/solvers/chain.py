@@ -28,20 +28,25 @@ __all__ = ["Chain", "product", "apply", "Counter", "chain_rows", "in_system_orde
 
 @dataclass
 class Counter:
-    """Work and memory of a reduction, counted as it runs."""
+    """Work of a reduction counted as it runs, and memory as :mod:`.footprint` walks it."""
 
     flops: int = 0
     peak_bytes: int = 0
     live_bytes: int = 0
 
-    def hold(self, nbytes: int) -> None:
-        """Record ``nbytes`` more of reduced blocks alive now."""
-        self.live_bytes += nbytes
+    def hold(self, nbytes: int) -> int:
+        """Record ``nbytes`` more alive now; returns ``nbytes``."""
+        self.live_bytes += int(nbytes)
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        return int(nbytes)
 
     def release(self, nbytes: int) -> None:
-        """Record ``nbytes`` of reduced blocks freed."""
-        self.live_bytes -= nbytes
+        """Record ``nbytes`` freed."""
+        self.live_bytes -= int(nbytes)
+
+    def passing(self, nbytes: int) -> None:
+        """Record a temporary of ``nbytes``: held, then freed."""
+        self.release(self.hold(nbytes))
 
 
 @dataclass

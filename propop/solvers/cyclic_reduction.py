@@ -38,7 +38,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .. import backend
+from .. import backend, memory
+from . import footprint
 from .chain import Chain, Counter, apply, in_system_order, product
 from .sparse_chain import SparseChain, sparse_reduce
 from .group_reduction import reduce_over_groups
@@ -92,7 +93,6 @@ def _reduce(chain: Chain, counter: Counter, xp: Any) -> tuple[Any, int]:
     """
     L, C, G = chain.L, chain.C[1:], chain.G
     eliminated, level = [], 0
-    counter.hold(C.nbytes)
     while G.shape[0] > 1:
         level += 1
         pairs = (G.shape[0] - 1) // 2  # even k = 2..2 pairs, each with k - 1
@@ -101,11 +101,10 @@ def _reduce(chain: Chain, counter: Counter, xp: Any) -> tuple[Any, int]:
                         counter)
         _check_finite(xp, cores, level, 2**level, 2**level, 2**level, chain)
         rhs = apply(L[even], C[1: 2 * pairs: 2], G[before], counter) + G[even]
-        odd = (L[1::2], C[0::2].copy(), G[1::2])  # x_k = A_k x_{k-1} + G_k, k odd
-        counter.hold(cores.nbytes + odd[1].nbytes)
-        counter.release(C.nbytes)
-        eliminated.append(odd)
+        # x_k = A_k x_{k-1} + G_k for odd k, kept for the back-substitution
+        eliminated.append((L[1::2], C[0::2].copy(), G[1::2]))
         L, C, G = xp.concatenate([L[:1], L[even]]), cores, xp.concatenate([G[:1], rhs])
+        del cores, rhs  # the level's arrays live on in C and G only
     X = G
     for L_odd, C_odd, G_odd in reversed(eliminated):  # back-substitution, one op a level
         full = xp.empty((X.shape[0] + G_odd.shape[0],) + X.shape[1:], dtype=X.dtype)
@@ -123,7 +122,6 @@ def _parallel_reduce(chain: Chain, counter: Counter, xp: Any) -> tuple[Any, int]
     L, G = chain.L, chain.G
     C, first = chain.C, 0
     m, shift, level = G.shape[0], 1, 0
-    counter.hold(C.nbytes)
     while shift < m:
         level += 1
         rhs = apply(L[shift:], C[shift - first:], G[: m - shift], counter) + G[shift:]
@@ -131,10 +129,10 @@ def _parallel_reduce(chain: Chain, counter: Counter, xp: Any) -> tuple[Any, int]
             cores = product(L[2 * shift:], C[2 * shift - first:], L[shift: m - shift],
                             C[shift - first: m - shift - first], counter)
             _check_finite(xp, cores, level, 2 * shift, 1, 2 * shift, chain)
-            counter.hold(cores.nbytes)
-            counter.release(C.nbytes)
             C, first = cores, 2 * shift
+            del cores
         G = xp.concatenate([G[:shift], rhs])
+        del rhs
         shift *= 2
     return G, level
 
@@ -170,19 +168,23 @@ def _over_groups(system: Any, shared_diagonal: str | None, counter: Counter
     return reduce_over_groups(system, lambda chain, c: _reduce(chain, c, xp), counter)
 
 
-def _sparse_or_dense(system: Any, shared_diagonal: str | None, counter: Counter, *,
-                     sparse: bool | None, dense_threshold: float) -> tuple[Any, int, dict]:
-    """Cyclic reduction on sparse cores where the couplings are sparse, else dense."""
+def _sparse(system: Any, sparse: bool | None) -> bool:
+    """Whether to reduce with sparse products (``sparse=None``: wide sparse couplings)."""
+    be = system.backend
+    if sparse and be.name != "numpy":
+        raise OptionError("sparse=True needs scipy.sparse couplings on the CPU")
+    if sparse is None:
+        return (be.name == "numpy" and max(system.sizes) >= SPARSE_MIN_WIDTH
+                and any(be.sparse.issparse(M) for M in system.blocks.coupling))
+    return sparse
+
+
+def _sparse_reduce(system: Any, shared_diagonal: str | None, counter: Counter, *,
+                   dense_threshold: float) -> tuple[Any, int, dict]:
+    """Cyclic reduction on sparse cores (:mod:`.sparse_chain`)."""
     be = system.backend
     if not 0 <= dense_threshold <= 1:
         raise OptionError(f"dense_threshold must lie in [0, 1], got {dense_threshold}")
-    if sparse is None:
-        sparse = (be.name == "numpy" and max(system.sizes) >= SPARSE_MIN_WIDTH
-                  and any(be.sparse.issparse(M) for M in system.blocks.coupling))
-    if not sparse:
-        return _dense(_reduce)(system, shared_diagonal, counter)
-    if be.name != "numpy":
-        raise OptionError("sparse=True needs scipy.sparse couplings on the CPU")
     chain = SparseChain.of(system, shared_diagonal)
     X, levels, info = sparse_reduce(chain, counter, lambda c, k: _reduce(c, k, be.xp),
                                     dense_threshold, _check_sparse)
@@ -199,7 +201,15 @@ def _check_sparse(cores: list, level: int, blocks: list) -> None:
 
 
 def _solve(system: Any, run: Callable, rtol: float | None, atol: float, verify: bool,
-           shared_diagonal: str | None) -> Solution:
+           shared_diagonal: str | None, peak: int, bound: bool = False) -> Solution:
+    """Run a reduction: the memory guard first, then ``run``, then the status.
+
+    ``peak`` is the reduction's estimated peak in bytes (:mod:`.footprint`), an
+    upper ``bound`` where fill-in decides it.
+    """
+    memory.require(peak, f"cyclic reduction of this {system.nrhs or 1}-sample system",
+                   "use 'substitution', which needs the system's memory alone, or fewer "
+                   "samples per solve")
     xp = system.backend.xp
     counter = Counter()
     expected = math.ceil(math.log2(system.nblocks)) if system.nblocks > 1 else 0
@@ -210,7 +220,7 @@ def _solve(system: Any, run: Callable, rtol: float | None, atol: float, verify: 
         return Solution(x=xp.full_like(system.rhs, xp.nan), status=Status.NONFINITE,
                         message=overflow.message, levels=expected,
                         info={"flops": counter.flops})
-    info.update(flops=counter.flops, peak_bytes=counter.peak_bytes)
+    info.update(flops=counter.flops, peak_bytes=peak, peak_is_bound=bound)
     approximate = shared_diagonal is not None
     tol = Tolerance.of(system, rtol, atol) if (verify or approximate) else None
     solution = finish(system, x, tol=tol, levels=levels, info=info,
@@ -272,30 +282,41 @@ def cyclic_reduction(system: Any, *, rtol: float | None = None, atol: float = 0.
     -----
     ``levels`` is the number of reduction levels; back-substitution takes as many
     again. ``info["flops"]`` counts the floating-point operations executed
-    (padded widths) and ``info["peak_bytes"]`` the reduced blocks alive at once.
+    (padded widths). ``info["peak_bytes"]`` is the peak memory estimated from the
+    shapes before anything is allocated (:mod:`.footprint`; within 20% of the
+    measured peak on the dense paths, an upper bound, ``info["peak_is_bound"]``,
+    for sparse and grouped reductions, whose fill-in decides); above the memory
+    budget (:mod:`propop.memory`) the method raises
+    :class:`~propop.memory.MemoryBudgetError` before allocating.
     An option for another kind of system (``within`` on a chain, ``sparse`` on
     an RNN system) raises ``ValueError``.
     """
+    shared = shared_diagonal is not None
     if system.structure is not None:
         _applies("sparse", sparse, "chains")
         _applies("dense_threshold", dense_threshold, "chains")
-        run = functools.partial(_over_time, within=within or WITHIN[0])
-    else:
-        _applies("within", within, "RNN systems")
-        if groups and not system.blocks.is_chain:
-            _applies("sparse", sparse, "chains")
-            _applies("dense_threshold", dense_threshold, "chains")
-            run = _over_groups
-        elif not system.blocks.is_chain:
-            raise ValueError("this system is not block bi-diagonal (a chain): each block row "
-                             "must have at most one neighbour; for a graph with skip "
-                             "connections pass groups=True (each residual block becomes one "
-                             f"node, {len(system.blocks.groups)} groups here), or use "
-                             "'substitution', 'level-scheduled' or a Krylov method")
-        else:
-            run = functools.partial(_sparse_or_dense, sparse=sparse, dense_threshold=0.25
-                                    if dense_threshold is None else dense_threshold)
-    return _solve(system, run, rtol, atol, verify, shared_diagonal)
+        within = within or WITHIN[0]
+        return _solve(system, functools.partial(_over_time, within=within), rtol, atol, verify,
+                      shared_diagonal, footprint.time_cyclic_reduction(system, within))
+    _applies("within", within, "RNN systems")
+    if groups and not system.blocks.is_chain:
+        _applies("sparse", sparse, "chains")
+        _applies("dense_threshold", dense_threshold, "chains")
+        return _solve(system, _over_groups, rtol, atol, verify, shared_diagonal,
+                      footprint.groups(system), bound=True)
+    if not system.blocks.is_chain:
+        raise ValueError("this system is not block bi-diagonal (a chain): each block row "
+                         "must have at most one neighbour; for a graph with skip "
+                         "connections pass groups=True (each residual block becomes one "
+                         f"node, {len(system.blocks.groups)} groups here), or use "
+                         "'substitution', 'level-scheduled' or a Krylov method")
+    dense_peak = footprint.dense_cyclic_reduction(system, shared, parallel_form=False)
+    if _sparse(system, sparse):  # fill-in decides: at most twice the dense path (measured)
+        run = functools.partial(_sparse_reduce, dense_threshold=0.25 if dense_threshold is None
+                                else dense_threshold)
+        return _solve(system, run, rtol, atol, verify, shared_diagonal, 2 * dense_peak, True)
+    _applies("dense_threshold", dense_threshold, "sparse reductions (sparse=True)")
+    return _solve(system, _dense(_reduce), rtol, atol, verify, shared_diagonal, dense_peak)
 
 
 @register("parallel-cyclic-reduction", kind="direct", exact=True, backends=("numpy", "cupy"),
@@ -311,4 +332,6 @@ def parallel_cyclic_reduction(system: Any, *, rtol: float | None = None, atol: f
     is no back-substitution phase.
     """
     system.blocks.require_chain()  # a clear error for systems that are not block bi-diagonal
-    return _solve(system, _dense(_parallel_reduce), rtol, atol, verify, shared_diagonal)
+    peak = footprint.dense_cyclic_reduction(system, shared_diagonal is not None,
+                                            parallel_form=True)
+    return _solve(system, _dense(_parallel_reduce), rtol, atol, verify, shared_diagonal, peak)

@@ -7,7 +7,8 @@ from typing import Any
 
 from scipy.sparse.linalg import spsolve_triangular as scipy_solve
 
-from .. import backend
+from .. import backend, memory
+from . import footprint
 from .convergence import Tolerance, finish
 from .registry import register
 from .solution import Solution, Status
@@ -98,14 +99,20 @@ def spsolve_triangular(system: Any, *, rtol: float | None = None,
     Row by row: ``levels`` is the number of unknowns of a sample. ``verify`` as
     for :func:`substitution`.
     """
-    matrix = system.matrix.tocsr()
+    peak = footprint.explicit_matrix(system)
+    memory.require(peak, f"scipy.spsolve_triangular with the explicit matrix of "
+                   f"{system.nrhs or 1} samples",
+                   "use 'substitution', which solves the same system without forming it")
+    matrix = system.to_csr()  # ours alone: SciPy may work in it, and skip its divisions
     rhs = system.rhs if system.nrhs is None else system.rhs.T.reshape(-1)
-    x = scipy_solve(matrix, rhs, lower=system.lower)  # the diagonal is stored, even ones
+    x = scipy_solve(matrix, rhs, lower=system.lower, overwrite_A=True,
+                    unit_diagonal=system.form == "scaled")
     if system.nrhs is not None:
         x = x.reshape(system.nrhs, system.size).T
     tol = Tolerance.of(system, rtol, atol) if verify else None
     return finish(system, x, tol=tol, levels=system.size,
-                  info={"matrix_format": system.matrix.format, "nnz": matrix.nnz},
+                  info={"matrix_format": matrix.format, "nnz": matrix.nnz,
+                        "peak_bytes": peak},
                   verify=verify)
 
 

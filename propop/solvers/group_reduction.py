@@ -24,7 +24,7 @@ from typing import Any
 
 from .chain import Chain, Counter
 
-__all__ = ["reduce_over_groups"]
+__all__ = ["reduce_over_groups", "read_by"]
 
 
 def reduce_over_groups(system: Any, reduce: Any, counter: Counter) -> tuple[Any, int, dict]:
@@ -33,7 +33,7 @@ def reduce_over_groups(system: Any, reduce: Any, counter: Counter) -> tuple[Any,
     xp = system.backend.xp
     groups = system.blocks.groups
     rows = [_entries(system, group) for group in groups]
-    carried = [_entries(system, _read_by(system, groups, s)) for s in range(len(groups))]
+    carried = [_entries(system, read_by(system, groups, s)) for s in range(len(groups))]
     samples = system.samples()
     Y = []  # per group: (r, rows, carried-before + 1)
     for s, group_rows in enumerate(rows):
@@ -68,7 +68,7 @@ def _entries(system: Any, blocks: Any) -> Any:
     return xp.concatenate(parts) if parts else xp.zeros(0, dtype=int)
 
 
-def _read_by(system: Any, groups: tuple, s: int) -> list:
+def read_by(system: Any, groups: tuple, s: int) -> list:
     """The blocks of group ``s`` that group ``s + 1`` reads."""
     if s + 1 == len(groups):
         return []

@@ -160,7 +160,6 @@ def sparse_reduce(chain: SparseChain, counter: Counter, dense_reduce: Callable,
                             (chain.sizes[0],) + tuple(chain.sizes[k] for k in evens))
         if cores:
             fill.append(chain.nnz_per_core() / base)
-        counter.hold(sum(c.data.nbytes for c in chain.cores()))
     sparse_levels = level
     if len(chain.G) > 1:  # dense from here on
         dense = chain.to_dense()

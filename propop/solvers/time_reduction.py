@@ -32,7 +32,7 @@ from typing import Any
 from .. import backend
 from .chain import Chain, Counter, apply
 
-__all__ = ["reduce_over_time", "WITHIN"]
+__all__ = ["reduce_over_time", "WITHIN", "Layout"]
 
 WITHIN = ("cyclic-reduction", "substitution")
 
@@ -78,21 +78,18 @@ def _substitute(chain: Chain, counter: Counter) -> Any:
     return backend.namespace(X[0]).stack(X)
 
 
-class _LayerChain:
-    """The layers of one step as a chain, batched over steps and samples (``b = tau r``).
+class Layout:
+    """The shape of the two-level reduction of an RNN system, from its structure alone.
 
-    Position ``i`` of the chain is layer ``order[i]``; its core is the ``W``
-    template reading the previous position, its scaling the layer's ``f'`` (or
-    secant slope) per step and sample, and its right-hand side ``[G_s | c_s]``.
-    Only the first ``kept`` positions, up to the last layer the recurrence
-    involves, are reduced with matrix right-hand sides; the rest (the input layer
-    of a backward system) follow from the solution in one product each.
+    Position ``i`` of the layer chain is layer ``order[i]``; only the first
+    ``kept`` positions, up to the last layer the recurrence involves, are
+    reduced with matrix right-hand sides; ``carried_layers`` are the layers the
+    next step reads, ``width`` their total size.
     """
 
     def __init__(self, system: Any) -> None:
-        structure, xp = system.structure, system.backend.xp
-        self.system, self.sizes, self.tau = system, structure.sizes, structure.tau
-        per = len(self.sizes)
+        structure = system.structure
+        self.sizes, self.tau = structure.sizes, structure.tau
         self.within = {t.row: t for t in structure.templates if t.offset == 0}
         self.across = [t for t in structure.templates if t.offset != 0]
         self.order = self._chain_order(system.lower)
@@ -103,12 +100,7 @@ class _LayerChain:
         for k in self.carried_layers:
             self.carried_offset[k], width = width, width + self.sizes[k]
         self.width = width
-        rhs = system.rhs if system.nrhs is not None else system.rhs[:, None]
-        self.r = rhs.shape[1]
-        R = xp.moveaxis(rhs.reshape(self.tau, sum(self.sizes), self.r), 2, 1)  # (tau, r, H)
-        offsets = [sum(self.sizes[:k]) for k in range(per)]
-        self.rhs = [R[:, :, o: o + h].reshape(-1, h) for o, h in zip(offsets, self.sizes)]
-        self.scale = [self._columns(a) for a in system.periodic_scales(per)]
+        self.r = system.nrhs or 1
 
     def _chain_order(self, lower: bool) -> list:
         """Layer indices in chain order; a clear error if the step is no chain."""
@@ -128,6 +120,27 @@ class _LayerChain:
                              "a chain (one within-step coupling per layer but the first)")
         return order
 
+
+class _LayerChain(Layout):
+    """The layers of one step as a chain, batched over steps and samples (``b = tau r``).
+
+    Position ``i`` of the chain is layer ``order[i]``; its core is the ``W``
+    template reading the previous position, its scaling the layer's ``f'`` (or
+    secant slope) per step and sample, and its right-hand side ``[G_s | c_s]``;
+    the positions after ``kept`` (the input layer of a backward system) follow
+    from the solution in one product each.
+    """
+
+    def __init__(self, system: Any) -> None:
+        super().__init__(system)
+        xp, per = system.backend.xp, len(self.sizes)
+        self.system = system
+        rhs = system.rhs if system.nrhs is not None else system.rhs[:, None]
+        R = xp.moveaxis(rhs.reshape(self.tau, sum(self.sizes), self.r), 2, 1)  # (tau, r, H)
+        offsets = [sum(self.sizes[:k]) for k in range(per)]
+        self.rhs = [R[:, :, o: o + h].reshape(-1, h) for o, h in zip(offsets, self.sizes)]
+        self.scale = [self._columns(a) for a in system.periodic_scales(per)]
+
     def chain(self, counter: Counter) -> Chain:
         """The padded chain of the first ``kept`` positions, ``c = width + 1`` columns."""
         system, xp = self.system, self.system.backend.xp
@@ -146,7 +159,6 @@ class _LayerChain:
             for t in (t for t in self.across if t.row == k):
                 M, o = backend.dense(t.M), self.carried_offset[t.col]
                 G[i, :, :h, o: o + M.shape[1]] = M[None] if s is None else s[:, :, None] * M
-        counter.hold(G.nbytes)
         return Chain(L, C, G, [f"block {k} of every step" for k in self.order[:m]], ())
 
     def carried(self, Y: Any) -> tuple[Any, Any]:

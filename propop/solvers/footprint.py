@@ -1,0 +1,206 @@
+"""What a reduction will hold in memory, from shapes alone: the memory guard's estimates.
+
+Cyclic reduction forms per-sample blocks (``r`` cores per pair where the batch
+has its own scalings), so its memory grows as ``r l n^2`` and can exceed the
+machine before the first level ends. Each function here walks one algorithm of
+:mod:`.cyclic_reduction`, :mod:`.chain` and :mod:`.time_reduction` step by step
+without arrays: a :class:`~.chain.Counter` holds and releases the bytes each
+step allocates and frees, in the algorithm's order, so its ``peak_bytes`` is the
+peak the solve will reach (temporaries included). The tests hold these
+estimates to within 20% of ``tracemalloc``'s measured peak; change an algorithm's
+allocations and its walk here together.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .chain import Counter
+from .group_reduction import read_by
+from .time_reduction import Layout
+
+__all__ = ["dense_cyclic_reduction", "time_cyclic_reduction", "groups", "explicit_matrix",
+           "krylov_basis"]
+
+# Python objects per block (lists of positions and views, index arrays): measured.
+BOOKKEEPING = 160
+
+
+def _chain(counter: Counter, system: Any, shared: bool) -> tuple[int, int, int]:
+    """:meth:`Chain.of`: holds the chain's ``L``, ``C``, ``G``; returns ``(m, bl, columns)``."""
+    m, n, r = system.nblocks, max(system.sizes), system.nrhs or 1
+    item = system.dtype.itemsize
+    counter.hold(BOOKKEEPING * m)
+    per_sample = system.nrhs is not None and not system._scaled_once
+    bl = r if per_sample and not shared else 1
+    if len(set(system.sizes)) == 1:  # _stacked: whole-array steps
+        ordered = counter.hold(m * n * r * item)  # the rhs in chain order
+        ones = counter.hold(m * n * item)  # the diagonals (all one)
+        S = counter.hold((m - 1) * n * (r if per_sample else 1) * item)  # the scalings
+        counter.hold(m * n * r * item)  # G = rhs / D
+        counter.release(ordered)
+        L = counter.hold(m * n * (r if per_sample else 1) * item)
+        counter.passing((m - 1) * n * (r if per_sample else 1) * item)  # S / D
+        if bl == 1 and per_sample:  # the batch mean
+            counter.hold(m * n * item)
+            counter.release(L)
+        counter.hold(m * n * n * item)  # C
+        counter.passing((m - 1) * n * n * item)  # the stacked couplings
+        counter.release(S + ones)
+        return m, bl, r
+    rows = sum(2 * k * r * item for k in system.sizes)  # each row's L and G, divided
+    counter.hold(rows)
+    counter.hold(m * (bl + 1 + r) * n * item + m * n * n * item)  # L, C, G padded
+    counter.passing(n * n * item)  # a sparse coupling densified
+    counter.release(rows)
+    return m, bl, r
+
+
+def _apply(counter: Counter, p: int, bc: int, r: int, n: int, c: int, item: int) -> int:
+    """:func:`.chain.apply` then ``+ G``: holds the result, ``p r n c`` entries."""
+    product = p * (max(bc, r) if c > 1 or bc > 1 else r) * n * c * item
+    counter.hold(product)  # C X
+    scaled = counter.hold(p * r * n * c * item)  # L * (C X)
+    counter.release(product)
+    out = counter.hold(p * r * n * c * item)  # + G
+    counter.release(scaled)
+    return out
+
+
+def odd_even(counter: Counter, m: int, n: int, r: int, c: int, bl: int, b0: int,
+             item: int) -> None:
+    """``_reduce`` of :mod:`.cyclic_reduction` on a chain of ``m`` positions (held already).
+
+    ``G`` has ``r`` samples of ``c`` columns, ``L`` ``bl`` scalings, ``C`` ``b0`` cores
+    per position. Leaves the solution ``X`` held.
+    """
+    M, bc, cores, kept, levels = m, b0, 0, 0, []
+    while M > 1:
+        p, b = (M - 1) // 2, max(bc, bl)
+        left = counter.hold(p * b * n * n * item)  # C1 diag(L2)
+        new = counter.hold(p * b * n * n * item)  # (C1 diag(L2)) C2
+        counter.release(left)
+        counter.passing(p * b * n * n)  # the finiteness mask
+        rhs = _apply(counter, p, bc, r, n, c, item)
+        kept += counter.hold(math.ceil((M - 1) / 2) * bc * n * n * item)  # odd cores
+        kept += counter.hold((p + 1) * (bl + r * c) * n * item)  # the next L and G
+        counter.release(rhs + cores)  # the previous level's cores (not the chain's)
+        levels.append((M, bc))
+        cores, M, bc = new, p + 1, b
+    X = 0
+    for M, bc in reversed(levels):  # back-substitution
+        full = counter.hold(M * r * n * c * item)
+        counter.release(_apply(counter, M // 2, bc, r, n, c, item))
+        counter.release(X)
+        X = full
+    counter.release(kept + cores)
+
+
+def parallel(counter: Counter, m: int, n: int, r: int, bl: int, item: int) -> None:
+    """``_parallel_reduce`` of :mod:`.cyclic_reduction` (the chain held already)."""
+    shift, C, G = 1, 0, 0
+    while shift < m:
+        rhs = _apply(counter, m - shift, 1 if not C else max(1, bl), r, n, 1, item)
+        if 2 * shift < m:
+            b = max(1, bl)
+            left = counter.hold((m - 2 * shift) * b * n * n * item)
+            new = counter.hold((m - 2 * shift) * b * n * n * item)
+            counter.release(left)
+            counter.passing((m - 2 * shift) * b * n * n)  # the finiteness mask
+            counter.release(C)
+            C = new
+        g_new = counter.hold(m * r * n * item)
+        counter.release(rhs + G)
+        G = g_new
+        shift *= 2
+    counter.release(C)
+
+
+def dense_cyclic_reduction(system: Any, shared: bool, parallel_form: bool) -> int:
+    """Peak bytes of ``cyclic-reduction`` (``parallel-cyclic-reduction``) on the dense chain."""
+    counter = Counter()
+    item = system.dtype.itemsize
+    m, bl, r = _chain(counter, system, shared)
+    n = max(system.sizes)
+    if parallel_form:
+        parallel(counter, m, n, r, bl, item)
+    else:
+        odd_even(counter, m, n, r, 1, bl, 1, item)
+    counter.passing(2 * system.size * r * item)  # the solution in the system's order
+    return counter.peak_bytes
+
+
+def time_cyclic_reduction(system: Any, within: str) -> int:
+    """Peak bytes of the two-level reduction of an RNN system (:mod:`.time_reduction`)."""
+    layout, counter = Layout(system), Counter()
+    item, sizes, r = system.dtype.itemsize, layout.sizes, layout.r
+    tau, n, m, w = layout.tau, max(layout.sizes), layout.kept, layout.width
+    b, c = tau * r, layout.width + 1
+    scaled = [k for k, s in enumerate(system._row_scale[: len(sizes)]) if s is not None]
+    # _LayerChain: right-hand sides and scalings per layer, (tau r, h) copies for a batch
+    counter.hold(b * sum(sizes[k] for k in scaled) * item)  # periodic_scales (cached)
+    if r > 1:
+        counter.hold(b * (sum(sizes) + sum(sizes[k] for k in scaled)) * item)
+    G = m * b * n * c * item
+    chain = counter.hold(m * b * n * item + m * n * n * item + G)
+    counter.passing(b * n * n * item)  # s * U, a template scaled per sample
+    if within == "cyclic-reduction":
+        odd_even(counter, m, n, b, c, b, 1, item)
+    else:  # _substitute: one product a position, then stacked
+        rows = counter.hold(m * b * n * c * item)
+        counter.hold(m * b * n * c * item)
+        counter.release(rows)
+    counter.release(chain - (G if m == 1 else 0))  # del inner: Y (G itself if m = 1) stays
+    carried = counter.hold(b * w * c * item) if (len(layout.carried_layers) > 1 or any(
+        sizes[k] < n for k in layout.carried_layers)) else 0
+    counter.hold(tau * w * item)  # the unit scalings of the chain over time
+    odd_even(counter, tau, w, r, 1, 1, r, item)
+    counter.release(carried)
+    counter.hold(2 * b * w * item)  # the previous step's values, in chain order
+    parts = counter.hold(b * sum(sizes) * item)
+    counter.passing(b * n * item)  # a layer's product with the previous step
+    counter.hold(b * sum(sizes) * item)  # concatenated
+    counter.release(parts)
+    counter.passing(b * sum(sizes) * item)  # in the system's layout
+    return counter.peak_bytes
+
+
+def groups(system: Any) -> int:
+    """An upper bound on the peak bytes of the reduction over groups (:mod:`.group_reduction`).
+
+    Each group's dense solve per sample reads the sample's explicit matrix; the
+    group solutions are kept for the final step; the chain over the groups is
+    reduced with per-sample blocks. Twice the walk covers the temporaries (measured).
+    """
+    counter, item, r = Counter(), system.dtype.itemsize, system.nrhs or 1
+    groups = system.blocks.groups
+    sizes = [sum(system.sizes[k] for k in group) for group in groups]
+    carried = [sum(system.sizes[k] for k in read_by(system, groups, s))
+               for s in range(len(groups))]
+    before = [0] + carried[:-1]
+    counter.hold(sum(r * n * (c + 1) for n, c in zip(sizes, before)) * item)  # solutions
+    counter.passing(explicit_matrix(system.sample(0) if system.nrhs else system)
+                    + 3 * max(sizes) ** 2 * item)
+    n = max(1, max(carried))
+    counter.hold(len(sizes) * r * n * (n + 1) * item)  # the chain over the groups
+    odd_even(counter, len(sizes), n, r, 1, 1, r, item)
+    counter.passing(2 * system.size * r * item)
+    return int(2 * counter.peak_bytes)
+
+
+def krylov_basis(system: Any, restart: int, columns: int | None = None) -> int:
+    """Bytes of a GMRES cycle: ``restart + 1`` basis blocks and a few more of ``(N, r)``."""
+    columns = system.nrhs or 1 if columns is None else columns
+    return (restart + 6) * system.size * columns * system.dtype.itemsize
+
+
+def explicit_matrix(system: Any) -> int:
+    """Peak bytes of :meth:`TriangularSystem.to_csr` and SciPy's solve in it.
+
+    ``(rows, cols, values)`` triplets for every sample, 24 bytes an entry, made
+    twice (per sample, then concatenated); the CSR array that follows and the
+    solve, which works in it, need less.
+    """
+    nnz = system.size + sum(int(getattr(M, "nnz", M.size)) for _, _, M in system._edges)
+    return 48 * nnz * (system.nrhs or 1) + 2 * system.size * (system.nrhs or 1) * 8

@@ -1,0 +1,145 @@
+"""The memory guard: estimated peaks against tracemalloc's, the budget, the errors."""
+
+import gc
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import propop as pp
+from propop import cli
+
+
+def fnn_system(sizes, r, dtype="float64", lower=False):
+    net = pp.FNN.random(sizes, activation="tanh", seed=0, dtype=dtype)
+    x = np.random.default_rng(1).standard_normal((sizes[0], r) if r else sizes[0])
+    trace = net.forward(x)
+    if lower:
+        return pp.forward_system(net, x, around=trace)
+    return pp.backward_system(net, trace, np.ones_like(trace.output))
+
+
+def rnn_system(sizes, tau, r, lower=False):
+    rnn = pp.RNN.random(sizes, seed=0)
+    xs = np.random.default_rng(1).standard_normal((tau, sizes[0], r) if r else (tau, sizes[0]))
+    trace = rnn.forward(xs)
+    if lower:
+        return pp.forward_system(rnn, xs, around=trace)
+    return pp.backward_system(rnn, trace, np.ones_like(trace.output))
+
+
+def traced_peak(system, method, **options):
+    """The solve's peak of traced memory (NumPy reports its arrays to tracemalloc)."""
+    assert system.blocks.sizes  # built once, as by any earlier solve
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        solution = pp.solve(system, method, **options)
+        return tracemalloc.get_traced_memory()[1] - base, solution
+    finally:
+        tracemalloc.stop()
+
+
+CASES = [
+    ("cyclic-reduction", lambda: fnn_system([64] * 17, 1)),
+    ("cyclic-reduction", lambda: fnn_system([64] * 17, 16)),
+    ("cyclic-reduction", lambda: fnn_system([64, 32, 48, 64, 16, 64], 4)),
+    ("cyclic-reduction", lambda: fnn_system([16] * 257, None)),
+    ("cyclic-reduction", lambda: fnn_system([8] * 129, 64)),
+    ("cyclic-reduction", lambda: fnn_system([64] * 33, 4, dtype="float32")),
+    ("cyclic-reduction", lambda: fnn_system([32] * 17, 8, lower=True)),
+    ("parallel-cyclic-reduction", lambda: fnn_system([64] * 17, 16)),
+    ("parallel-cyclic-reduction", lambda: fnn_system([64, 32, 48, 64, 16, 64], 4)),
+    ("parallel-cyclic-reduction", lambda: fnn_system([128] * 9, 8)),
+    ("cyclic-reduction", lambda: rnn_system([4, 8], 200, 4)),
+    ("cyclic-reduction", lambda: rnn_system([8, 16, 16], 100, 8)),
+    ("cyclic-reduction", lambda: rnn_system([8, 8], 1000, None)),
+    ("cyclic-reduction", lambda: rnn_system([8, 16, 16], 100, 8, lower=True)),
+    ("scipy.spsolve_triangular", lambda: fnn_system([128] * 9, 16)),
+    ("scipy.spsolve_triangular", lambda: fnn_system([64, 32, 64, 16], 4)),
+    ("scipy.spsolve_triangular", lambda: rnn_system([6, 12], 50, 3)),
+]
+
+
+@pytest.mark.parametrize(("method", "build"), CASES)
+def test_peak_bytes_are_within_20_percent_of_the_measured_peak(method, build):
+    system = build()
+    measured, solution = traced_peak(system, method)
+    assert solution.converged
+    assert not solution.info.get("peak_is_bound", False)
+    assert 0.8 <= solution.info["peak_bytes"] / measured <= 1.2, (solution.info["peak_bytes"],
+                                                                  measured)
+
+
+def test_the_within_substitution_variant_is_estimated_too():
+    system = rnn_system([8, 16, 16], 100, 8)
+    measured, solution = traced_peak(system, "cyclic-reduction", within="substitution")
+    assert 0.8 <= solution.info["peak_bytes"] / measured <= 1.2
+
+
+def test_sparse_and_grouped_reductions_report_an_upper_bound():
+    net = pp.FNN.random([300] * 5, activation="tanh", density=0.05, seed=0)
+    x = np.random.default_rng(1).standard_normal((300, 4))
+    trace = net.forward(x)
+    sparse = pp.backward_system(net, trace, np.ones_like(trace.output))
+    measured, solution = traced_peak(sparse, "cyclic-reduction")
+    assert "fill_in" in solution.info and solution.info["peak_is_bound"]
+    assert solution.info["peak_bytes"] >= measured
+    graph = pp.Graph.residual_mlp(16, 6, seed=0)
+    trace = graph.forward(np.ones((16, 4)))
+    grouped = pp.backward_system(graph, trace, graph.loss_gradient(trace, np.zeros((16, 4))))
+    measured, solution = traced_peak(grouped, "cyclic-reduction", groups=True)
+    assert solution.info["peak_is_bound"] and solution.info["peak_bytes"] >= measured
+
+
+@pytest.mark.parametrize("method", ["cyclic-reduction", "parallel-cyclic-reduction",
+                                    "scipy.spsolve_triangular", "batched-gmres"])
+def test_over_the_budget_is_a_clear_error_before_allocating(method):
+    system = fnn_system([64] * 17, 16)
+    with pp.memory.limit(10_000):
+        gc.collect()
+        tracemalloc.start()
+        try:
+            with pytest.raises(pp.MemoryBudgetError) as raised:
+                pp.solve(system, method)
+            allocated = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    error = raised.value
+    assert error.budget == 10_000 and error.estimate > 10_000
+    assert "over the memory budget of 9.8 KiB" in str(error) and "'substitution'" in str(error)
+    assert allocated < 200_000  # nothing like the estimate was allocated
+    assert pp.solve(system, "substitution").converged  # the cheaper method runs
+
+
+def test_the_budget_comes_from_set_budget_the_environment_or_the_available_memory(
+        monkeypatch):
+    monkeypatch.delenv("PROPOP_MEMORY_BUDGET", raising=False)
+    default = pp.memory.budget()
+    assert 0 < default <= pp.memory.available()
+    monkeypatch.setenv("PROPOP_MEMORY_BUDGET", "123456")
+    assert pp.memory.budget() == 123456
+    monkeypatch.setenv("PROPOP_MEMORY_BUDGET", "0.25")
+    assert pp.memory.budget() <= 0.26 * pp.memory.available()
+    monkeypatch.setenv("PROPOP_MEMORY_BUDGET", "lots")
+    with pytest.raises(ValueError, match="PROPOP_MEMORY_BUDGET='lots' is not a number"):
+        pp.memory.budget()
+    with pp.memory.limit(5000):
+        assert pp.memory.budget() == 5000
+    pp.memory.set_budget(7777)
+    try:
+        assert pp.memory.budget() == 7777
+    finally:
+        pp.memory.set_budget(None)
+    for bad in (0, -1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="a memory budget is a number of bytes"):
+            pp.memory.set_budget(bad)
+
+
+def test_the_cli_marks_a_run_over_the_budget_not_applicable(capsys):
+    with pp.memory.limit(50_000):
+        rows = cli.experiment(layers=4, width=32, batch=8, repeats=1,
+                              methods=["substitution", "cyclic-reduction"])
+    assert rows[0].status == "CONVERGED"
+    assert rows[1].status.startswith("N/A (memory: needs") and "budget" in rows[1].status
