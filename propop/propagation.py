@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from typing import Any
 
@@ -12,7 +13,7 @@ from .networks.trace import Trace, require_trace
 from .progress import bar
 from .solvers.convergence import default_rtol
 from .solvers.options import check_options
-from .solvers.registry import solve
+from .solvers.registry import info, names, solve
 from .solvers.solution import ConvergenceError, Solution, Status
 from .systems import backward_system, forward_system
 
@@ -65,13 +66,15 @@ def backprop(net: Any, x: Any, target: Any, loss: str = "mse",
     >>> g.W[0].shape, g.solution.converged
     ((5, 3), True)
     """
-    if trace is None:
-        trace = net.forward(x)
-    else:
-        x = net.check_input(x)
-        require_trace(trace, x, net.state_shapes(x))
-    eps = net.loss_gradient(trace, target, loss)
-    system = backward_system(net, trace, eps)
+    def prepare(trace: Trace | None = trace) -> tuple[Trace, Any]:
+        if trace is None:
+            trace = net.forward(x)
+        else:
+            checked = net.check_input(x)
+            require_trace(trace, checked, net.state_shapes(checked))
+        return trace, backward_system(net, trace, net.loss_gradient(trace, target, loss))
+
+    trace, system = _agreed(method, options, prepare)
     if rtol is not None:
         options["rtol"] = rtol
     solution = solve(system, method, check=check, **options)
@@ -116,7 +119,7 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
         raise ValueError(f"stop must be one of {STOPS}, got {stop!r}")
     rtol = default_rtol(net.dtype) if rtol is None else rtol
     linear_rtol = min(rtol, default_rtol(net.dtype)) if linear_rtol is None else linear_rtol
-    x = net.check_input(x)
+    x = _agreed(method, options, lambda: net.check_input(x))
     trace = around if around is not None else net.trace_from_states(x, None)
     residual = getattr(net, "nonlinear_residual", None) or (
         lambda t: _nonlinear_residual(net, t))
@@ -124,7 +127,8 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     measure = residuals if stop == "residual" else changes
     with bar(progress, maxiter, f"{linearization} forward") as shown:
         while not measure[-1] <= rtol:
-            system = forward_system(net, x, around=trace, linearization=linearization)
+            system = _agreed(method, options, functools.partial(
+                forward_system, net, x, around=trace, linearization=linearization))
             if maxiter is None:  # the longest chain of dependencies is shorter than this
                 maxiter = shown.total = system.nblocks - 1 + (stop == "change")
             if len(solutions) >= maxiter:
@@ -143,6 +147,17 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
         solution = solutions[-1] if solutions else None
         raise ConvergenceError(_failed(solution, len(solutions), stop, measure[-1], rtol))
     return Trace(x=trace.x, y=trace.y, z=trace.z, info=info)
+
+
+def _agreed(method: Any, options: dict, work: Any) -> Any:
+    """``work()``; for a method that communicates, its failure on one rank raised on all.
+
+    A forward pass or a system that fails on one MPI rank only (that rank's bad
+    input, say) must not leave the others waiting in the solve
+    (:mod:`propop.distributed.guard`).
+    """
+    guard = info(method).guard if isinstance(method, str) and method in names() else None
+    return work() if guard is None else guard.prepare(options, work)
 
 
 def _relative(a: Any, b: Any) -> float:

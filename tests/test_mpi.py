@@ -57,3 +57,23 @@ def test_propop_run_distributed_prints_one_table_with_per_rank_times():
     rows = [line for line in out.splitlines() if line.startswith("| mpi.")]
     assert len(rows) == 5 and all("CONVERGED" in row for row in rows)
     assert all(len(row.split("|")[9].split()) == 2 for row in rows)  # a time per rank
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_a_fault_on_one_rank_stops_every_rank_and_none_hangs(ranks):
+    command = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "pytest",
+               "-q", "-p", "no:cacheprovider", "mpi/check_faults.py"]
+    result = subprocess.run(command, cwd=TESTS, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "35 passed" in result.stdout
+
+
+@pytest.mark.parametrize("method", ["mpi.substitution", "mpi.cyclic-reduction", "mpi.jacobi",
+                                    "mpi.gmres", "mpi.bicgstab"])
+def test_an_exception_inside_a_solve_aborts_the_job_instead_of_hanging(method):
+    command = [mpiexec(), "-n", "2", sys.executable, "mpi/check_abort.py", method]
+    result = subprocess.run(command, cwd=TESTS, capture_output=True, text=True, timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "MPI rank 1 failed inside a solve" in output, output
+    assert "injected fault on rank 1" in output and "not reached" not in output, output

@@ -7,6 +7,7 @@ rank's rows; the ``mpi.*`` methods of the registry solve with it. Needs the
 """
 
 from .data_parallel import backprop
+from .guard import RankError
 from .system import DistributedSystem, partition
 
-__all__ = ["DistributedSystem", "partition", "backprop"]
+__all__ = ["DistributedSystem", "partition", "backprop", "RankError"]

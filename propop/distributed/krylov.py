@@ -20,6 +20,7 @@ from ..solvers.convergence import Tolerance, default_maxiter, finish, initial_gu
 from ..solvers.registry import register
 from ..solvers.solution import Solution
 from ..solvers.views import Block
+from .guard import COLLECTIVE
 from .system import DistributedSystem
 
 __all__ = ["DistributedBlock", "mpi_gmres", "mpi_bicgstab"]
@@ -83,7 +84,7 @@ def _start(system: Any, comm: Any, x0: Any, rtol: float | None, atol: float,
 
 
 @register("mpi.gmres", kind="krylov", exact=False, backends=("numpy",), needs=("mpi4py",),
-          extra="mpi")
+          extra="mpi", guard=COLLECTIVE)
 def mpi_gmres(system: Any, *, comm: Any = None, x0: Any = None, rtol: float | None = None,
               atol: float = 0.0, maxiter: int | None = None, callback: Callable | None = None,
               restart: int | None = None) -> Solution:
@@ -100,7 +101,7 @@ def mpi_gmres(system: Any, *, comm: Any = None, x0: Any = None, rtol: float | No
 
 
 @register("mpi.bicgstab", kind="krylov", exact=False, backends=("numpy",), needs=("mpi4py",),
-          extra="mpi")
+          extra="mpi", guard=COLLECTIVE)
 def mpi_bicgstab(system: Any, *, comm: Any = None, x0: Any = None, rtol: float | None = None,
                  atol: float = 0.0, maxiter: int | None = None,
                  callback: Callable | None = None, seed: int = 0) -> Solution:

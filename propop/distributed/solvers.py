@@ -26,6 +26,7 @@ import numpy as np
 from ..solvers.convergence import Tolerance, finish, initial_guess
 from ..solvers.registry import register
 from ..solvers.solution import Solution
+from .guard import COLLECTIVE
 from .system import DistributedSystem
 
 __all__ = ["mpi_substitution", "mpi_cyclic_reduction", "mpi_jacobi"]
@@ -37,7 +38,7 @@ def _info(d: DistributedSystem, **more: Any) -> dict:
 
 
 @register("mpi.substitution", kind="direct", exact=True, backends=("numpy",), needs=("mpi4py",),
-          extra="mpi")
+          extra="mpi", guard=COLLECTIVE)
 def mpi_substitution(system: Any, *, comm: Any = None, rtol: float | None = None,
                      atol: float = 0.0, verify: bool = False) -> Solution:
     """Pipelined block substitution over MPI ranks: the distributed baseline.
@@ -96,7 +97,7 @@ def _compose_over_ranks(d: DistributedSystem, Ag: Any, m: int) -> tuple[Any, int
 
 
 @register("mpi.cyclic-reduction", kind="direct", exact=True, backends=("numpy",),
-          needs=("mpi4py",), extra="mpi")
+          needs=("mpi4py",), extra="mpi", guard=COLLECTIVE)
 def mpi_cyclic_reduction(system: Any, *, comm: Any = None, rtol: float | None = None,
                          atol: float = 0.0, verify: bool = False) -> Solution:
     """Local reduction to boundary relations, cyclic reduction over the ranks, local solves.
@@ -125,7 +126,7 @@ def mpi_cyclic_reduction(system: Any, *, comm: Any = None, rtol: float | None = 
 
 
 @register("mpi.jacobi", kind="iterative", exact=False, backends=("numpy",), needs=("mpi4py",),
-          extra="mpi")
+          extra="mpi", guard=COLLECTIVE)
 def mpi_jacobi(system: Any, *, comm: Any = None, x0: Any = None, rtol: float | None = None,
                atol: float = 0.0, maxiter: int | None = None, callback: Any = None
                ) -> Solution:

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..solvers.direct import substitution
 
-__all__ = ["DistributedSystem", "partition", "world"]
+__all__ = ["DistributedSystem", "partition", "world", "check_partition"]
 
 
 def world() -> Any:
@@ -156,6 +156,23 @@ class DistributedSystem:
         return np.concatenate([blocks[k] for k in range(len(self.sizes))])
 
 
+def check_partition(system: Any, size: int) -> None:
+    """Raise ``ValueError`` unless ``size`` ranks can share ``system``'s rows.
+
+    Every rank needs a block row, and a rank's rows may read only its own
+    blocks and the previous rank's: the same check on every rank, before any
+    message is sent.
+    """
+    order = list(system.blocks.order())
+    owner = {k: p for p, (a, b) in enumerate(partition(system.nblocks, size))
+             for k in order[a:b]}
+    for e in system.blocks.edges:
+        if owner[e.col] not in (owner[e.row], owner[e.row] - 1):
+            raise ValueError(f"rank {owner[e.row]} reads block {system.names[e.col]} of rank "
+                             f"{owner[e.col]}, not of its neighbour: use fewer ranks so "
+                             "that each owns more blocks than a coupling spans")
+
+
 def _share(system: Any, rank: int, size: int) -> dict:
     """Everything rank ``rank`` of ``size`` holds: its rows, couplings out, neighbours."""
     system = system.scaled()
@@ -166,12 +183,7 @@ def _share(system: Any, rank: int, size: int) -> dict:
     owner = {k: p for p, (a, b) in enumerate(ranges) for k in order[a:b]}
     mine = set(blocks)
     external = [e for e in system.blocks.edges if e.row in mine and e.col not in mine]
-    imports = sorted({e.col for e in external})
-    wrong = [k for k in imports if owner[k] != rank - 1]
-    if wrong:
-        raise ValueError(f"rank {rank} reads block {system.names[wrong[0]]} of rank "
-                         f"{owner[wrong[0]]}, not of its neighbour: use fewer ranks so "
-                         "that each owns more blocks than a coupling spans")
+    imports = sorted({e.col for e in external})  # all of rank - 1 (check_partition)
     exports = sorted({e.col for e in system.blocks.edges
                       if e.col in mine and owner[e.row] == rank + 1})
     return {"rank": rank, "size": size, "ranges": ranges, "blocks": blocks,

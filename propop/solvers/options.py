@@ -70,7 +70,7 @@ def validate(name: str, function: Callable, system: Any, options: dict) -> None:
     try:
         check_options(options.get("rtol"), options.get("atol", 0.0), options.get("maxiter"))
     except OptionError as error:
-        raise OptionError(f"{name}: {error}") from None
+        raise ValueError(f"{name}: {error}") from None
     _check_common(name, system, options)
 
 

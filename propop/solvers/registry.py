@@ -23,7 +23,7 @@ from ..progress import Silent, bar
 from .options import OptionError, validate
 from .solution import ConvergenceError, Solution
 
-__all__ = ["SolverInfo", "KINDS", "register", "get", "info", "available", "solve"]
+__all__ = ["SolverInfo", "KINDS", "register", "get", "info", "names", "available", "solve"]
 
 KINDS = ("direct", "iterative", "krylov", "block", "hybrid")
 REQUIREMENTS = ("chain", "time_structure", "reducible", "shared_matrix")
@@ -47,6 +47,7 @@ class SolverInfo:
     requires: tuple = ()
     needs: tuple = ()
     extra: str = ""
+    guard: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def missing(self) -> tuple:
@@ -85,7 +86,7 @@ def _installed(module: str) -> bool:
 
 def register(name: str, *, kind: str, exact: bool, backends: tuple = ("numpy",),
              description: str | None = None, requires: tuple = (), needs: tuple = (),
-             extra: str = "") -> Callable[[Callable], Callable]:
+             extra: str = "", guard: Any = None) -> Callable[[Callable], Callable]:
     """Decorator that registers ``function`` as method ``name``.
 
     Parameters
@@ -108,6 +109,12 @@ def register(name: str, *, kind: str, exact: bool, backends: tuple = ("numpy",),
         them it is listed as unavailable and :func:`solve` names ``extra``.
     extra : str
         The ``propop[extra]`` that installs ``needs``.
+    guard : object, optional
+        For a method that communicates: ``guard.solve(system, options, checks,
+        run)`` runs the option checks and the solve so that a failure on one
+        process ends the solve on all, and ``guard.prepare(options, work)`` does
+        the same for the work before a solve
+        (:class:`propop.distributed.guard.Collective`).
 
     Examples
     --------
@@ -136,7 +143,7 @@ def register(name: str, *, kind: str, exact: bool, backends: tuple = ("numpy",),
         doc = (function.__doc__ or "").strip().splitlines()
         _REGISTRY[name] = SolverInfo(name, kind, bool(exact), tuple(backends),
                                      description or (doc[0] if doc else ""), function,
-                                     tuple(requires), tuple(needs), extra)
+                                     tuple(requires), tuple(needs), extra, guard)
         return function
 
     return decorate
@@ -199,6 +206,12 @@ def get(name: str) -> Callable[..., Solution]:
     return info(name).function
 
 
+def names() -> list[str]:
+    """The registered method names."""
+    _load_entry_points()
+    return list(_REGISTRY)
+
+
 def available() -> list[SolverInfo]:
     """All registered methods, sorted by kind then name.
 
@@ -239,6 +252,7 @@ def solve(system: Any, method: str | Callable[..., Solution] = "substitution", *
     >>> sol.converged, sol.iterations
     (True, 3)
     """
+    guard = None
     if callable(method):
         name, function = getattr(method, "__name__", "custom"), method
     else:
@@ -247,14 +261,19 @@ def solve(system: Any, method: str | Callable[..., Solution] = "substitution", *
         if system.backend.name not in solver.backends:
             raise ValueError(f"solver {method!r} runs on {solver.backends}, but the system's "
                              f"arrays are {system.backend.name} arrays")
-        name, function = method, solver.function
-    validate(name, function, system, options)
+        name, function, guard = method, solver.function, solver.guard
     with bar(progress, options.get("maxiter"), name) as shown:
         if not isinstance(shown, Silent) and "callback" in inspect.signature(function).parameters:
             options["callback"] = _advancing(shown, options.get("callback"))
         start = time.perf_counter()
         try:
-            solution = function(system, **options)
+            checks = functools.partial(validate, name, function, system, options)
+            if guard is None:
+                checks()
+                solution = function(system, **options)
+            else:
+                solution = guard.solve(system, options, checks,
+                                       lambda: function(system, **options))
         except OptionError as error:
             raise OptionError(f"{name}: {error}") from None
         elapsed = time.perf_counter() - start

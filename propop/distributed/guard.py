@@ -1,0 +1,179 @@
+"""Fault safety under MPI: agree on errors before communicating, abort on the unexpected.
+
+An exception on one rank while the others wait in a collective hangs the job
+for ever. Every ``mpi.*`` solve therefore runs in two phases (:class:`Collective`):
+
+1. **Checks, agreed on by all ranks.** Each rank validates its options, its
+   partition of the system and a fingerprint of the system and the options;
+   one ``allgather`` then shares the outcomes. If any rank failed, or the
+   ranks' fingerprints differ (different systems, options, ``maxiter``), every
+   rank raises: the failing rank its own exception, the others a
+   :class:`RankError` naming that rank and its message. No point-to-point
+   message has been sent, so nobody hangs.
+2. **The solve.** A user's ``callback`` that raises is agreed on the same way
+   after every call (one small ``allreduce``). Any other exception escaping a
+   rank mid-solve cannot be agreed on, because the other ranks may be waiting
+   for a message that never comes: the rank prints it with its rank number to
+   standard error and calls ``MPI.Abort``, which ends the job on every rank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .. import backend
+from .system import check_partition, world
+
+__all__ = ["RankError", "Collective", "COLLECTIVE", "agree", "fingerprint", "digest"]
+
+IGNORED = ("comm", "callback")  # may differ between ranks: not part of the fingerprint
+
+
+class RankError(RuntimeError):
+    """Another rank failed (or disagreed); raised on every rank but the failing one."""
+
+
+def agree(comm: Any, error: BaseException | None, digest: str = "") -> None:
+    """One ``allgather`` of every rank's outcome; raise on every rank if any failed.
+
+    ``digest`` is compared too: ranks whose digests differ from rank 0's fail
+    with a message naming the first differing part (see :func:`fingerprint`).
+    """
+    mine = None if error is None else f"{type(error).__name__}: {error}"
+    outcomes = comm.allgather((mine, digest))
+    failed = [(rank, message) for rank, (message, _) in enumerate(outcomes) if message]
+    if failed:
+        if error is not None:
+            raise error
+        rank, message = failed[0]
+        raise RankError(f"rank {rank} failed, so every rank stops: {message}")
+    reference = outcomes[0][1]
+    differing = [rank for rank, (_, d) in enumerate(outcomes) if d != reference]
+    if differing:
+        part = _first_difference(reference, outcomes[differing[0]][1])
+        raise ValueError(f"the MPI ranks hold different problems: rank {differing[0]}'s "
+                         f"{part} differs from rank 0's; every rank must call with the same "
+                         "system and options")
+
+
+def _first_difference(a: str, b: str) -> str:
+    """The name of the first part in which two fingerprints differ."""
+    for part_a, part_b in zip(a.split(";"), b.split(";")):
+        if part_a != part_b:
+            return part_a.split("=")[0]
+    return "fingerprint"
+
+
+def digest(*arrays: Any) -> str:
+    """A short hash of arrays (dense or sparse, any backend), their shapes included."""
+    h = hashlib.blake2b(digest_size=8)
+    for a in arrays:
+        if a is None:
+            h.update(b"none")
+        elif backend.is_sparse(a):
+            for part in (a.data, a.indices, a.indptr):
+                h.update(np.ascontiguousarray(backend.to_host(part)).tobytes())
+        else:
+            h.update(np.ascontiguousarray(backend.to_host(a)).tobytes())
+            h.update(repr(a.shape).encode())
+    return h.hexdigest()
+
+
+def fingerprint(system: Any, options: dict) -> str:
+    """``part=digest;...`` of the system and the options.
+
+    The parts: structure, couplings, row scalings, right-hand side and options
+    (``comm`` and ``callback`` excepted), named in :func:`agree`'s message.
+    """
+    structure = (system.lower, system.form, system.sizes, system.nrhs, str(system.dtype),
+                 tuple((row, col, tuple(M.shape)) for row, col, M in system._edges))
+    distinct = {id(M): M for _, _, M in system._edges}
+    per = len(system.structure.sizes) if system.structure is not None else None
+    scales = (system.periodic_scales(per) if per else system._row_scale)
+    settings = sorted((key, digest(value) if hasattr(value, "shape") else repr(value))
+                      for key, value in options.items() if key not in IGNORED)
+    parts = {"structure": repr(structure), "couplings": digest(*distinct.values()),
+             "row scalings": digest(*scales), "right-hand side": digest(system.rhs),
+             "options": repr(settings)}
+    return ";".join(f"{part}={hashlib.blake2b(text.encode(), digest_size=8).hexdigest()}"
+                    for part, text in parts.items())
+
+
+class Collective:
+    """The registry's guard for the ``mpi.*`` methods (the module docstring's two phases).
+
+    ``solve`` runs a method; ``prepare`` runs the work before a solve that could
+    fail on one rank only (a forward pass of one rank's bad input, say) and
+    agrees on its outcome the same way: :func:`propop.backprop` and
+    :func:`propop.forward` call it for guarded methods.
+    """
+
+    def prepare(self, options: dict, work: Callable[[], Any]) -> Any:
+        """``work()`` on every rank, its failure on any rank raised on all."""
+        error, out = None, None
+        try:
+            out = work()
+        except Exception as failure:  # agreed on below, then raised on every rank
+            error = failure
+        agree(options.get("comm") or world(), error)
+        return out
+
+    def solve(self, system: Any, options: dict, checks: Callable[[], None],
+              run: Callable[[], Any]) -> Any:
+        """``checks()`` agreed on by every rank with the fingerprints, then ``run()``."""
+        comm = options.get("comm") or world()
+        error, mine = None, ""
+        try:
+            checks()
+            check_partition(system, comm.Get_size())
+            mine = fingerprint(system, options)
+        except Exception as failure:  # agreed on below, then raised on every rank
+            error = failure
+        agree(comm, error, mine)
+        if options.get("callback") is not None:
+            options["callback"] = _agreed(comm, options["callback"])
+        try:
+            return run()
+        except RankError:  # agreed: every rank raises
+            raise
+        except _CallbackError as failure:  # agreed: this rank raises its own
+            raise failure.__cause__ from None
+        except BaseException:  # cannot be agreed on: end the job rather than hang it
+            sys.stderr.write(f"propop: MPI rank {comm.Get_rank()} failed inside a solve; "
+                             f"aborting all {comm.Get_size()} ranks:\n{traceback.format_exc()}")
+            sys.stderr.flush()
+            time.sleep(0.2)  # let mpiexec forward the message before it tears the job down
+            comm.Abort(1)
+            raise  # not reached under MPI
+
+
+COLLECTIVE = Collective()
+
+
+class _CallbackError(Exception):
+    """The callback raised on this rank (its exception is the cause)."""
+
+
+def _agreed(comm: Any, callback: Callable) -> Callable:
+    """``callback`` with its outcome agreed on by all ranks after every call."""
+    def call(x: Any) -> None:
+        error = None
+        try:
+            callback(x)
+        except Exception as failure:
+            error = failure
+        try:
+            agree(comm, error)
+        except RankError:
+            raise
+        except Exception as failure:
+            raise _CallbackError() from failure
+
+    return call
