@@ -110,13 +110,19 @@ class _Arnoldi:
         return self.xp.linalg.norm(self.G[self.ncols:], axis=0)
 
     def correction(self) -> Any:
-        """``V Y`` with ``Y`` the least-squares solution (a triangular solve)."""
+        """``V Y`` with ``Y`` the least-squares solution (a triangular solve).
+
+        ``None`` where the triangle is singular or not finite (an overflowed
+        product): a breakdown the caller reports.
+        """
         xp = self.xp
         T = xp.zeros((self.ncols, self.ncols), dtype=self.G.dtype)
         first = 0
         for c in self.columns:
             T[: c.shape[0], first: first + c.shape[1]] = c
             first += c.shape[1]
+        if not bool(xp.isfinite(T).all()) or not bool((xp.diagonal(T) != 0).all()):
+            return None
         Y = xp.linalg.solve(T, self.G[: self.ncols])
         return xp.concatenate(self.V[:-1], axis=1) @ Y
 
@@ -178,7 +184,13 @@ def block_gmres(system: Any, *, x0: Any = None, rtol: float | None = None, atol:
             history.append(float(estimates.max()))
             if not grew or (estimates <= floor).all():
                 break
-        X[:, active] += block.M(arnoldi.correction())
+        correction = arnoldi.correction()
+        if correction is None:
+            stagnated = (f"block GMRES breakdown at iteration {it}: the block Hessenberg "
+                         "matrix is singular or not finite (a long product of Jacobians "
+                         "overflowed?); use a direct method such as 'substitution'")
+            break
+        X[:, active] += block.M(correction)
         cycles += 1
         R, met, progress, stagnated = block.end_cycle(X, progress, history, callback, tol, it,
                                                       m, "block GMRES", last=it >= maxiter)

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .direct import substitution
+from .options import OptionError
 
 __all__ = ["preconditioner", "check_spec", "PRECONDITIONERS"]
 
@@ -57,8 +58,8 @@ def preconditioner(system: Any, spec: Any) -> Callable[[Any], Any] | None:
     unknown = sorted(set(options) - set(known)) if "options" not in known else []
     if unknown:
         listed = ", ".join(known) if known else "none"
-        raise ValueError(f"preconditioner {name!r} has no option {unknown[0]!r}; its options "
-                         f"are {listed}")
+        raise OptionError(f"M: preconditioner {name!r} has no option {unknown[0]!r}; its "
+                          f"options are {listed}")
     return build(system, **options)
 
 
@@ -85,7 +86,7 @@ def _like(d: Any, c: Any) -> Any:
 def _block_jacobi(system: Any, group: int = 2) -> Callable[[Any], Any]:
     """An exact solve of each group of ``group`` consecutive blocks (in solve order)."""
     if int(group) != group or group < 1:
-        raise ValueError(f"block-jacobi: group must be an integer >= 1, got {group}")
+        raise OptionError(f"M: block-jacobi's group must be an integer >= 1, got {group}")
     position = {k: i // int(group) for i, k in enumerate(system.blocks.order())}
     inside = system.restricted(lambda row, col: position[row] == position[col])
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
+from .. import backend
 from ..progress import Silent, bar
 from .options import OptionError, validate
 from .solution import ConvergenceError, Solution
@@ -191,6 +192,15 @@ def _did_you_mean(name: str) -> str:
     return f" (did you mean {listed}?)"
 
 
+def _run(function: Callable, system: Any, options: dict, checks: Callable[[], None],
+         guard: Any) -> Solution:
+    """The checks, then the method; under the method's ``guard`` if it has one."""
+    if guard is None:
+        checks()
+        return function(system, **options)
+    return guard.solve(system, options, checks, lambda: function(system, **options))
+
+
 def _advancing(shown: Any, callback: Callable | None) -> Callable[[Any], None]:
     """A callback that advances the bar, then calls the user's ``callback``."""
     def advance(x: Any) -> None:
@@ -266,14 +276,10 @@ def solve(system: Any, method: str | Callable[..., Solution] = "substitution", *
         if not isinstance(shown, Silent) and "callback" in inspect.signature(function).parameters:
             options["callback"] = _advancing(shown, options.get("callback"))
         start = time.perf_counter()
-        try:
+        try:  # overflow is reported by the Solution's status, not by NumPy's warnings
             checks = functools.partial(validate, name, function, system, options)
-            if guard is None:
-                checks()
-                solution = function(system, **options)
-            else:
-                solution = guard.solve(system, options, checks,
-                                       lambda: function(system, **options))
+            with backend.quiet(system.backend.xp):
+                solution = _run(function, system, options, checks, guard)
         except OptionError as error:
             raise OptionError(f"{name}: {error}") from None
         elapsed = time.perf_counter() - start
