@@ -3,7 +3,8 @@
 A column (sample) of ``x`` has converged when every block row of the
 unit-diagonal system holds to relative accuracy ``rtol``::
 
-    ||r_k|| <= rtol (||x_k|| + ||c_k||)   for every block k,    or    ||c - A x|| <= atol
+    ||r_k|| <= rtol (||x_k|| + ||c_k||) + eps^2 (||x|| + ||c||)   for every block k,
+    or    ||c - A x|| <= atol
 
 with ``r = D^{-1}(c - A x)`` the residual of the unit-diagonal form (the scaled
 form's own; the paper form's rows divided by its diagonal) and ``c`` that
@@ -13,8 +14,9 @@ at most ``rtol`` relative to its own size, so a layer whose gradient is ``1e-12`
 in absolute terms is held to ``rtol`` relative to ``1e-12``, not to the norm of
 the whole vector. A global rule (SciPy's ``||r|| <= rtol ||c||``) is met while
 the lowest layers of a network with vanishing gradients are still zero; this
-one is not. ``atol`` keeps SciPy's meaning: an absolute bound on the norm of the
-whole residual of a sample.
+one is not. The ``eps^2`` term (``5e-32`` of the column in float64) only lets a
+block that is exactly zero carry rounding from its neighbours. ``atol`` keeps
+SciPy's meaning: an absolute bound on the norm of the whole residual of a sample.
 
 The forward error of each block is then at most ``rtol`` times the amplification
 with which back-propagation itself carries perturbations from layer to layer,
@@ -113,16 +115,21 @@ class Tolerance:
         return cls(rtol, float(atol), system, block_norms(system, system.scaled().rhs))
 
     def block_ratios(self, R: Any, X: Any, columns: Any = None) -> np.ndarray:
-        """``||r_k|| / (rtol (||x_k|| + ||c_k||))`` per block and column (0 where ``r_k = 0``).
+        """``||r_k||`` over its bound, per block and column (0 where ``r_k = 0``).
 
-        ``R`` is a residual of the system's own form; ``columns`` picks the columns
-        of the right-hand side that ``R`` and ``X`` hold (default: all).
+        The bound is ``rtol (||x_k|| + ||c_k||)`` plus ``eps^2 (||x|| + ||c||)`` of
+        the whole column: a block that is zero, or below the square of the unit
+        roundoff of the solution, is numerically zero. ``R`` is a residual of the
+        system's own form; ``columns`` picks the columns of the right-hand side
+        that ``R`` and ``X`` hold (default: all).
         """
         r = block_norms(self.system, self.system.unit_rows(R))
-        size = block_norms(self.system, X) + (self.rhs_norms if columns is None
-                                              else self.rhs_norms[:, columns])
+        x = block_norms(self.system, X)
+        c = self.rhs_norms if columns is None else self.rhs_norms[:, columns]
+        whole = np.sqrt((x * x).sum(axis=0)) + np.sqrt((c * c).sum(axis=0))
+        bound = self.rtol * (x + c) + float(np.finfo(self.system.dtype).eps) ** 2 * whole
         with np.errstate(divide="ignore", invalid="ignore"):
-            ratios = np.where(r == 0, 0.0, r / (self.rtol * size))
+            ratios = np.where(r == 0, 0.0, r / bound)
         return np.where(np.isnan(ratios), np.inf, ratios)
 
     def ratios(self, R: Any, X: Any, columns: Any = None) -> np.ndarray:
