@@ -29,6 +29,7 @@ from collections.abc import Iterator
 __all__ = ["MemoryBudgetError", "available", "budget", "set_budget", "limit", "require"]
 
 DEFAULT_FRACTION = 0.5
+SMALL = 2**24  # estimates below 16 MiB pass without a look at the available memory
 ENVIRONMENT = "PROPOP_MEMORY_BUDGET"
 _budget: float | None = None
 
@@ -122,6 +123,8 @@ def require(estimate: int, what: str, cheaper: str) -> None:
 
     ``what`` names the method and its blocks, ``cheaper`` what to use instead.
     """
+    if estimate <= SMALL and _budget is None and ENVIRONMENT not in os.environ:
+        return  # not worth reading the available memory for
     allowed = budget()
     if estimate > allowed:
         raise MemoryBudgetError(

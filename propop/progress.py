@@ -48,6 +48,8 @@ def bar(progress: bool | str, total: int | None, description: str) -> Any:
     """A tqdm bar of ``total`` steps, or a :class:`Silent` one; a context manager."""
     if progress not in PROGRESS:
         raise ValueError(f"progress must be one of {PROGRESS}, got {progress!r}")
+    if progress is False:
+        return Silent()
     installed = importlib.util.find_spec("tqdm") is not None
     if progress is True and not installed:
         raise ImportError("progress=True needs tqdm: pip install \"propop[progress]\"")

@@ -76,17 +76,21 @@ def block_norms(system: Any, A: Any) -> np.ndarray:
 
     ``A`` is stacked like the system's right-hand side, ``(N,)`` or ``(N, c)``.
     """
+    return np.sqrt(_block_squares(system, A))
+
+
+def _block_squares(system: Any, A: Any) -> np.ndarray:
+    """``||A_k||^2`` per block and column, as host floats (one reduction for all blocks)."""
     A = A if A.ndim == 2 else A[:, None]
-    xp = backend.namespace(A)
-    sizes = system.sizes
-    if len(set(sizes)) == 1:
+    xp, sizes = system.backend.xp, system.sizes
+    if system.equal_sizes:
         stacked = A.reshape(len(sizes), sizes[0], A.shape[1])
         squares = xp.einsum("knc,knc->kc", stacked, stacked)
     elif hasattr(xp.add, "reduceat"):
-        squares = xp.add.reduceat(A * A, xp.asarray(system.offsets[:-1]), axis=0)
+        squares = xp.add.reduceat(A * A, system.block_starts, axis=0)
     else:  # a backend without reduceat: one sum per block
         squares = xp.stack([(a * a).sum(axis=0) for a in system.split(A)])
-    return np.sqrt(np.asarray(backend.to_host(squares), dtype=float))
+    return np.asarray(backend.to_host(squares), dtype=float)
 
 
 @dataclass(frozen=True)
@@ -123,14 +127,20 @@ class Tolerance:
         system's own form; ``columns`` picks the columns of the right-hand side
         that ``R`` and ``X`` hold (default: all).
         """
-        r = block_norms(self.system, self.system.unit_rows(R))
-        x = block_norms(self.system, X)
+        r = np.sqrt(_block_squares(self.system, self.system.unit_rows(R)))
+        x2 = _block_squares(self.system, X)
         c = self.rhs_norms if columns is None else self.rhs_norms[:, columns]
-        whole = np.sqrt((x * x).sum(axis=0)) + np.sqrt((c * c).sum(axis=0))
-        bound = self.rtol * (x + c) + float(np.finfo(self.system.dtype).eps) ** 2 * whole
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratios = np.where(r == 0, 0.0, r / bound)
+        whole = np.sqrt(x2.sum(axis=0)) + np.sqrt((c * c).sum(axis=0))
+        bound = self.rtol * (np.sqrt(x2) + c) + self.floor_factor * whole
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            ratios = r / bound  # 0/0 (a zero block, solved) is NaN: made 0 below
+        ratios[r == 0] = 0.0
         return np.where(np.isnan(ratios), np.inf, ratios)
+
+    @property
+    def floor_factor(self) -> float:
+        """``eps^2`` of the system's dtype: the numerically-zero floor of a block."""
+        return float(np.finfo(self.system.dtype).eps) ** 2
 
     def ratios(self, R: Any, X: Any, columns: Any = None) -> np.ndarray:
         """The worst block's ratio per column: the column meets ``rtol`` where it is <= 1."""

@@ -14,6 +14,7 @@ which :func:`propop.solve` prefixes with the method's name.
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 import math
 import numbers
@@ -54,16 +55,12 @@ def _integer(value: Any) -> bool:
 
 def validate(name: str, function: Callable, system: Any, options: dict) -> None:
     """Raise ``TypeError``/``ValueError`` naming ``name`` and the option unless all are good."""
-    parameters = inspect.signature(function).parameters
-    open_ended = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
-    known = [p for p, spec in list(parameters.items())[1:]
-             if spec.kind in (spec.KEYWORD_ONLY, spec.POSITIONAL_OR_KEYWORD)]
+    known, open_ended, hints = _options_of(function)
     for key in options:
         if key not in known and not open_ended:
             listed = ", ".join(known) if known else "none"
             raise TypeError(f"{name} has no option {key!r}{_suggestion(key, known)}; its "
                             f"options are {listed}")
-    hints = _hints(function)
     for key, value in options.items():
         if key in hints:
             _check_type(name, key, value, hints[key])
@@ -75,16 +72,22 @@ def validate(name: str, function: Callable, system: Any, options: dict) -> None:
 
 
 def _suggestion(key: str, known: list) -> str:
-    close = difflib.get_close_matches(key, known, n=1)
+    close = difflib.get_close_matches(key, list(known), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _hints(function: Callable) -> dict:
-    """The evaluated annotations of ``function``; none if they cannot be evaluated."""
+@functools.lru_cache(maxsize=256)
+def _options_of(function: Callable) -> tuple[tuple, bool, dict]:
+    """``(option names, takes any **options, evaluated annotations)``, read once a function."""
+    parameters = inspect.signature(function).parameters
+    open_ended = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    known = tuple(p for p, spec in list(parameters.items())[1:]
+                  if spec.kind in (spec.KEYWORD_ONLY, spec.POSITIONAL_OR_KEYWORD))
     try:
-        return typing.get_type_hints(function)
+        hints = typing.get_type_hints(function)
     except Exception:  # a user's function with annotations we cannot resolve
-        return {}
+        hints = {}
+    return known, open_ended, hints
 
 
 def _check_type(name: str, key: str, value: Any, hint: Any) -> None:

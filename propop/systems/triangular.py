@@ -258,6 +258,16 @@ class TriangularSystem:
             out.append(out[-1] + n)
         return tuple(out)
 
+    @functools.cached_property
+    def equal_sizes(self) -> bool:
+        """Whether every block has the same size (then blocks reshape to a stack)."""
+        return len(set(self.sizes)) == 1
+
+    @functools.cached_property
+    def block_starts(self) -> Any:
+        """The first entry of every block, as an index array of the backend."""
+        return self.backend.xp.asarray(self.offsets[:-1])
+
     @property
     def size(self) -> int:
         """``N``, the number of unknowns of one sample."""
