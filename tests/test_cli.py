@@ -74,6 +74,11 @@ def test_demo_runs_every_method_quickly():
         "substitution", "exact", "1.00"]
     assert error["jacobi", "6", "1.00"] < 1e-12 < 0.5 < error["jacobi", "1", "1.00"]
     assert ("substitution", "exact", "0.10") in accuracy
+    vanishing = result.stdout.split("Vanishing gradients:")[1].split("Memory guard")[0]
+    for method in ("jacobi", "bicgstab", "batched-gmres", "scipy.gmres"):
+        assert f"| {method} | CONVERGED |" in vanishing
+    assert "| scipy.bicgstab | BREAKDOWN |" in vanishing
+    assert "raised MemoryBudgetError before allocating" in result.stdout
 
 
 def test_run_an_rnn_reports_what_does_not_apply(capsys):
