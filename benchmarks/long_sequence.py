@@ -27,7 +27,7 @@ def main(argv: list[str]) -> None:
     seconds = time.perf_counter() - start
     counted = g.solution.info.get("peak_bytes", 0) / 1e6
     print(f"{method}: tau {tau}, hidden {hidden}, batch {batch}: {g.solution.status.name}, "
-          f"{g.solution.levels} levels, {seconds:.2f} s, {counted:.0f} MB of reduced blocks")
+          f"{g.solution.levels} levels, {seconds:.2f} s, {counted:.0f} MB estimated peak")
 
 
 if __name__ == "__main__":

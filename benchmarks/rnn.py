@@ -10,7 +10,7 @@ with autograd on the CPU (float64, like the others). One run, warm-up, median of
 ``cyclic-reduction`` is the two-level reduction (over the layers of a step, then
 over time with dense per-step blocks): ``O(log tau)`` levels but ``O(tau r h^3)``
 work against the loop's ``O(tau r h^2)``, so on 2 cores it is expected to lose
-at hidden 20; peak memory is reported from its own count of live blocks.
+at hidden 20; peak memory is its estimate from the shapes (within 20% of the measured peak).
 
 Run: ``python -m benchmarks.rnn`` (several minutes on 2 cores)
 """

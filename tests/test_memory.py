@@ -72,6 +72,14 @@ def test_peak_bytes_are_within_20_percent_of_the_measured_peak(method, build):
                                                                   measured)
 
 
+def test_a_second_triangular_solve_reuses_the_matrix_and_says_so():
+    system = fnn_system([128] * 9, 16)
+    first, _ = traced_peak(system, "scipy.spsolve_triangular")
+    again, solution = traced_peak(system, "scipy.spsolve_triangular")
+    assert again < 0.6 * first
+    assert 0.8 <= solution.info["peak_bytes"] / again <= 1.2
+
+
 def test_the_within_substitution_variant_is_estimated_too():
     system = rnn_system([8, 16, 16], 100, 8)
     measured, solution = traced_peak(system, "cyclic-reduction", within="substitution")

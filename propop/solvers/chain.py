@@ -127,17 +127,18 @@ def chain_rows(system: Any, shared_diagonal: str | None = None) -> list[Row]:
     B = system.blocks
     rhs = system.split(system.rhs if system.nrhs is not None else system.rhs[:, None])
     r = rhs[0].shape[1]
+    scales, couplings = B.scale, B.coupling  # each a tuple made per access: once
     per_sample = any(a is not None and a.ndim == 2 and a.shape[1] > 1
-                     for a in B.scale + B.diagonal)
+                     for a in scales + B.diagonal)
     bl = r if per_sample and shared_diagonal is None else 1
     rows = []
     for k in B.order():
         d = 1 if B.diagonal[k] is None else _columns(B.diagonal[k])
         j = B.incoming(k)
-        s = 1 if j is None or B.scale[j] is None else _columns(B.scale[j])
+        s = 1 if j is None or scales[j] is None else _columns(scales[j])
         scale = xp.broadcast_to(xp.asarray(s / d, dtype=system.dtype), (B.sizes[k], r))
         L = scale.mean(axis=1, keepdims=True) if bl == 1 else scale
-        rows.append(Row(k, L, None if j is None else B.coupling[j], rhs[k] / d))
+        rows.append(Row(k, L, None if j is None else couplings[j], rhs[k] / d))
     return rows
 
 
@@ -164,7 +165,8 @@ def _stacked(system: Any, shared_diagonal: str | None) -> Chain | None:
     G = rhs.reshape(m, n, -1)[order]
     D = _stack_columns(xp, [B.diagonal[k] for k in order], n, dtype)
     couplings = [B.incoming(k) for k in order[1:]]
-    S = _stack_columns(xp, [B.scale[j] for j in couplings], n, dtype)
+    scales, matrices = B.scale, B.coupling  # each a tuple made per access: once
+    S = _stack_columns(xp, [scales[j] for j in couplings], n, dtype)
     if D is None or S is None:
         return None
     G = G / D
@@ -173,7 +175,7 @@ def _stacked(system: Any, shared_diagonal: str | None) -> Chain | None:
     if shared_diagonal is not None or L.shape[2] == 1:
         L = L.mean(axis=2, keepdims=True)
     C = xp.zeros((m, 1, n, n), dtype=dtype)
-    C[1:, 0] = _stack_matrices(system.backend, [B.coupling[j] for j in couplings], n, dtype)
+    C[1:, 0] = _stack_matrices(system.backend, [matrices[j] for j in couplings], n, dtype)
     return Chain(L.transpose(0, 2, 1), C, G.transpose(0, 2, 1), order, system.sizes)
 
 

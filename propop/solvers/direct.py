@@ -103,10 +103,9 @@ def spsolve_triangular(system: Any, *, rtol: float | None = None,
     memory.require(peak, f"scipy.spsolve_triangular with the explicit matrix of "
                    f"{system.nrhs or 1} samples",
                    "use 'substitution', which solves the same system without forming it")
-    matrix = system.to_csr()  # ours alone: SciPy may work in it, and skip its divisions
+    matrix = system.csr  # built once per system; SciPy works in a copy
     rhs = system.rhs if system.nrhs is None else system.rhs.T.reshape(-1)
-    x = scipy_solve(matrix, rhs, lower=system.lower, overwrite_A=True,
-                    unit_diagonal=system.form == "scaled")
+    x = scipy_solve(matrix, rhs, lower=system.lower, unit_diagonal=system.form == "scaled")
     if system.nrhs is not None:
         x = x.reshape(system.nrhs, system.size).T
     tol = Tolerance.of(system, rtol, atol) if verify else None

@@ -583,15 +583,16 @@ class TriangularSystem:
         the samples stacked one after another (``x.T.reshape(-1)``).
         """
         be = self.backend
-        csr = self.to_csr()
+        csr = self.csr
         dense = not any(be.sparse.issparse(M) for _, _, M in self._edges)
         blocksize = math.gcd(*self.sizes)
         if dense and blocksize > 1 and hasattr(csr, "tobsr"):
             return csr.tobsr(blocksize=(blocksize, blocksize))
         return csr
 
-    def to_csr(self) -> Any:
-        """The explicit matrix of :attr:`matrix` as a new CSR array (not cached)."""
+    @functools.cached_property
+    def csr(self) -> Any:
+        """The explicit matrix of :attr:`matrix` as a CSR array, built once."""
         xp = self.backend.xp
         parts = [_triplets(s, i * self.size) for i, s in enumerate(self.samples())]
         rows, cols, vals = (xp.concatenate([p[q] for p in parts]) for q in range(3))
