@@ -25,6 +25,7 @@ __all__ = ["dense_cyclic_reduction", "time_cyclic_reduction", "groups", "explici
 
 # Python objects per block (lists of positions and views, index arrays): measured.
 BOOKKEEPING = 160
+ARRAY = 112  # a NumPy array object, without its data
 
 
 def _chain(counter: Counter, system: Any, shared: bool) -> tuple[int, int, int]:
@@ -167,11 +168,11 @@ def time_cyclic_reduction(system: Any, within: str) -> int:
 
 
 def groups(system: Any) -> int:
-    """An upper bound on the peak bytes of the reduction over groups (:mod:`.group_reduction`).
+    """Peak bytes of the reduction over groups (:mod:`.group_reduction`).
 
-    Each group's dense solve per sample reads the sample's explicit matrix; the
-    group solutions are kept for the final step; the chain over the groups is
-    reduced with per-sample blocks. Twice the walk covers the temporaries (measured).
+    The explicit matrix of all samples (built once, kept on the system), each
+    group's dense solve per sample, the group solutions kept for the final
+    step, and the chain over the groups with per-sample blocks.
     """
     counter, item, r = Counter(), system.dtype.itemsize, system.nrhs or 1
     groups = system.blocks.groups
@@ -179,14 +180,26 @@ def groups(system: Any) -> int:
     carried = [sum(system.sizes[k] for k in read_by(system, groups, s))
                for s in range(len(groups))]
     before = [0] + carried[:-1]
-    counter.hold(sum(r * n * (c + 1) for n, c in zip(sizes, before)) * item)  # solutions
-    counter.passing(explicit_matrix(system.sample(0) if system.nrhs else system)
-                    + 3 * max(sizes) ** 2 * item)
+    counter.hold(8 * (system.size + sum(carried)))  # the entries of every group, as indices
+    build = counter.hold(explicit_matrix(system))
+    counter.release(build - 16 * _entries(system))  # the matrix is kept (64-bit indices)
+    solutions = 0
+    for n, c in zip(sizes, before):  # each group: one solve per sample, the solutions kept
+        counter.passing(item * (3 * n * n + 4 * n * (c + 1)) + 16 * n * max(c, n))
+        counter.release(solutions)  # the previous group's list of per-sample solutions
+        solutions = counter.hold(r * n * (c + 1) * item)
+        counter.hold(r * n * (c + 1) * item)  # stacked
     n = max(1, max(carried))
-    counter.hold(len(sizes) * r * n * (n + 1) * item)  # the chain over the groups
+    counter.hold(len(sizes) * (r * n * (n + 1) + n) * item)  # the chain over the groups
     odd_even(counter, len(sizes), n, r, 1, 1, r, item)
     counter.passing(2 * system.size * r * item)
-    return int(2 * counter.peak_bytes)
+    return counter.peak_bytes
+
+
+def _entries(system: Any) -> int:
+    """Stored entries of the explicit matrix of all samples."""
+    nnz = system.size + sum(int(getattr(M, "nnz", M.size)) for _, _, M in system._edges)
+    return nnz * (system.nrhs or 1)
 
 
 def krylov_basis(system: Any, restart: int, columns: int | None = None) -> int:
@@ -203,6 +216,8 @@ def explicit_matrix(system: Any) -> int:
     (cached on the system), the solve copies it (12 bytes an entry) and works in
     the copy, about 21 bytes an entry in all.
     """
-    nnz = system.size + sum(int(getattr(M, "nnz", M.size)) for _, _, M in system._edges)
-    per_entry = 21 if "csr" in vars(system) else 48  # measured
-    return per_entry * nnz * (system.nrhs or 1) + 2 * system.size * (system.nrhs or 1) * 8
+    if "csr" in vars(system):
+        return 21 * _entries(system) + 2 * system.size * (system.nrhs or 1) * 8  # measured
+    arrays = (len(system._edges) + system.nblocks) * (system.nrhs or 1)  # 3 per block, edge
+    return (48 * _entries(system) + 2 * system.size * (system.nrhs or 1) * 8
+            + 3 * ARRAY * arrays)

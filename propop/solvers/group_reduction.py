@@ -34,15 +34,16 @@ def reduce_over_groups(system: Any, reduce: Any, counter: Counter) -> tuple[Any,
     groups = system.blocks.groups
     rows = [_entries(system, group) for group in groups]
     carried = [_entries(system, read_by(system, groups, s)) for s in range(len(groups))]
-    samples = system.samples()
+    A, rhs, r = system.csr, _stacked_rhs(system), system.nrhs or 1  # all samples, one matrix
     Y = []  # per group: (r, rows, carried-before + 1)
     for s, group_rows in enumerate(rows):
         reads = carried[s - 1] if s > 0 else xp.zeros(0, dtype=int)
-        blocks = [_group_solve(xp, sample, group_rows, reads) for sample in samples]
+        blocks = [_group_solve(xp, A, rhs, i * system.size, group_rows, reads)
+                  for i in range(r)]
         Y.append(xp.stack(blocks))
-        counter.flops += sum(2 * len(group_rows) ** 2 * (len(reads) + 1) for _ in samples)
+        counter.flops += r * 2 * len(group_rows) ** 2 * (len(reads) + 1)
     n = max(1, max(len(c) for c in carried))
-    r, m = len(samples), len(groups)
+    m = len(groups)
     A = xp.zeros((m, r, n, n), dtype=system.dtype)
     g = xp.zeros((m, r, n), dtype=system.dtype)
     for s, Ys in enumerate(Y):
@@ -82,10 +83,18 @@ def _positions(xp: Any, rows: Any, wanted: Any) -> Any:
     return xp.asarray([where[int(v)] for v in wanted.tolist()], dtype=int)
 
 
-def _group_solve(xp: Any, sample: Any, rows: Any, reads: Any) -> Any:
-    """``D^{-1} [G | c]`` of one sample: ``D`` its rows and columns, ``G = -A[rows, reads]``."""
-    A = sample.matrix.tocsr()
-    D = A[rows][:, rows].toarray()
-    G = -A[rows][:, reads].toarray() if len(reads) else xp.zeros((len(rows), 0))
-    rhs = sample.rhs[rows][:, None]
-    return xp.linalg.solve(D, xp.concatenate([G, rhs], axis=1))
+def _stacked_rhs(system: Any) -> Any:
+    """The right-hand sides of all samples stacked as :attr:`TriangularSystem.csr` acts."""
+    return system.rhs if system.nrhs is None else system.rhs.T.reshape(-1)
+
+
+def _group_solve(xp: Any, A: Any, rhs: Any, offset: int, rows: Any, reads: Any) -> Any:
+    """``D^{-1} [G | c]`` of one sample: ``D`` its rows and columns, ``G = -A[rows, reads]``.
+
+    ``A`` is the explicit matrix of all samples, sample ``i``'s rows and columns
+    from ``offset = i N``.
+    """
+    mine = A[rows + offset]
+    D = mine[:, rows + offset].toarray()
+    G = -mine[:, reads + offset].toarray() if len(reads) else xp.zeros((len(rows), 0))
+    return xp.linalg.solve(D, xp.concatenate([G, rhs[rows + offset][:, None]], axis=1))

@@ -23,8 +23,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from .chain import Chain, Counter, chain_rows
+from .footprint import odd_even
 
-__all__ = ["SparseChain", "sparse_reduce"]
+__all__ = ["SparseChain", "sparse_reduce", "block_diagonal", "nbytes"]
 
 
 @dataclass
@@ -100,18 +101,53 @@ def _split(matrix: Any, rows: list, cols: list) -> list:
     return [matrix[r0[t]: r0[t + 1], c0[t]: c0[t + 1]] for t in range(len(rows))]
 
 
+def nbytes(matrix: Any) -> int:
+    """Bytes of a CSR matrix's arrays (or a dense array's)."""
+    if not sp.issparse(matrix):
+        return int(matrix.nbytes)
+    return int(matrix.data.nbytes + matrix.indices.nbytes + matrix.indptr.nbytes)
+
+
+def block_diagonal(blocks: list) -> Any:
+    """The CSR block-diagonal matrix of CSR ``blocks``: their arrays concatenated, shifted.
+
+    Written for propop: SciPy's ``block_diag`` goes through COO triplets, three
+    times the memory of the result.
+    """
+    rows = np.cumsum([0] + [m.shape[0] for m in blocks])
+    cols = np.cumsum([0] + [m.shape[1] for m in blocks])
+    starts = np.cumsum([0] + [m.nnz for m in blocks])
+    index = np.int32 if max(rows[-1], cols[-1], starts[-1]) < 2**31 else np.int64
+    indptr = np.concatenate([(m.indptr[:-1] + s).astype(index) for m, s in zip(blocks, starts)]
+                            + [starts[-1:].astype(index)])
+    indices = np.concatenate([(m.indices + c).astype(index) for m, c in zip(blocks, cols)])
+    data = np.concatenate([m.data for m in blocks])
+    return sp.csr_array((data, indices, indptr), shape=(int(rows[-1]), int(cols[-1])))
+
+
 def products(chain: SparseChain, ks: list, counter: Counter) -> list:
-    """Cores ``C_k diag(L_{k-1}) C_{k-1}`` for each ``k`` in ``ks``: one sparse product."""
+    """Cores ``C_k diag(L_{k-1}) C_{k-1}`` for each ``k`` in ``ks``: one sparse product.
+
+    The counter holds what the product leaves (the new cores) and records the
+    peak of the temporaries on the way (the scaled left factors, both
+    block-diagonal matrices and their product).
+    """
     if not ks:
         return []
     b = max(max(len(chain.C[k]), len(chain.C[k - 1]), chain.L[k - 1].shape[1]) for k in ks)
     lefts = [_pick(chain.C[k], i).multiply(_column(chain.L[k - 1], i)[None, :]).tocsr()
              for k in ks for i in range(b)]
     rights = [_pick(chain.C[k - 1], i) for k in ks for i in range(b)]
-    product = sp.block_diag(lefts, format="csr") @ sp.block_diag(rights, format="csr")
+    temporary = counter.hold(sum(nbytes(m) for m in lefts))
+    left, right = block_diagonal(lefts), block_diagonal(rights)
+    temporary += counter.hold(nbytes(left) + nbytes(right))
+    product = left @ right
+    temporary += counter.hold(nbytes(product))
     counter.flops += 2 * sum(int(np.diff(right.indptr)[left.indices].sum())
                              for left, right in zip(lefts, rights))
-    blocks = _split(product.tocsr(), [m.shape[0] for m in lefts], [m.shape[1] for m in rights])
+    blocks = _split(product, [m.shape[0] for m in lefts], [m.shape[1] for m in rights])
+    counter.hold(sum(nbytes(m) for m in blocks))
+    counter.release(temporary)
     return [blocks[j * b: (j + 1) * b] for j in range(len(ks))]
 
 
@@ -125,7 +161,7 @@ def apply(chain: SparseChain, ks: list, X: list, counter: Counter) -> list:
     else:  # per-sample cores act on their own column
         blocks = [_pick(chain.C[k], i) for k in ks for i in range(r)]
         vectors = [x[:, i: i + 1] for x in X for i in range(r)]
-    Y = sp.block_diag(blocks, format="csr") @ np.concatenate(vectors)
+    Y = block_diagonal(blocks) @ np.concatenate(vectors)
     counter.flops += 2 * sum(block.nnz for block in blocks) * vectors[0].shape[1]
     parts = np.split(Y, np.cumsum([block.shape[0] for block in blocks])[:-1])
     if len(parts) > len(ks):
@@ -141,7 +177,10 @@ def sparse_reduce(chain: SparseChain, counter: Counter, dense_reduce: Callable,
     ``info["fill_in"]`` is the nnz per reduced core relative to the original
     cores, per level that formed products; ``info["sparse_levels"]`` counts the
     levels done sparse. Once the density passes ``dense_threshold``,
-    ``dense_reduce`` finishes on the dense chain.
+    ``dense_reduce`` finishes on the dense chain. The counter holds the bytes of
+    the reduced cores and right-hand sides alive, level by level, and walks the
+    dense remainder (:func:`.footprint.odd_even`): its ``peak_bytes`` is the
+    reduction's peak, known only as the fill-in happens.
     """
     base = max(chain.nnz_per_core(), 1.0)
     eliminated, fill, level = [], [], 0
@@ -154,6 +193,10 @@ def sparse_reduce(chain: SparseChain, counter: Counter, dense_reduce: Callable,
         rhs = [g + a for g, a in zip([chain.G[k] for k in evens],
                                      apply(chain, evens, [chain.G[k - 1] for k in evens],
                                            counter))]
+        counter.hold(sum(nbytes(g) for g in rhs))
+        if level > 1:  # the previous level's even cores and rhs, now reduced away
+            counter.release(sum(nbytes(c) for k in evens for c in chain.C[k])
+                            + sum(nbytes(chain.G[k]) for k in evens))
         eliminated.append(chain.take(range(1, m, 2)))
         chain = SparseChain([chain.L[0]] + [chain.L[k] for k in evens], [[]] + cores,
                             [chain.G[0]] + rhs, [chain.order[0]] + [chain.order[k] for k in evens],
@@ -163,6 +206,9 @@ def sparse_reduce(chain: SparseChain, counter: Counter, dense_reduce: Callable,
     sparse_levels = level
     if len(chain.G) > 1:  # dense from here on
         dense = chain.to_dense()
+        counter.hold(dense.L.nbytes + dense.C.nbytes + dense.G.nbytes)
+        odd_even(counter, dense.G.shape[0], dense.C.shape[2], dense.G.shape[1], 1,
+                 dense.L.shape[1], dense.C.shape[1], dense.G.dtype.itemsize)
         X_dense, more = dense_reduce(dense, counter)
         level += more
         X = [X_dense[k, :, :size].T for k, size in enumerate(chain.sizes)]
