@@ -23,8 +23,9 @@ from reference import dense, torch, torch_gradients
 
 METHODS = [s.name for s in pp.solvers.available() if s.available]
 BREAK_DOWN = {"scipy.bicgstab", "scipy.cgs", "scipy.tfqmr", "pyamg.bicgstab"}
-# Block BiCGStab cannot deflate: dependent right-hand sides are a breakdown it reports.
-DEPENDENT = "linearly dependent"
+# Block BiCGStab cannot deflate: dependent right-hand sides, or a block Krylov space that
+# loses rank (a layer of width 1, say), are a breakdown it reports.
+NO_DEFLATION = "block BiCGStab breakdown"
 NAMED = (ValueError, TypeError, KeyError)
 
 
@@ -43,7 +44,7 @@ def check_every_method(system, reference_blocks, names=None):
             continue
         solution = pp.solve(system, method)
         if not solution.converged and (method in BREAK_DOWN or (
-                method == "block-bicgstab" and DEPENDENT in solution.message)):
+                method == "block-bicgstab" and NO_DEFLATION in solution.message)):
             assert solution.status is pp.Status.BREAKDOWN and solution.message
             continue
         assert solution.converged, (method, solution.message)
@@ -429,7 +430,7 @@ def test_the_forward_residual_checks_the_input_block():
 
 # -- shapes that vary: hypothesis ------------------------------------------------------------
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30, deadline=None, derandomize=True)  # the same cases in every run
 @given(sizes=st.lists(st.integers(1, 6), min_size=2, max_size=5),
        r=st.one_of(st.none(), st.integers(1, 3)),
        activation=st.sampled_from(["tanh", "relu", "sigmoid", "identity"]),
