@@ -41,7 +41,7 @@ from .solution import Solution, Status
 
 __all__ = [
     "Tolerance", "initial_guess", "finish", "column_norms", "default_maxiter",
-    "default_rtol", "block_norms",
+    "default_rtol", "block_norms", "block_squares",
 ]
 
 
@@ -76,10 +76,10 @@ def block_norms(system: Any, A: Any) -> np.ndarray:
 
     ``A`` is stacked like the system's right-hand side, ``(N,)`` or ``(N, c)``.
     """
-    return np.sqrt(_block_squares(system, A))
+    return np.sqrt(block_squares(system, A))
 
 
-def _block_squares(system: Any, A: Any) -> np.ndarray:
+def block_squares(system: Any, A: Any) -> np.ndarray:
     """``||A_k||^2`` per block and column, as host floats (one reduction for all blocks)."""
     A = A if A.ndim == 2 else A[:, None]
     xp, sizes = system.backend.xp, system.sizes
@@ -127,8 +127,8 @@ class Tolerance:
         system's own form; ``columns`` picks the columns of the right-hand side
         that ``R`` and ``X`` hold (default: all).
         """
-        r = np.sqrt(_block_squares(self.system, self.system.unit_rows(R)))
-        x2 = _block_squares(self.system, X)
+        r = np.sqrt(block_squares(self.system, self.system.unit_rows(R)))
+        x2 = block_squares(self.system, X)
         c = self.rhs_norms if columns is None else self.rhs_norms[:, columns]
         whole = np.sqrt(x2.sum(axis=0)) + np.sqrt((c * c).sum(axis=0))
         bound = self.rtol * (np.sqrt(x2) + c) + self.floor_factor * whole

@@ -9,7 +9,7 @@ from scipy.sparse.linalg import spsolve_triangular as scipy_solve
 
 from .. import backend, memory
 from . import footprint
-from .convergence import Tolerance, finish
+from .convergence import Tolerance, block_squares, finish
 from .registry import register
 from .solution import Solution, Status
 
@@ -57,25 +57,29 @@ def _substitute(system: Any, groups: Any) -> Any:
     """Solve block by block, ``groups`` of steps in an order that respects dependencies."""
     xp = system.backend.xp
     x = xp.empty_like(system.rhs)
-    xs = system.split(x)
+    xs, cs = system.split(x), system.split(system.rhs)
+    nonzero = (block_squares(system, system.rhs) > 0).any(axis=1)  # one pass for all blocks
     with backend.quiet(xp):  # overflow is reported by finish()
         for group in groups:
             for step in group:
-                _step(xp, step, xs)
+                _step(xp, step, xs, cs[step.block] if nonzero[step.block] else None)
     return x
 
 
-def _step(xp: Any, step: Any, xs: list) -> None:
-    """Block row ``x_k = (c_k + s_k * sum_e M_e x_e) / d_k``, in place in ``xs``."""
+def _step(xp: Any, step: Any, xs: list, c: Any) -> None:
+    """Block row ``x_k = (c_k + s_k * sum_e M_e x_e) / d_k``, in place in ``xs``.
+
+    ``c`` is the block's right-hand side, ``None`` where it is zero.
+    """
     out = xs[step.block]
     if not step.sources:
-        out[...] = step.rhs
+        out[...] = 0 if c is None else c
     else:
         _sum_into(xp, out, step.sources, xs)
         if step.scale is not None:
             out *= step.scale
-        if not step.rhs_is_zero:
-            out += step.rhs
+        if c is not None:
+            out += c
     if step.diagonal is not None:
         out /= step.diagonal
 

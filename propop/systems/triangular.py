@@ -20,6 +20,7 @@ back_prop_sys_shifted).
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -58,8 +59,6 @@ class Blocks:
     edges : tuple of Edge
         The off-diagonal blocks, each ``-diag(scale) @ matrix`` with a matrix
         shared by all samples (dense, sparse) and the row's scaling.
-    rhs : tuple
-        Per block, a view of the system's right-hand side.
 
     A system is a **chain** (block bi-diagonal, paper eqs. forw_prop_sys and
     back_prop_sys) when edge ``j`` joins blocks ``j + 1`` and ``j`` (lower) or
@@ -71,7 +70,6 @@ class Blocks:
     sizes: tuple
     diagonal: tuple
     edges: tuple
-    rhs: tuple
 
     @functools.cached_property
     def is_chain(self) -> bool:
@@ -139,19 +137,20 @@ class Blocks:
 
     @functools.cached_property
     def steps(self) -> tuple[Step, ...]:
-        """Block rows in substitution order with everything a step needs, made once."""
+        """Block rows in substitution order with everything a step needs, made once.
+
+        The matrix alone: a solve with any right-hand side reuses them.
+        """
         into: dict[int, list[Edge]] = {}
         for e in self.edges:
             into.setdefault(e.row, []).append(e)
         steps = []
         for k in self.order():
             edges = into.get(k, [])
-            c = self.rhs[k]
             steps.append(Step(
                 block=k,
                 sources=tuple((e.col, e.matrix, backend.is_sparse(e.matrix)) for e in edges),
-                scale=edges[0].scale if edges else None, rhs=c,
-                rhs_is_zero=not bool(c.any()), diagonal=self.diagonal[k]))
+                scale=edges[0].scale if edges else None, diagonal=self.diagonal[k]))
         return tuple(steps)
 
     @functools.cached_property
@@ -178,8 +177,6 @@ class Step:
     block: int
     sources: tuple  # (column block, shared matrix, is sparse) per incoming edge
     scale: Any
-    rhs: Any
-    rhs_is_zero: bool
     diagonal: Any
 
 
@@ -391,7 +388,6 @@ class TriangularSystem:
             diagonal=tuple(None if not paper or s is None else 1 / s for s in self._row_scale),
             edges=tuple(Edge(row, col, M, None if paper else self._row_scale[row])
                         for row, col, M in self._edges),
-            rhs=tuple(self.split(self.rhs)),
         )
 
     def split(self, x: Any) -> list[Any]:
@@ -467,7 +463,22 @@ class TriangularSystem:
         if self.form == "paper":
             rhs = xp.concatenate([c if d is None else c / d for c, d in
                                   zip(self.split(rhs), self.blocks.diagonal)])
-        return self._with(rhs=rhs)
+        require_finite(rhs, "rhs")
+        return self._rebound(rhs)
+
+    def _rebound(self, rhs: Any) -> TriangularSystem:
+        """The system with the scaled right-hand side ``rhs``; nothing else is rebuilt.
+
+        Everything the matrix alone decides (:attr:`blocks` and their steps, the
+        offsets, the stacked scalings) is shared; the explicit matrices and the
+        operator only if the number of columns is the same.
+        """
+        new = copy.copy(self)
+        same_columns = rhs.shape[1:] == self._scaled_rhs.shape[1:]
+        new.__dict__ = {k: v for k, v in self.__dict__.items() if k not in _RHS_CACHES
+                        and (same_columns or k not in _COLUMN_CACHES)}
+        new._scaled_rhs = rhs
+        return new
 
     def restricted(self, keep: Callable[[int, int], bool]) -> TriangularSystem:
         """The system with only the couplings ``(row, col)`` for which ``keep`` holds."""
@@ -598,6 +609,10 @@ class TriangularSystem:
         rows, cols, vals = (xp.concatenate([p[q] for p in parts]) for q in range(3))
         del parts
         return _csr_class(self.backend)((vals, (rows, cols)), shape=self.shape)
+
+
+_RHS_CACHES = ("rhs",)  # cached views that hold the right-hand side
+_COLUMN_CACHES = ("matrix", "csr", "operator")  # built for the number of samples
 
 
 def _canonical_edges(edges: Sequence[tuple[int, int, Any]]) -> tuple:
