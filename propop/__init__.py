@@ -12,7 +12,7 @@ from .losses import loss_gradient, loss_value
 from .memory import MemoryBudgetError
 from .networks import FNN, RNN, Gradients, Graph, GraphGradients, RNNGradients, Trace
 from .propagation import backprop, forward
-from .solvers import ConvergenceError, Solution, Status, solve
+from .solvers import ConvergenceError, Plan, Solution, Status, prepare, solve
 from .training import History, train
 from .systems import Blocks, TriangularSystem, backward_system, forward_system
 from .distributed import krylov as _mpi_krylov  # noqa: F401  (registers mpi.gmres, ...)
@@ -36,7 +36,7 @@ __all__ = [
     "Activation", "register_activation", "get_activation", "available_activations",
     "loss_gradient", "loss_value",
     "TriangularSystem", "Blocks", "backward_system", "forward_system",
-    "solve", "solvers", "Solution", "Status", "ConvergenceError",
+    "solve", "prepare", "Plan", "solvers", "Solution", "Status", "ConvergenceError",
     "backprop", "forward", "from_torch", "train", "History", "data", "sparsity",
     "memory", "MemoryBudgetError",
 ]

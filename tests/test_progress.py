@@ -8,7 +8,7 @@ import pytest
 
 import propop as pp
 from propop import progress, propagation
-from propop.solvers import registry
+from propop.solvers import plan
 from cases import Case
 
 
@@ -32,7 +32,7 @@ def recording(monkeypatch, module):
 
 
 def test_a_bar_advances_with_the_iterations(monkeypatch, capsys):
-    made = recording(monkeypatch, registry)
+    made = recording(monkeypatch, plan)
     seen = []
     sol = pp.solve(system(), "jacobi", maxiter=20, progress=True, callback=seen.append)
     assert "jacobi" in capsys.readouterr().err

@@ -11,11 +11,12 @@ from . import stationary as _stationary  # noqa: F401
 from .diagnostics import (Decay, Dominance, diagonal_dominance, explain, jacobian_decay,
                           nilpotency_index)
 from .preconditioners import PRECONDITIONERS
+from .plan import Plan, prepare
 from .registry import KINDS, SolverInfo, available, get, info, register, solve
 from .solution import ConvergenceError, Solution, Status
 
 __all__ = [
-    "register", "get", "info", "available", "solve", "SolverInfo", "KINDS",
+    "register", "get", "info", "available", "solve", "prepare", "Plan", "SolverInfo", "KINDS",
     "Solution", "Status", "ConvergenceError", "Dominance", "diagonal_dominance",
     "nilpotency_index", "Decay", "jacobian_decay", "explain", "PRECONDITIONERS",
 ]

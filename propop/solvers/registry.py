@@ -12,16 +12,12 @@ import dataclasses
 import difflib
 import functools
 import importlib.util
-import inspect
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
-from .. import backend
-from ..progress import Silent, bar
-from .options import OptionError, validate
+from .plan import prepare
 from .solution import ConvergenceError, Solution
 
 __all__ = ["SolverInfo", "KINDS", "register", "get", "info", "names", "available", "solve"]
@@ -49,6 +45,7 @@ class SolverInfo:
     needs: tuple = ()
     extra: str = ""
     guard: Any = dataclasses.field(default=None, repr=False, compare=False)
+    prepare: Callable | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def missing(self) -> tuple:
@@ -87,7 +84,8 @@ def _installed(module: str) -> bool:
 
 def register(name: str, *, kind: str, exact: bool, backends: tuple = ("numpy",),
              description: str | None = None, requires: tuple = (), needs: tuple = (),
-             extra: str = "", guard: Any = None) -> Callable[[Callable], Callable]:
+             extra: str = "", guard: Any = None, prepare: Callable | None = None
+             ) -> Callable[[Callable], Callable]:
     """Decorator that registers ``function`` as method ``name``.
 
     Parameters
@@ -116,6 +114,10 @@ def register(name: str, *, kind: str, exact: bool, backends: tuple = ("numpy",),
         process ends the solve on all, and ``guard.prepare(options, work)`` does
         the same for the work before a solve
         (:class:`propop.distributed.guard.Collective`).
+    prepare : callable, optional
+        ``prepare(system, **options)`` does the method's work on the matrix once
+        and returns ``run(system, **extra)`` for any system with that matrix
+        (:mod:`propop.solvers.plan`); ``extra`` may hold a ``callback``.
 
     Examples
     --------
@@ -144,7 +146,7 @@ def register(name: str, *, kind: str, exact: bool, backends: tuple = ("numpy",),
         doc = (function.__doc__ or "").strip().splitlines()
         _REGISTRY[name] = SolverInfo(name, kind, bool(exact), tuple(backends),
                                      description or (doc[0] if doc else ""), function,
-                                     tuple(requires), tuple(needs), extra, guard)
+                                     tuple(requires), tuple(needs), extra, guard, prepare)
         return function
 
     return decorate
@@ -192,25 +194,6 @@ def _did_you_mean(name: str) -> str:
     return f" (did you mean {listed}?)"
 
 
-def _run(function: Callable, system: Any, options: dict, checks: Callable[[], None],
-         guard: Any) -> Solution:
-    """The checks, then the method; under the method's ``guard`` if it has one."""
-    if guard is None:
-        checks()
-        return function(system, **options)
-    return guard.solve(system, options, checks, lambda: function(system, **options))
-
-
-def _advancing(shown: Any, callback: Callable | None) -> Callable[[Any], None]:
-    """A callback that advances the bar, then calls the user's ``callback``."""
-    def advance(x: Any) -> None:
-        shown.update()
-        if callback is not None:
-            callback(x)
-
-    return advance
-
-
 def get(name: str) -> Callable[..., Solution]:
     """The function registered as method ``name`` (``KeyError`` lists the known ones)."""
     return info(name).function
@@ -234,7 +217,7 @@ def available() -> list[SolverInfo]:
 
 def solve(system: Any, method: str | Callable[..., Solution] = "substitution", *,
           check: bool = False, progress: bool | str = False, **options: Any) -> Solution:
-    """Solve ``system`` with the method named ``method`` and time it.
+    """Solve ``system`` with the method named ``method`` and time it: ``prepare(...).solve()``.
 
     Parameters
     ----------
@@ -252,6 +235,13 @@ def solve(system: Any, method: str | Callable[..., Solution] = "substitution", *
         Passed to the method: ``x0``, ``rtol``, ``atol``, ``maxiter``,
         ``callback`` and the method's own options.
 
+    Returns
+    -------
+    Solution
+        ``x``, ``status`` (``converged``), ``message``, ``iterations``,
+        ``residuals``, ``levels``, ``info`` and ``time`` (the matrix work of
+        :func:`~propop.solvers.plan.prepare` included).
+
     Examples
     --------
     >>> import numpy as np, propop as pp
@@ -262,28 +252,9 @@ def solve(system: Any, method: str | Callable[..., Solution] = "substitution", *
     >>> sol.converged, sol.iterations
     (True, 3)
     """
-    guard = None
-    if callable(method):
-        name, function = getattr(method, "__name__", "custom"), method
-    else:
-        solver = info(method)
-        solver.require_available()
-        if system.backend.name not in solver.backends:
-            raise ValueError(f"solver {method!r} runs on {solver.backends}, but the system's "
-                             f"arrays are {system.backend.name} arrays")
-        name, function, guard = method, solver.function, solver.guard
-    with bar(progress, options.get("maxiter"), name) as shown:
-        if not isinstance(shown, Silent) and "callback" in inspect.signature(function).parameters:
-            options["callback"] = _advancing(shown, options.get("callback"))
-        start = time.perf_counter()
-        try:  # overflow is reported by the Solution's status, not by NumPy's warnings
-            checks = functools.partial(validate, name, function, system, options)
-            with backend.quiet(system.backend.xp):
-                solution = _run(function, system, options, checks, guard)
-        except OptionError as error:
-            raise OptionError(f"{name}: {error}") from None
-        elapsed = time.perf_counter() - start
-    solution = dataclasses.replace(solution, time=elapsed, method=name)
+    plan = prepare(system, method, **options)
+    solution = plan.solve(progress=progress)  # check after the time is complete
+    solution = dataclasses.replace(solution, time=solution.time + plan.prepare_time)
     if check and not solution.converged:
         raise ConvergenceError(solution)
     return solution

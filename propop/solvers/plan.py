@@ -1,0 +1,153 @@
+"""Plan once, solve many: a method's work on the matrix done once, right-hand sides after.
+
+As lineax's ``init``/``compute`` split (DESIGN section 3): :func:`prepare`
+checks the options once and lets the method do everything that depends on the
+matrix alone (cyclic reduction reduces its blocks); :meth:`Plan.solve` then takes
+any right-hand side of that matrix (``system.with_rhs`` shares every cache the
+matrix decides) and does only the work that depends on it. Preconditioners,
+hybrid schemes and the MPI local solves use plans; :func:`propop.solve` is
+``prepare(...).solve()``.
+
+A method opts in with ``register(..., prepare=f)``: ``f(system, **options)``
+returns ``run(system)`` for systems with that matrix; without it a plan calls
+the method itself on each right-hand side.
+
+Examples
+--------
+>>> import numpy as np, propop as pp
+>>> net = pp.FNN.random([4, 8, 3], activation="tanh", seed=0)
+>>> B = pp.backward_system(net, net.forward(np.ones((4, 2))), np.ones((3, 2)))
+>>> plan = pp.prepare(B, "cyclic-reduction")
+>>> sols = [plan.solve(rhs) for rhs in np.random.default_rng(0).standard_normal((3,) + B.rhs.shape)]
+>>> [s.converged for s in sols]
+[True, True, True]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .. import backend
+from ..progress import Silent, bar
+from .options import OptionError, validate
+from .solution import ConvergenceError, Solution
+
+__all__ = ["Plan", "prepare"]
+
+
+@dataclasses.dataclass
+class Plan:
+    """A method prepared for one matrix (:func:`prepare`); :meth:`solve` per right-hand side.
+
+    Attributes
+    ----------
+    system : TriangularSystem
+        The system the plan was prepared for (its right-hand side is the default).
+    method : str
+        The method's name.
+    options : dict
+        The options, checked once.
+    prepare_time : float
+        Seconds spent preparing (the matrix work).
+    """
+
+    system: Any
+    method: str
+    options: dict
+    prepare_time: float
+    _run: Callable = dataclasses.field(repr=False)
+    _function: Callable = dataclasses.field(repr=False)
+    _guard: Any = dataclasses.field(default=None, repr=False)
+
+    def solve(self, rhs: Any = None, *, check: bool = False, progress: bool | str = False
+              ) -> Solution:
+        """Solve for ``rhs`` (default: the system's own), in the system's form and shape.
+
+        A matrix shared by all samples takes any number of columns. ``check``
+        raises :class:`~propop.ConvergenceError` on failure; ``progress`` shows a
+        bar over the method's callbacks (:mod:`propop.progress`).
+        """
+        system = self.system if rhs is None else self.system.with_rhs(rhs)
+        extra = {}
+        with bar(progress, self.options.get("maxiter"), self.method) as shown:
+            if not isinstance(shown, Silent) and _takes_callback(self._function):
+                extra["callback"] = _advancing(shown, self.options.get("callback"))
+            start = time.perf_counter()
+            try:  # overflow is reported by the Solution's status, not by NumPy's warnings
+                with backend.quiet(system.backend.xp):
+                    solution = self._solve(system, extra)
+            except OptionError as error:
+                raise OptionError(f"{self.method}: {error}") from None
+            elapsed = time.perf_counter() - start
+        solution = dataclasses.replace(solution, time=elapsed, method=self.method)
+        if check and not solution.converged:
+            raise ConvergenceError(solution)
+        return solution
+
+    def _solve(self, system: Any, extra: dict) -> Solution:
+        if self._guard is None:
+            return self._run(system, **extra)
+        options = {**self.options, **extra}  # under MPI the checks are agreed on per solve
+        checks = functools.partial(validate, self.method, self._function, system, options)
+        return self._guard.solve(system, options, checks,
+                                 lambda: self._function(system, **options))
+
+
+def prepare(system: Any, method: str | Callable[..., Solution] = "substitution",
+            **options: Any) -> Plan:
+    """Check the options and do ``method``'s work on the matrix of ``system``, once.
+
+    Parameters
+    ----------
+    system : TriangularSystem
+    method : str or callable
+        A registered name (see :func:`propop.solvers.available`) or a solver function.
+    **options
+        The method's options (``rtol``, ``maxiter``, ...), checked here.
+
+    Returns
+    -------
+    Plan
+        ``plan.solve(rhs)`` for any right-hand side of this matrix.
+    """
+    from .registry import info
+
+    guard, hook = None, None
+    if callable(method):
+        name, function = getattr(method, "__name__", "custom"), method
+    else:
+        solver = info(method)
+        solver.require_available()
+        if system.backend.name not in solver.backends:
+            raise ValueError(f"solver {method!r} runs on {solver.backends}, but the system's "
+                             f"arrays are {system.backend.name} arrays")
+        name, function, guard, hook = method, solver.function, solver.guard, solver.prepare
+    start = time.perf_counter()
+    if guard is None:  # a communicating method agrees on its checks with every solve
+        validate(name, function, system, options)
+    try:
+        with backend.quiet(system.backend.xp):
+            run = hook(system, **options) if hook is not None and guard is None else (
+                lambda s, **extra: function(s, **{**options, **extra}))
+    except OptionError as error:
+        raise OptionError(f"{name}: {error}") from None
+    return Plan(system, name, dict(options), time.perf_counter() - start, run, function, guard)
+
+
+def _takes_callback(function: Callable) -> bool:
+    return "callback" in inspect.signature(function).parameters
+
+
+def _advancing(shown: Any, callback: Callable | None) -> Callable[[Any], None]:
+    """A callback that advances the bar, then calls the user's ``callback``."""
+    def advance(x: Any) -> None:
+        shown.update()
+        if callback is not None:
+            callback(x)
+
+    return advance

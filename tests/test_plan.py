@@ -1,0 +1,62 @@
+"""Plan once, solve many: prepare(system, method).solve(rhs) for every method."""
+
+import numpy as np
+import pytest
+
+import propop as pp
+from cases import Case
+
+METHODS = [s.name for s in pp.solvers.available() if s.available]
+BREAK_DOWN = {"scipy.bicgstab", "scipy.cgs", "scipy.tfqmr", "pyamg.bicgstab"}
+
+
+def systems():
+    net, trace, eps, _ = Case((5, 6, 6, 4), r=3, activation="tanh").problem()
+    fnn = pp.backward_system(net, trace, eps)
+    rnn = pp.RNN.random([3, 4, 4], activation="tanh", seed=0)
+    rtrace = rnn.forward(np.random.default_rng(1).standard_normal((6, 3, 2)))
+    return [fnn, pp.backward_system(rnn, rtrace, np.ones_like(rtrace.output)),
+            fnn.shared("mean")]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_plan_solves_many_right_hand_sides_like_solve_does(method):
+    system = next(s for s in systems() if pp.solvers.info(method).applies_to(s))
+    plan = pp.prepare(system, method)
+    assert isinstance(plan, pp.Plan) and plan.method == method and plan.prepare_time >= 0
+    rng = np.random.default_rng(2)
+    for _ in range(3):
+        rhs = rng.standard_normal(system.rhs.shape)
+        ours = plan.solve(rhs)
+        reference = pp.solve(system.with_rhs(rhs), method)
+        assert ours.status is reference.status and ours.method == method
+        if reference.converged:
+            exact = pp.solve(system.with_rhs(rhs), "substitution").x
+            limit = 1e-12 if pp.solvers.info(method).exact else 1e-8
+            assert np.linalg.norm(ours.x - exact) <= limit * np.linalg.norm(exact)
+        else:
+            assert method in BREAK_DOWN or "block" in method
+    assert plan.solve().status is pp.solve(system, method).status  # its own rhs by default
+
+
+def test_a_plan_checks_its_options_once_and_its_right_hand_sides_each_time():
+    system = systems()[0]
+    with pytest.raises(ValueError, match="jacobi: rtol must be"):
+        pp.prepare(system, "jacobi", rtol=-1)
+    plan = pp.prepare(system, "substitution")
+    with pytest.raises(ValueError, match="rhs has shape"):
+        plan.solve(np.ones(3))
+    with pytest.raises(ValueError, match="rhs contains NaN"):
+        plan.solve(np.full(system.rhs.shape, np.nan))
+    with pytest.raises(pp.ConvergenceError, match="jacobi"):
+        pp.prepare(system, "jacobi", maxiter=1).solve(check=True)
+
+
+def test_a_shared_matrix_takes_any_number_of_columns():
+    system = systems()[2]
+    plan = pp.prepare(system, "block-gmres")
+    rhs = np.random.default_rng(3).standard_normal((system.size, 7))
+    solution = plan.solve(rhs)
+    exact = pp.solve(system.with_rhs(rhs), "substitution").x
+    assert solution.x.shape == (system.size, 7)
+    np.testing.assert_allclose(solution.x, exact, rtol=1e-8, atol=1e-12)
