@@ -60,3 +60,24 @@ def test_a_shared_matrix_takes_any_number_of_columns():
     exact = pp.solve(system.with_rhs(rhs), "substitution").x
     assert solution.x.shape == (system.size, 7)
     np.testing.assert_allclose(solution.x, exact, rtol=1e-8, atol=1e-12)
+
+
+def test_a_cyclic_reduction_plan_reduces_the_blocks_once(monkeypatch):
+    from propop.solvers import cyclic_reduction
+
+    net, trace, eps, _ = Case((16,) * 9, r=4, activation="tanh").problem()
+    system = pp.backward_system(net, trace, eps)
+    calls = []
+    product = cyclic_reduction.product
+    monkeypatch.setattr(cyclic_reduction, "product",
+                        lambda *args: calls.append(1) or product(*args))
+    plan = pp.prepare(system, "cyclic-reduction")
+    made = len(calls)
+    assert made == 4  # ceil(log2 9) levels of block products
+    rng = np.random.default_rng(4)
+    for _ in range(4):
+        rhs = rng.standard_normal(system.rhs.shape)
+        solution = plan.solve(rhs)
+        exact = pp.solve(system.with_rhs(rhs), "substitution").x
+        np.testing.assert_allclose(solution.x, exact, rtol=1e-12, atol=1e-14)
+    assert len(calls) == made  # no block product per right-hand side

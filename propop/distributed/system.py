@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..solvers.direct import substitution
+from ..solvers.plan import prepare
 
 __all__ = ["DistributedSystem", "partition", "world", "check_partition"]
 
@@ -132,8 +132,10 @@ class DistributedSystem:
         return self.xp.concatenate(parts)
 
     def solve_local(self, rhs: Any) -> Any:
-        """The local rows solved for ``rhs`` by substitution."""
-        return substitution(self.local.with_rhs(rhs)).x
+        """The local rows solved for ``rhs`` by substitution (one plan, many solves)."""
+        if "_plan" not in self.__dict__:
+            self._plan = prepare(self.local, "substitution")
+        return self._plan.solve(rhs).x
 
     def own(self, x: Any) -> Any:
         """My rows of a full vector ``x`` (shaped like the system's right-hand side)."""

@@ -87,6 +87,25 @@ class Chain:
         return cls(L, C, G, [row.block for row in rows], tuple(system.sizes[row.block]
                                                                for row in rows))
 
+    def rhs_of(self, system: Any) -> Any:
+        """``G`` for ``system``'s right-hand side (same matrix): ``(m, r, n)``, chain order.
+
+        Each block divided by its diagonal (the paper form's), zero-padded.
+        """
+        xp, B, n = system.backend.xp, system.blocks, self.C.shape[2]
+        rhs = system.rhs if system.nrhs is not None else system.rhs[:, None]
+        if len(set(system.sizes)) == 1:
+            G = rhs.reshape(len(self.order), n, -1)[self.order]
+            if any(d is not None for d in B.diagonal):
+                G = G / _stack_columns(xp, [B.diagonal[k] for k in self.order], n, G.dtype)
+            return G.transpose(0, 2, 1)
+        G = xp.zeros((len(self.order), rhs.shape[1], n), dtype=rhs.dtype)
+        blocks = system.split(rhs)
+        for i, k in enumerate(self.order):
+            d = B.diagonal[k]
+            G[i, :, : self.sizes[i]] = (blocks[k] if d is None else blocks[k] / _columns(d)).T
+        return G
+
     def solution(self, X: Any, system: Any) -> Any:
         """Scatter chain-ordered ``X`` of shape ``(m, r, n)`` back into ``system.rhs``'s shape."""
         xp = backend.namespace(X)

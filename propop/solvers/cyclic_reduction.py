@@ -86,32 +86,57 @@ def _check_finite(xp: Any, cores: Any, level: int, start: int, stride: int, span
     raise _OverflowError.between(level, chain.order[a], chain.order[a - span])
 
 
-def _reduce(chain: Chain, counter: Counter, xp: Any) -> tuple[Any, int]:
-    """Odd-even reduction with back-substitution; returns ``(X, levels)``.
+def _factor(chain: Chain, counter: Counter, xp: Any) -> list[tuple]:
+    """The matrix half of odd-even reduction: every level's blocks, right-hand sides aside.
 
-    ``C`` holds the cores of blocks ``1..m-1`` (block 0 has none).
+    Level ``t`` keeps ``(L, C)`` of its chain, ``C`` the cores of positions
+    ``1..m-1`` (position 0 has none), and reduces to the chain of the even
+    positions, ``A_k A_{k-1}`` for even ``k`` (eq. def_back_prop2_even's pairing).
     """
-    L, C, G = chain.L, chain.C[1:], chain.G
-    eliminated, level = [], 0
-    while G.shape[0] > 1:
-        level += 1
-        pairs = (G.shape[0] - 1) // 2  # even k = 2..2 pairs, each with k - 1
+    L, C = chain.L, chain.C[1:]
+    levels: list[tuple] = []
+    while C.shape[0] > 0:
+        pairs = C.shape[0] // 2  # even positions 2..2 pairs, each with the one before
+        levels.append((L, C))
+        cores = product(L[2: 2 * pairs + 1: 2], C[1: 2 * pairs: 2], L[1: 2 * pairs: 2],
+                        C[0: 2 * pairs - 1: 2], counter)
+        _check_finite(xp, cores, len(levels), 2 ** len(levels), 2 ** len(levels),
+                      2 ** len(levels), chain)
+        L, C = xp.concatenate([L[:1], L[2: 2 * pairs + 1: 2]]), cores
+    return levels
+
+
+def _substitute(levels: list[tuple], G: Any, counter: Counter, xp: Any) -> Any:
+    """The right-hand-side half: reduce ``G`` level by level, then back-substitute.
+
+    ``x_k = A_k x_{k-1} + G_k``: the even positions' right-hand sides gather
+    their odd neighbours' going down, the odd unknowns follow from their even
+    neighbours coming back up (one whole-level operation each way).
+    """
+    eliminated = []
+    for L, C in levels:
+        pairs = C.shape[0] // 2
         even, before = slice(2, 2 * pairs + 1, 2), slice(1, 2 * pairs, 2)
-        cores = product(L[even], C[1: 2 * pairs: 2], L[before], C[0: 2 * pairs - 1: 2],
-                        counter)
-        _check_finite(xp, cores, level, 2**level, 2**level, 2**level, chain)
         rhs = apply(L[even], C[1: 2 * pairs: 2], G[before], counter) + G[even]
-        # x_k = A_k x_{k-1} + G_k for odd k, kept for the back-substitution
-        eliminated.append((L[1::2], C[0::2].copy(), G[1::2]))
-        L, C, G = xp.concatenate([L[:1], L[even]]), cores, xp.concatenate([G[:1], rhs])
-        del cores, rhs  # the level's arrays live on in C and G only
+        eliminated.append(G[1::2])
+        G = xp.concatenate([G[:1], rhs])
+        del rhs
     X = G
-    for L_odd, C_odd, G_odd in reversed(eliminated):  # back-substitution, one op a level
+    for (L, C), G_odd in zip(reversed(levels), reversed(eliminated)):
         full = xp.empty((X.shape[0] + G_odd.shape[0],) + X.shape[1:], dtype=X.dtype)
         full[0::2] = X
-        full[1::2] = apply(L_odd, C_odd, X[: G_odd.shape[0]], counter) + G_odd
+        full[1::2] = apply(L[1::2], C[0::2], X[: G_odd.shape[0]], counter) + G_odd
         X = full
-    return X, level
+    return X
+
+
+def _reduce(chain: Chain, counter: Counter, xp: Any) -> tuple[Any, int]:
+    """Odd-even cyclic reduction of ``chain``: :func:`_factor` then :func:`_substitute`.
+
+    Returns ``(X, levels)``.
+    """
+    levels = _factor(chain, counter, xp)
+    return _substitute(levels, chain.G, counter, xp), len(levels)
 
 
 def _parallel_reduce(chain: Chain, counter: Counter, xp: Any) -> tuple[Any, int]:
@@ -138,7 +163,7 @@ def _parallel_reduce(chain: Chain, counter: Counter, xp: Any) -> tuple[Any, int]
 
 
 def _dense(reduce: Callable) -> Callable:
-    """A system-level reduction on the padded dense chain."""
+    """A one-shot reduction on the padded dense chain (:func:`_plan` runs it per solve)."""
 
     def run(system: Any, shared_diagonal: str | None, counter: Counter
             ) -> tuple[Any, int, dict]:
@@ -147,6 +172,28 @@ def _dense(reduce: Callable) -> Callable:
         return chain.solution(X, system), levels, {"width": chain.G.shape[2]}
 
     return run
+
+
+def _factored_chain(system: Any, shared_diagonal: str | None, counter: Counter) -> Callable:
+    """Reduce the padded dense chain's blocks once; the returned function solves per rhs."""
+    xp = system.backend.xp
+    chain = Chain.of(system, shared_diagonal)
+    levels = _factor(chain, counter, xp)
+
+    def substitute(s: Any, counter: Counter) -> tuple[Any, int, dict]:
+        G = chain.G if s is system else chain.rhs_of(s)
+        X = _substitute(levels, G, counter, xp)
+        return chain.solution(X, s), len(levels), {"width": chain.G.shape[2]}
+
+    return substitute
+
+
+def _one_shot(run: Callable) -> Callable:
+    """A reduction that does everything per solve, as a factor with nothing to keep."""
+    def factor(system: Any, shared_diagonal: str | None, counter: Counter) -> Callable:
+        return lambda s, counter: run(s, shared_diagonal, counter)
+
+    return factor
 
 
 def _over_time(system: Any, shared_diagonal: str | None, counter: Counter, *,
@@ -202,35 +249,47 @@ def _check_sparse(cores: list, level: int, blocks: list) -> None:
             raise _OverflowError.between(level, a, b)
 
 
-def _solve(system: Any, run: Callable, rtol: float | None, atol: float, verify: bool,
-           shared_diagonal: str | None, peak: int) -> Solution:
-    """Run a reduction: the memory guard first, then ``run``, then the status.
+def _plan(system: Any, factor: Callable, rtol: float | None, atol: float, verify: bool,
+          shared_diagonal: str | None, peak: int) -> Callable[..., Solution]:
+    """The memory guard, then ``factor``'s work on the matrix; returns the per-rhs solve.
 
-    ``peak`` is the reduction's peak in bytes estimated from the shapes
-    (:mod:`.footprint`), an upper bound where fill-in decides it (the sparse
-    reduction, which then counts its true peak as it runs and reports that).
+    ``factor(system, shared_diagonal, counter)`` returns ``substitute(s, counter)
+    -> (x, levels, info)`` for systems ``s`` with the same matrix. ``peak`` is
+    the reduction's peak in bytes estimated from the shapes (:mod:`.footprint`),
+    an upper bound where fill-in decides it (the sparse reduction, which then
+    counts its true peak as it runs and reports that).
     """
     memory.require(peak, f"cyclic reduction of this {system.nrhs or 1}-sample system",
                    "use 'substitution', which needs the system's memory alone, or fewer "
                    "samples per solve")
     xp = system.backend.xp
-    counter = Counter()
-    expected = math.ceil(math.log2(system.nblocks)) if system.nblocks > 1 else 0
+    made = Counter()
     try:
         with backend.quiet(xp):  # overflow is detected level by level and reported
-            x, levels, info = run(system, shared_diagonal, counter)
+            substitute, failure = factor(system, shared_diagonal, made), None
     except _OverflowError as overflow:
-        return Solution(x=xp.full_like(system.rhs, xp.nan), status=Status.NONFINITE,
-                        message=overflow.message, levels=expected,
-                        info={"flops": counter.flops})
-    info.update(flops=counter.flops, peak_bytes=info.get("peak_bytes", peak))
-    approximate = shared_diagonal is not None
-    tol = Tolerance.of(system, rtol, atol) if (verify or approximate) else None
-    solution = finish(system, x, tol=tol, levels=levels, info=info,
-                      verify=verify or approximate)
-    if approximate:
-        return approximation_report(system, solution)
-    return solution
+        substitute, failure = None, overflow
+
+    def solve(s: Any, **extra: Any) -> Solution:
+        counter = Counter(flops=made.flops)
+        try:
+            if failure is not None:
+                raise failure
+            with backend.quiet(xp):
+                x, levels, info = substitute(s, counter)
+        except _OverflowError as overflow:
+            expected = math.ceil(math.log2(s.nblocks)) if s.nblocks > 1 else 0
+            return Solution(x=xp.full_like(s.rhs, xp.nan), status=Status.NONFINITE,
+                            message=overflow.message, levels=expected,
+                            info={"flops": counter.flops})
+        info.update(flops=counter.flops, peak_bytes=info.get("peak_bytes", peak))
+        approximate = shared_diagonal is not None
+        tol = Tolerance.of(s, rtol, atol) if (verify or approximate) else None
+        solution = finish(s, x, tol=tol, levels=levels, info=info,
+                          verify=verify or approximate)
+        return approximation_report(s, solution) if approximate else solution
+
+    return solve
 
 
 def _applies(option: str, value: Any, where: str) -> None:
@@ -239,8 +298,48 @@ def _applies(option: str, value: Any, where: str) -> None:
         raise OptionError(f"{option} applies to {where} only; this system is not one")
 
 
+def _prepare_cyclic_reduction(system: Any, *, rtol: float | None = None, atol: float = 0.0,
+                              verify: bool = False, shared_diagonal: str | None = None,
+                              sparse: bool | None = None, dense_threshold: float | None = None,
+                              within: str | None = None, groups: bool = False) -> Callable:
+    """The matrix work of ``cyclic-reduction`` (its plan): the per-rhs solve it returns.
+
+    On a dense chain the reduced blocks are formed here, once; the other
+    variants (over time, over groups, sparse) still reduce per solve.
+    """
+    shared = shared_diagonal is not None
+    if system.structure is not None:
+        _applies("sparse", sparse, "chains")
+        _applies("dense_threshold", dense_threshold, "chains")
+        within = within or WITHIN[0]
+        return _plan(system, _one_shot(functools.partial(_over_time, within=within)), rtol,
+                     atol, verify, shared_diagonal, footprint.time_cyclic_reduction(system,
+                                                                                    within))
+    _applies("within", within, "RNN systems")
+    if groups and not system.blocks.is_chain:
+        _applies("sparse", sparse, "chains")
+        _applies("dense_threshold", dense_threshold, "chains")
+        return _plan(system, _one_shot(_over_groups), rtol, atol, verify, shared_diagonal,
+                     footprint.groups(system))
+    if not system.blocks.is_chain:
+        raise ValueError("this system is not block bi-diagonal (a chain): each block row "
+                         "must have at most one neighbour; for a graph with skip "
+                         "connections pass groups=True (each residual block becomes one "
+                         f"node, {len(system.blocks.groups)} groups here), or use "
+                         "'substitution', 'level-scheduled' or a Krylov method")
+    dense_peak = footprint.dense_cyclic_reduction(system, shared, parallel_form=False)
+    if _sparse(system, sparse):  # fill-in decides; a level's product and its split, at
+        # worst dense, in CSR (12 bytes an entry): 3 times the dense path bounds it
+        run = functools.partial(_sparse_reduce, dense_threshold=0.25 if dense_threshold is None
+                                else dense_threshold)
+        return _plan(system, _one_shot(run), rtol, atol, verify, shared_diagonal,
+                     3 * dense_peak)
+    _applies("dense_threshold", dense_threshold, "sparse reductions (sparse=True)")
+    return _plan(system, _factored_chain, rtol, atol, verify, shared_diagonal, dense_peak)
+
+
 @register("cyclic-reduction", kind="direct", exact=True, backends=("numpy", "cupy"),
-          requires=("reducible",))
+          requires=("reducible",), prepare=_prepare_cyclic_reduction)
 def cyclic_reduction(system: Any, *, rtol: float | None = None, atol: float = 0.0,
                      verify: bool = False, shared_diagonal: Literal["mean"] | None = None,
                      sparse: bool | None = None, dense_threshold: float | None = None,
@@ -294,33 +393,9 @@ def cyclic_reduction(system: Any, *, rtol: float | None = None, atol: float = 0.
     An option for another kind of system (``within`` on a chain, ``sparse`` on
     an RNN system) raises ``ValueError``.
     """
-    shared = shared_diagonal is not None
-    if system.structure is not None:
-        _applies("sparse", sparse, "chains")
-        _applies("dense_threshold", dense_threshold, "chains")
-        within = within or WITHIN[0]
-        return _solve(system, functools.partial(_over_time, within=within), rtol, atol, verify,
-                      shared_diagonal, footprint.time_cyclic_reduction(system, within))
-    _applies("within", within, "RNN systems")
-    if groups and not system.blocks.is_chain:
-        _applies("sparse", sparse, "chains")
-        _applies("dense_threshold", dense_threshold, "chains")
-        return _solve(system, _over_groups, rtol, atol, verify, shared_diagonal,
-                      footprint.groups(system))
-    if not system.blocks.is_chain:
-        raise ValueError("this system is not block bi-diagonal (a chain): each block row "
-                         "must have at most one neighbour; for a graph with skip "
-                         "connections pass groups=True (each residual block becomes one "
-                         f"node, {len(system.blocks.groups)} groups here), or use "
-                         "'substitution', 'level-scheduled' or a Krylov method")
-    dense_peak = footprint.dense_cyclic_reduction(system, shared, parallel_form=False)
-    if _sparse(system, sparse):  # fill-in decides; a level's product and its split, at
-        # worst dense, in CSR (12 bytes an entry): 3 times the dense path bounds it
-        run = functools.partial(_sparse_reduce, dense_threshold=0.25 if dense_threshold is None
-                                else dense_threshold)
-        return _solve(system, run, rtol, atol, verify, shared_diagonal, 3 * dense_peak)
-    _applies("dense_threshold", dense_threshold, "sparse reductions (sparse=True)")
-    return _solve(system, _dense(_reduce), rtol, atol, verify, shared_diagonal, dense_peak)
+    return _prepare_cyclic_reduction(
+        system, rtol=rtol, atol=atol, verify=verify, shared_diagonal=shared_diagonal,
+        sparse=sparse, dense_threshold=dense_threshold, within=within, groups=groups)(system)
 
 
 @register("parallel-cyclic-reduction", kind="direct", exact=True, backends=("numpy", "cupy"),
@@ -338,4 +413,5 @@ def parallel_cyclic_reduction(system: Any, *, rtol: float | None = None, atol: f
     system.blocks.require_chain()  # a clear error for systems that are not block bi-diagonal
     peak = footprint.dense_cyclic_reduction(system, shared_diagonal is not None,
                                             parallel_form=True)
-    return _solve(system, _dense(_parallel_reduce), rtol, atol, verify, shared_diagonal, peak)
+    return _plan(system, _one_shot(_dense(_parallel_reduce)), rtol, atol, verify,
+                 shared_diagonal, peak)(system)

@@ -13,7 +13,6 @@ allocations and its walk here together.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from .chain import Counter
@@ -74,28 +73,32 @@ def odd_even(counter: Counter, m: int, n: int, r: int, c: int, bl: int, b0: int,
     """``_reduce`` of :mod:`.cyclic_reduction` on a chain of ``m`` positions (held already).
 
     ``G`` has ``r`` samples of ``c`` columns, ``L`` ``bl`` scalings, ``C`` ``b0`` cores
-    per position. Leaves the solution ``X`` held.
+    per position. :func:`_factor` keeps every level's cores and scalings;
+    :func:`_substitute` keeps every level's right-hand sides until the
+    back-substitution, which leaves the solution ``X`` held.
     """
-    M, bc, cores, kept, levels = m, b0, 0, 0, []
-    while M > 1:
+    M, bc, kept, levels = m, b0, 0, []
+    while M > 1:  # the factor
         p, b = (M - 1) // 2, max(bc, bl)
         left = counter.hold(p * b * n * n * item)  # C1 diag(L2)
-        new = counter.hold(p * b * n * n * item)  # (C1 diag(L2)) C2
+        kept += counter.hold(p * b * n * n * item)  # (C1 diag(L2)) C2, kept
         counter.release(left)
         counter.passing(p * b * n * n)  # the finiteness mask
-        rhs = _apply(counter, p, bc, r, n, c, item)
-        kept += counter.hold(math.ceil((M - 1) / 2) * bc * n * n * item)  # odd cores
-        kept += counter.hold((p + 1) * (bl + r * c) * n * item)  # the next L and G
-        counter.release(rhs + cores)  # the previous level's cores (not the chain's)
+        kept += counter.hold((p + 1) * bl * n * item)  # the next L
         levels.append((M, bc))
-        cores, M, bc = new, p + 1, b
+        M, bc = p + 1, b
+    for M, bc in levels:  # the right-hand side, down
+        p = (M - 1) // 2
+        rhs = _apply(counter, p, bc, r, n, c, item)
+        kept += counter.hold((p + 1) * r * n * c * item)  # the next G
+        counter.release(rhs)
     X = 0
-    for M, bc in reversed(levels):  # back-substitution
+    for M, bc in reversed(levels):  # and back up
         full = counter.hold(M * r * n * c * item)
         counter.release(_apply(counter, M // 2, bc, r, n, c, item))
         counter.release(X)
         X = full
-    counter.release(kept + cores)
+    counter.release(kept)
 
 
 def parallel(counter: Counter, m: int, n: int, r: int, bl: int, item: int) -> None:
