@@ -20,3 +20,4 @@ def test_readme_example_runs(capsys):
     assert out.splitlines()[1].endswith(" 4")  # Jacobi: exact after l + 1 = 4 sweeps
     assert out.splitlines()[2] == "2"  # cyclic reduction: ceil(log2(l + 1)) levels
     assert float(out.splitlines()[3].split()[1]) < 1e-12
+    assert out.splitlines()[4] == "True"  # a plan's solve for another right-hand side
