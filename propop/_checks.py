@@ -16,7 +16,7 @@ import numpy as np
 from . import backend
 
 __all__ = ["require_finite", "require_shape", "require_density", "require_samples",
-           "real_array", "canonical_matrix"]
+           "real_array", "canonical_matrix", "as_coupling"]
 
 
 def real_array(a: Any, what: str, dtype: Any = None) -> Any:
@@ -41,6 +41,20 @@ def real_array(a: Any, what: str, dtype: Any = None) -> Any:
         raise ValueError(f"{what} has dtype {array.dtype}, expected real numbers")
     target = dtype if dtype is not None else (array.dtype if kind == "f" else np.float64)
     return array.astype(target, copy=False)
+
+
+def as_coupling(M: Any, what: str) -> Any:
+    """``M`` itself if already canonical, else :func:`canonical_matrix` of it.
+
+    Canonical: a real floating array, or a canonical CSR array; what propop built
+    is not copied again.
+    """
+    if backend.is_sparse(M):
+        if M.format == "csr" and M.has_canonical_format and M.dtype.kind == "f":
+            return M
+    elif getattr(M, "dtype", None) is not None and M.dtype.kind == "f":
+        return M
+    return canonical_matrix(M, what)
 
 
 def canonical_matrix(M: Any, what: str, dtype: Any = None) -> Any:

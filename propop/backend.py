@@ -64,14 +64,21 @@ _CACHE: dict[str, Backend] = {}
 
 def _named(name: str) -> Backend:
     """The backend called ``name``, loaded once."""
-    if name not in _CACHE:
-        _CACHE[name] = _load(name)
-    return _CACHE[name]
+    loaded = _CACHE.get(name)
+    if loaded is None:
+        loaded = _CACHE[name] = _load(name)
+    return loaded
+
+
+_TYPES: dict[type, str] = {}  # the backend of each array type seen, found once
 
 
 def _name_of(obj: Any) -> str:
-    module = type(obj).__module__ or ""
-    return "cupy" if module.split(".")[0] in ("cupy", "cupyx") else "numpy"
+    kind = type(obj)
+    if kind not in _TYPES:
+        module = kind.__module__ or ""
+        _TYPES[kind] = "cupy" if module.split(".")[0] in ("cupy", "cupyx") else "numpy"
+    return _TYPES[kind]
 
 
 def of(*objects: Any) -> Backend:
@@ -85,6 +92,8 @@ def of(*objects: Any) -> Backend:
     >>> of(np.zeros(3)).name
     'numpy'
     """
+    if len(objects) == 1 and objects[0] is not None:  # the common case, without a set
+        return _named(_name_of(objects[0]))
     names = {_name_of(obj) for obj in objects if obj is not None}
     if len(names) > 1:
         raise TypeError("arrays live on different backends (NumPy and CuPy); move them to one")

@@ -316,12 +316,12 @@ def _prepare_cyclic_reduction(system: Any, *, rtol: float | None = None, atol: f
                      atol, verify, shared_diagonal, footprint.time_cyclic_reduction(system,
                                                                                     within))
     _applies("within", within, "RNN systems")
-    if groups and not system.blocks.is_chain:
+    if groups and not system.is_chain:
         _applies("sparse", sparse, "chains")
         _applies("dense_threshold", dense_threshold, "chains")
         return _plan(system, _one_shot(_over_groups), rtol, atol, verify, shared_diagonal,
                      footprint.groups(system))
-    if not system.blocks.is_chain:
+    if not system.is_chain:
         raise ValueError("this system is not block bi-diagonal (a chain): each block row "
                          "must have at most one neighbour; for a graph with skip "
                          "connections pass groups=True (each residual block becomes one "
@@ -410,7 +410,7 @@ def parallel_cyclic_reduction(system: Any, *, rtol: float | None = None, atol: f
     block products against cyclic reduction's ``O(nblocks)``; in exchange there
     is no back-substitution phase.
     """
-    system.blocks.require_chain()  # a clear error for systems that are not block bi-diagonal
+    system.require_chain()  # a clear error for systems that are not block bi-diagonal
     peak = footprint.dense_cyclic_reduction(system, shared_diagonal is not None,
                                             parallel_form=True)
     return _plan(system, _one_shot(_dense(_parallel_reduce)), rtol, atol, verify,

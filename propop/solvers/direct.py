@@ -8,6 +8,7 @@ from typing import Any
 from scipy.sparse.linalg import spsolve_triangular as scipy_solve
 
 from .. import backend, memory
+from ..networks.rnn import over_time
 from . import footprint
 from .convergence import Tolerance, block_squares, finish
 from .registry import register
@@ -28,8 +29,14 @@ def substitution(system: Any, *, rtol: float | None = None, atol: float = 0.0,
     blocks, each a sequential step. With ``verify=True`` the true residual is
     computed (as costly as the solve) and judged by ``rtol``/``atol``; otherwise
     only finiteness is checked: overflow is reported, never returned.
+
+    A system with a time structure (an RNN's) is solved on its stacked arrays
+    (:func:`_substitute_over_time`), never unrolled into per-block objects.
     """
-    x = _substitute(system, [[step] for step in system.blocks.steps])
+    if system.structure is not None:
+        x = _substitute_over_time(system)
+    else:
+        x = _substitute(system, [[step] for step in system.blocks.steps])
     tol = Tolerance.of(system, rtol, atol) if verify else None
     return finish(system, x, tol=tol, levels=system.nblocks, verify=verify)
 
@@ -75,7 +82,7 @@ def _step(xp: Any, step: Any, xs: list, c: Any) -> None:
     if not step.sources:
         out[...] = 0 if c is None else c
     else:
-        _sum_into(xp, out, step.sources, xs)
+        _sum_into(xp, out, [(xs[col], M, sparse) for col, M, sparse in step.sources])
         if step.scale is not None:
             out *= step.scale
         if c is not None:
@@ -84,15 +91,71 @@ def _step(xp: Any, step: Any, xs: list, c: Any) -> None:
         out /= step.diagonal
 
 
-def _sum_into(xp: Any, out: Any, sources: tuple, xs: list) -> None:
-    """``out[...] = sum_e M_e x_e``, the first product written in place where possible."""
-    (col, M, sparse), rest = sources[0], sources[1:]
+def _substitute_over_time(system: Any) -> Any:
+    """Substitution on a time structure, on its stacked arrays.
+
+    Step by step on the layers the recurrence involves, and all steps at once
+    for the layers before and after them. ``x[s, k] = c[s, k] + s[s, k] * sum_t M_t x[s + offset_t, col_t]`` over the
+    templates ``t`` into layer ``k`` (the scaled form's rows, whatever the form:
+    both have the same solution). Layers that no recurrent coupling touches and
+    that only read earlier layers of their own step (the input layer, say) need
+    no sweep: one product over all steps (eqs. back_prop_sys_rnn, forw_prop_sys_rnn).
+    """
+    structure, xp = system.structure, system.backend.xp
+    sizes, tau = structure.sizes, structure.tau
+    batch = system.rhs.shape[1:]
+    starts = [sum(sizes[:k]) for k in range(len(sizes))]
+    C = system._scaled_rhs.reshape((tau, sum(sizes)) + batch)
+    X = xp.empty_like(C)
+    x = [X[:, o: o + n] for o, n in zip(starts, sizes)]
+    c = [C[:, o: o + n] for o, n in zip(starts, sizes)]
+    scales = system.periodic_scales(len(sizes))
+    into: dict[int, list] = {k: [] for k in range(len(sizes))}
+    for t in structure.templates:
+        into[t.row].append((t.offset, t.col, t.M, backend.is_sparse(t.M)))
+    order = sorted(range(len(sizes)), reverse=not system.lower)
+    involved = [i for i, k in enumerate(order)
+                if any(t.offset != 0 and k in (t.row, t.col) for t in structure.templates)]
+    first, last = (involved[0], involved[-1] + 1) if involved else (len(order), len(order))
+    with backend.quiet(xp):  # overflow is reported by finish()
+        for k in order[:first]:
+            _layer_at_once(x, c, scales, into[k], k)
+        steps = range(tau) if system.lower else range(tau - 1, -1, -1)
+        for s in steps:
+            for k in order[first:last]:
+                out = x[k][s]
+                terms = [(x[col][s + offset], M, sparse) for offset, col, M, sparse in into[k]
+                         if 0 <= s + offset < tau]
+                if not terms:
+                    out[...] = c[k][s]
+                    continue
+                _sum_into(xp, out, terms)
+                if scales[k] is not None:
+                    out *= scales[k][s]
+                out += c[k][s]
+        for k in order[last:]:
+            _layer_at_once(x, c, scales, into[k], k)
+    return X.reshape(system.rhs.shape)
+
+
+def _layer_at_once(x: list, c: list, scales: list, incoming: list, k: int) -> None:
+    """``x_k = c_k + s_k * sum_t M_t x_col`` for every step at once (within-step couplings)."""
+    if not incoming:
+        x[k][...] = c[k]
+        return
+    total = sum(over_time(M, x[col]) for _, col, M, _ in incoming)
+    x[k][...] = (total if scales[k] is None else scales[k] * total) + c[k]
+
+
+def _sum_into(xp: Any, out: Any, terms: list) -> None:
+    """``out[...] = sum M x`` over ``(x, M, M is sparse)``, the first product in place."""
+    (x, M, sparse), rest = terms[0], terms[1:]
     if sparse:
-        out[...] = M @ xs[col]
+        out[...] = M @ x
     else:
-        xp.matmul(M, xs[col], out=out)
-    for col, M, _ in rest:
-        out += M @ xs[col]
+        xp.matmul(M, x, out=out)
+    for x, M, _ in rest:
+        out += M @ x
 
 
 @register("scipy.spsolve_triangular", kind="direct", exact=True)

@@ -141,7 +141,7 @@ def time_cyclic_reduction(system: Any, within: str) -> int:
     item, sizes, r = system.dtype.itemsize, layout.sizes, layout.r
     tau, n, m, w = layout.tau, max(layout.sizes), layout.kept, layout.width
     b, c = tau * r, layout.width + 1
-    scaled = [k for k, s in enumerate(system._row_scale[: len(sizes)]) if s is not None]
+    scaled = [k for k, s in enumerate(system.periodic_scales(len(sizes))) if s is not None]
     # _LayerChain: right-hand sides and scalings per layer, (tau r, h) copies for a batch
     counter.hold(b * sum(sizes[k] for k in scaled) * item)  # periodic_scales (cached)
     if r > 1:

@@ -65,9 +65,9 @@ class SolverInfo:
 
     def applies_to(self, system: Any) -> bool:
         """Whether ``system`` has the structure this method requires."""
-        needs = {"chain": lambda: system.blocks.is_chain,
+        needs = {"chain": lambda: system.is_chain,
                  "time_structure": lambda: system.structure is not None,
-                 "reducible": lambda: system.blocks.is_chain or system.structure is not None,
+                 "reducible": lambda: system.structure is not None or system.is_chain,
                  "shared_matrix": lambda: system.shares_matrix}
         return all(needs[need]() for need in self.requires)
 

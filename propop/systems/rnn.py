@@ -19,9 +19,13 @@ from .triangular import TriangularSystem
 __all__: list[str] = []
 
 
-def _names(letter: str, tau: int, depth: int) -> list[str]:
-    return [f"{letter}[{k}] at step {s}" + (" (input)" if k == 0 else f" (layer {k - 1})")
-            for s in range(tau) for k in range(depth + 1)]
+def _names(letter: str, depth: int) -> Any:
+    """Block ``i``'s name, made only when a message needs it (there are tau (l + 1))."""
+    def name(i: int) -> str:
+        s, k = divmod(i, depth + 1)
+        return f"{letter}[{k}] at step {s}" + (" (input)" if k == 0 else f" (layer {k - 1})")
+
+    return name
 
 
 def _stack(xp: Any, rnn: RNN, tau: int, batch: tuple, blocks: dict) -> Any:
@@ -53,12 +57,11 @@ def _rnn_backward(rnn: RNN, trace: Trace, eps: Any, *, form: str = "scaled"
     eps = rnn.check_eps(trace, eps)
     tau, batch = trace.output.shape[0], trace.output.shape[2:]
     slopes = [act.df(y) for act, y in zip(rnn.activations, trace.y)]
-    scales = [None if k == 0 else slopes[k - 1][s]
-              for s in range(tau) for k in range(rnn.depth + 1)]
     rhs = _stack(xp, rnn, tau, batch, {rnn.depth: slopes[-1] * eps})
     return TriangularSystem(
-        None, scales, rhs, lower=False, sizes=rnn.sizes * tau, form=form,
-        names=_names("v", tau, rnn.depth), structure=_structure(rnn, tau, lower=False),
+        None, None, rhs, lower=False, sizes=rnn.sizes * tau, form=form,
+        names=_names("v", rnn.depth), structure=_structure(rnn, tau, lower=False),
+        layer_scales=[None] + slopes,
         paper_hint=", where f'(y) = 0 so that E = 1/f'(y) does not exist")
 
 
@@ -79,9 +82,7 @@ def _rnn_forward(rnn: RNN, xs: Any, around: Any = None, *, linearization: str = 
         a, beta = act.linearize(y, linearization)
         scales_by_layer.append(a)
         blocks[k + 1] = a * (bk[:, None] if batch else bk) + beta
-    scales = [None if k == 0 else scales_by_layer[k - 1][s]
-              for s in range(tau) for k in range(rnn.depth + 1)]
     return TriangularSystem(
-        None, scales, _stack(xp, rnn, tau, batch, blocks), lower=True,
-        sizes=rnn.sizes * tau, form=form, names=_names("z", tau, rnn.depth),
-        structure=_structure(rnn, tau, lower=True))
+        None, None, _stack(xp, rnn, tau, batch, blocks), lower=True,
+        sizes=rnn.sizes * tau, form=form, names=_names("z", rnn.depth),
+        structure=_structure(rnn, tau, lower=True), layer_scales=[None] + scales_by_layer)

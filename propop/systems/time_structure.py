@@ -11,8 +11,11 @@ operator never loops over time.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
+
+from .._checks import as_coupling
 
 from ..networks.rnn import over_time
 
@@ -36,6 +39,14 @@ class TimeStructure:
     tau: int
     sizes: tuple
     templates: tuple
+
+    def canonical(self) -> TimeStructure:
+        """The structure with canonical template matrices (itself if they are already)."""
+        templates = tuple(dataclasses.replace(t, M=as_coupling(
+            t.M, f"template (layer {t.row} reads layer {t.col})")) for t in self.templates)
+        if all(a.M is b.M for a, b in zip(templates, self.templates)):
+            return self
+        return dataclasses.replace(self, templates=templates)
 
     def edges(self) -> list[tuple[int, int, Any]]:
         """The explicit ``(row block, column block, matrix)`` list, time-major blocks."""

@@ -28,11 +28,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import backend
-from .._checks import canonical_matrix, require_finite
+from .._checks import as_coupling, require_finite
 
 __all__ = ["TriangularSystem", "Blocks", "Edge", "Step", "FORMS"]
 
 FORMS = ("scaled", "paper")
+NOT_A_CHAIN = ("this system is not block bi-diagonal (a chain): each block row must have at "
+               "most one neighbour; use 'substitution', 'jacobi' or a Krylov method")
 
 
 @dataclass(frozen=True)
@@ -104,9 +106,7 @@ class Blocks:
     def require_chain(self) -> None:
         """Raise ``ValueError`` unless the system is block bi-diagonal (a chain)."""
         if not self.is_chain:
-            raise ValueError("this system is not block bi-diagonal (a chain): each block "
-                             "row must have at most one neighbour; use 'substitution', "
-                             "'jacobi' or a Krylov method")
+            raise ValueError(NOT_A_CHAIN)
 
     @property
     def coupling(self) -> tuple:
@@ -209,37 +209,74 @@ class TriangularSystem:
         A general block triangular structure (RNNs, computation graphs): block
         row ``row`` reads ``matrix @ x_col``, all of a row's edges scaled by its
         ``s_row``. Lower systems need ``row > col``, upper ones ``row < col``.
+    structure : TimeStructure, optional
+        The same blocks repeated over time steps (RNNs): the couplings are the
+        structure's templates, never unrolled unless a method asks for the
+        block view (:attr:`blocks`); give it instead of ``coupling`` and ``edges``.
+    layer_scales : sequence, optional
+        With ``structure``: per layer of a step, ``None`` or the scalings of all
+        steps stacked, ``(tau, n_k)`` or ``(tau, n_k, r)``; instead of ``row_scale``.
     """
 
-    def __init__(self, coupling: Sequence[Any] | None, row_scale: Sequence[Any], rhs: Any, *,
-                 lower: bool, sizes: Sequence[int], form: str = "scaled",
-                 names: Sequence[str] | None = None, paper_hint: str = "",
-                 edges: Sequence[tuple[int, int, Any]] | None = None,
-                 structure: Any = None) -> None:
+    def __init__(self, coupling: Sequence[Any] | None, row_scale: Sequence[Any] | None,
+                 rhs: Any, *, lower: bool, sizes: Sequence[int], form: str = "scaled",
+                 names: Sequence[str] | Callable[[int], str] | None = None,
+                 paper_hint: str = "", edges: Sequence[tuple[int, int, Any]] | None = None,
+                 structure: Any = None, layer_scales: Sequence[Any] | None = None) -> None:
         if form not in FORMS:
             raise ValueError(f"unknown form {form!r}; choose one of {FORMS}")
         self.sizes = tuple(int(n) for n in sizes)
         self.lower = bool(lower)
         self.form = form
-        self.names = tuple(names) if names is not None else tuple(
-            f"block {k}" for k in range(len(self.sizes)))
-        if structure is not None and edges is None:
-            edges = structure.edges()
-        if (coupling is None) == (edges is None):
-            raise ValueError("give either coupling (a chain) or edges, not both")
-        self.structure = structure
+        self._names = names
         self._periodic: dict[int, list] = {}
-        if edges is None:
-            pairs = [(j + 1, j) if self.lower else (j, j + 1) for j in range(len(coupling))]
-            edges = [(row, col, M) for (row, col), M in zip(pairs, coupling)]
-        self._edges = _canonical_edges(edges)
-        self._row_scale = tuple(row_scale)
         self._scaled_rhs = rhs
         self._paper_hint = paper_hint
-        self.backend = backend.of(rhs, *(M for _, _, M in self._edges))
+        self.structure = structure
+        self._layer_scales = None if layer_scales is None else tuple(layer_scales)
+        if structure is not None:
+            if coupling is not None or edges is not None:
+                raise ValueError("a structure gives the couplings: no coupling or edges too")
+            if (row_scale is None) == (layer_scales is None):
+                raise ValueError("give either row_scale or layer_scales with a structure")
+            self.structure = structure.canonical()
+            matrices = [t.M for t in self.structure.templates]
+        else:
+            if (coupling is None) == (edges is None):
+                raise ValueError("give either coupling (a chain) or edges, not both")
+            if edges is None:
+                pairs = [(j + 1, j) if self.lower else (j, j + 1)
+                         for j in range(len(coupling))]
+                edges = [(row, col, M) for (row, col), M in zip(pairs, coupling)]
+            self.__dict__["_edges"] = _canonical_edges(edges)
+            matrices = [M for _, _, M in self._edges]
+        if row_scale is not None:
+            self.__dict__["_row_scale"] = tuple(row_scale)
+        self.backend = backend.of(rhs, *matrices)
         self._validate()
         if form == "paper":
             self._require_paper_form()
+
+    @functools.cached_property
+    def names(self) -> tuple[str, ...]:
+        """A name per block row for messages (made when first asked for)."""
+        if callable(self._names):
+            return tuple(self._names(k) for k in range(self.nblocks))
+        if self._names is not None:
+            return tuple(self._names)
+        return tuple(f"block {k}" for k in range(self.nblocks))
+
+    @functools.cached_property
+    def _edges(self) -> tuple:
+        """``(row, col, matrix)`` per coupling; a structure's are unrolled when asked for."""
+        return tuple(self.structure.edges())
+
+    @functools.cached_property
+    def _row_scale(self) -> tuple:
+        """The row scaling of every block; a structure's are views of its stacked layers."""
+        per, tau = len(self.structure.sizes), self.structure.tau
+        return tuple(None if layer is None else layer[s] for s in range(tau)
+                     for layer in self._layer_scales[:per])
 
     # -- structure ----------------------------------------------------------------
     @property
@@ -254,6 +291,23 @@ class TriangularSystem:
         for n in self.sizes:
             out.append(out[-1] + n)
         return tuple(out)
+
+    @functools.cached_property
+    def is_chain(self) -> bool:
+        """Whether the system is block bi-diagonal (:attr:`Blocks.is_chain`).
+
+        A time structure over more than one step with recurrent couplings is not;
+        it is told without unrolling the blocks.
+        """
+        if self.structure is not None and self.structure.tau > 1 and any(
+                t.offset != 0 for t in self.structure.templates):
+            return False
+        return self.blocks.is_chain
+
+    def require_chain(self) -> None:
+        """Raise ``ValueError`` unless the system is block bi-diagonal (a chain)."""
+        if not self.is_chain:
+            raise ValueError(NOT_A_CHAIN)
 
     @functools.cached_property
     def equal_sizes(self) -> bool:
@@ -294,9 +348,8 @@ class TriangularSystem:
 
     def _validate(self) -> None:
         nb = self.nblocks
-        if len(self._row_scale) != nb or len(self.names) != nb:
-            raise ValueError(f"{nb} blocks need {nb} row scalings and {nb} names; got "
-                             f"{len(self._row_scale)}, {len(self.names)}")
+        if self._names is not None and not callable(self._names) and len(self._names) != nb:
+            raise ValueError(f"{nb} blocks need {nb} names; got {len(self._names)}")
         rhs = self._scaled_rhs
         if rhs.ndim not in (1, 2) or rhs.shape[0] != self.size:
             raise ValueError(f"rhs has shape {rhs.shape}, expected ({self.size},) or "
@@ -305,6 +358,49 @@ class TriangularSystem:
             raise ValueError(f"rhs has dtype {rhs.dtype}, expected a real floating type")
         if min(self.sizes, default=0) < 1:
             raise ValueError(f"block sizes must be >= 1, got {self.sizes}")
+        if self.structure is not None:
+            self._validate_structure()
+        else:
+            self._validate_edges()
+        if "_row_scale" in self.__dict__:
+            self._validate_row_scales()
+        self._require_finite_scales()
+        require_finite(rhs, "rhs")
+
+    def _validate_structure(self) -> None:
+        """The templates and the stacked layer scalings, once per layer, not per block."""
+        structure, rhs = self.structure, self._scaled_rhs
+        per, tau = len(structure.sizes), structure.tau
+        if self.sizes != tuple(structure.sizes) * tau:
+            raise ValueError(f"the blocks' sizes are not the structure's {structure.sizes} "
+                             f"repeated over {tau} steps")
+        for t in structure.templates:
+            ahead = t.offset < 0 or (t.offset == 0 and t.row > t.col)
+            behind = t.offset > 0 or (t.offset == 0 and t.row < t.col)
+            if not (0 <= t.row < per and 0 <= t.col < per and abs(t.offset) <= 1) or \
+                    not (ahead if self.lower else behind):
+                kind = "lower" if self.lower else "upper"
+                raise ValueError(f"template (layer {t.row} reads layer {t.col} at step "
+                                 f"offset {t.offset}) is not strictly {kind} triangular")
+            want = (structure.sizes[t.row], structure.sizes[t.col])
+            if tuple(t.M.shape) != want:
+                raise ValueError(f"template (layer {t.row} reads layer {t.col}) has shape "
+                                 f"{tuple(t.M.shape)}, expected {want}")
+        if self._layer_scales is None:
+            return
+        if len(self._layer_scales) != per:
+            raise ValueError(f"{per} layers need {per} layer scalings, got "
+                             f"{len(self._layer_scales)}")
+        for k, s in enumerate(self._layer_scales):
+            want = (tau, structure.sizes[k]) + rhs.shape[1:]
+            if s is not None and (getattr(s, "dtype", None) is None or s.dtype.kind != "f"
+                                  or (s.shape != want and s.shape != want[:2] + (1,))):
+                raise ValueError(f"layer {k}: stacked scalings have shape "
+                                 f"{getattr(s, 'shape', None)}, expected {want} (time, "
+                                 "features[, samples]) of a real floating type")
+
+    def _validate_edges(self) -> None:
+        nb = self.nblocks
         for j, (row, col, M) in enumerate(self._edges):
             if not (0 <= row < nb and 0 <= col < nb) or (row > col) != self.lower \
                     or row == col:
@@ -315,6 +411,12 @@ class TriangularSystem:
             if tuple(M.shape) != want:
                 raise ValueError(f"coupling {j} (block row {row}, column {col}) has shape "
                                  f"{tuple(M.shape)}, expected {want}: the blocks' sizes")
+
+    def _validate_row_scales(self) -> None:
+        rhs = self._scaled_rhs
+        if len(self._row_scale) != self.nblocks:
+            raise ValueError(f"{self.nblocks} blocks need {self.nblocks} row scalings; got "
+                             f"{len(self._row_scale)}")
         for k, s in enumerate(self._row_scale):
             if s is None:
                 continue
@@ -324,13 +426,12 @@ class TriangularSystem:
             if s.shape != want and not (rhs.ndim == 2 and s.shape == (self.sizes[k], 1)):
                 raise ValueError(f"{self.names[k]}: row scaling has shape {s.shape}, "
                                  f"expected {want}")
-        self._require_finite_scales()
-        require_finite(rhs, "rhs")
 
     def _require_finite_scales(self) -> None:
         """One pass over all scalings; the per-block search only when one is bad."""
         xp = self.backend.xp
-        scales = [s.reshape(-1) for s in self._row_scale if s is not None]
+        stacked = self._layer_scales if "_row_scale" not in self.__dict__ else self._row_scale
+        scales = [s.reshape(-1) for s in stacked if s is not None]
         if not scales or bool(xp.isfinite(xp.concatenate(scales)).all()):
             return
         for k, s in enumerate(self._row_scale):
@@ -363,10 +464,16 @@ class TriangularSystem:
         return self if self.form == "paper" else self._with(form="paper")
 
     def _with(self, **changes: Any) -> TriangularSystem:
-        args = dict(row_scale=self._row_scale, rhs=self._scaled_rhs, lower=self.lower,
-                    sizes=self.sizes, form=self.form, names=self.names,
-                    paper_hint=self._paper_hint, edges=self._edges, structure=self.structure)
+        args = dict(rhs=self._scaled_rhs, lower=self.lower, sizes=self.sizes, form=self.form,
+                    names=self._names, paper_hint=self._paper_hint)
+        if self.structure is not None and changes.get("structure", True) is not None:
+            args.update(structure=self.structure, layer_scales=self._layer_scales,
+                        row_scale=None if self._layer_scales is not None else self._row_scale)
+        else:  # the block view, unrolled if it was a structure
+            args.update(row_scale=self._row_scale, edges=self._edges)
         args.update(changes)
+        if args.get("structure") is None:
+            args.pop("layer_scales", None)
         return TriangularSystem(None, args.pop("row_scale"), args.pop("rhs"), **args)
 
     @functools.cached_property
@@ -404,21 +511,30 @@ class TriangularSystem:
             raise ValueError("sample(i) needs a batch system; this one has a single rhs")
         if not -r <= i < r:
             raise IndexError(f"sample {i} out of range for a batch of {r}")
+        if self._layer_scales is not None:  # stacked over time: one column of each layer
+            layers = [None if s is None else s[:, :, i if s.shape[2] > 1 else 0]
+                      for s in self._layer_scales]
+            return self._with(layer_scales=layers, rhs=self._scaled_rhs[:, i])
         scales = [None if s is None else s[:, i if s.shape[1] > 1 else 0]
                   for s in self._row_scale]
         return self._with(row_scale=scales, rhs=self._scaled_rhs[:, i])
+
+    @property
+    def _scalings(self) -> tuple:
+        """The scalings as stored, with the samples last: stacked layers or per block."""
+        return self._layer_scales if self._layer_scales is not None else self._row_scale
 
     @functools.cached_property
     def shares_matrix(self) -> bool:
         """Whether every sample of a batch has the same matrix (equal scaling columns)."""
         return self.nrhs is None or all(
-            s is None or s.shape[1] == 1 or bool(self.backend.xp.all(s == s[:, :1]))
-            for s in self._row_scale)
+            s is None or s.shape[-1] == 1 or bool(self.backend.xp.all(s == s[..., :1]))
+            for s in self._scalings)
 
     @property
     def _scaled_once(self) -> bool:
         """Whether every scaling is stored once for all columns (``None`` or ``(n_k, 1)``)."""
-        return self.nrhs is None or all(s is None or s.shape[1] == 1 for s in self._row_scale)
+        return self.nrhs is None or all(s is None or s.shape[-1] == 1 for s in self._scalings)
 
     def shared(self, how: str = "exact") -> TriangularSystem:
         """The system with one matrix for all samples: several right-hand sides.
@@ -436,15 +552,17 @@ class TriangularSystem:
         if self._scaled_once:
             return self
         xp = self.backend.xp
+        if self._layer_scales is not None:  # stacked over time: one layer at a time
+            if how == "exact" and not self.shares_matrix:
+                raise ValueError(_NOT_SHARED.format(where="a layer's scaling"))
+            layers = [None if s is None else (s[..., :1] if how == "exact"
+                                              else s.mean(axis=-1, keepdims=True))
+                      for s in self._layer_scales]
+            return self._with(layer_scales=layers)
         scales = []
         for k, s in enumerate(self._row_scale):
             if s is not None and how == "exact" and not bool(xp.all(s == s[:, :1])):
-                raise ValueError(f"{self.names[k]}: the row scaling differs between samples, "
-                                 "so each sample has its own matrix and this needs one shared "
-                                 "matrix; use a batched method "
-                                 "('batched-gmres', 'batched-bicgstab'), or the batch-mean "
-                                 "matrix (how='mean'; shared_diagonal='mean' in the block "
-                                 "methods), an approximation")
+                raise ValueError(_NOT_SHARED.format(where=f"{self.names[k]}: the row scaling"))
             scales.append(None if s is None else (s[:, :1] if how == "exact"
                                                   else s.mean(axis=1, keepdims=True)))
         return self._with(row_scale=scales)
@@ -511,6 +629,8 @@ class TriangularSystem:
 
         The per-layer, all-steps view of a time-major system (cached).
         """
+        if self._layer_scales is not None and period == len(self.structure.sizes):
+            return list(self._layer_scales)  # stored that way
         if period not in self._periodic:
             xp, rows = self.backend.xp, self._row_scale
             self._periodic[period] = [None if rows[k] is None else xp.stack(rows[k::period])
@@ -611,6 +731,10 @@ class TriangularSystem:
         return _csr_class(self.backend)((vals, (rows, cols)), shape=self.shape)
 
 
+_NOT_SHARED = ("{where} differs between samples, so each sample has its own matrix and "
+               "this needs one shared matrix; use a batched method ('batched-gmres', "
+               "'batched-bicgstab'), or the batch-mean matrix (how='mean'; "
+               "shared_diagonal='mean' in the block methods), an approximation")
 _RHS_CACHES = ("rhs",)  # cached views that hold the right-hand side
 _COLUMN_CACHES = ("matrix", "csr", "operator")  # built for the number of samples
 
@@ -626,11 +750,7 @@ def _canonical_edges(edges: Sequence[tuple[int, int, Any]]) -> tuple:
     out = []
     for row, col, M in edges:
         if id(M) not in done:
-            canonical = (backend.is_sparse(M) and M.format == "csr" and M.has_canonical_format
-                         and M.dtype.kind == "f") or (
-                not backend.is_sparse(M) and getattr(M, "dtype", None) is not None
-                and M.dtype.kind == "f")
-            done[id(M)] = M if canonical else canonical_matrix(M, f"coupling ({row}, {col})")
+            done[id(M)] = as_coupling(M, f"coupling ({row}, {col})")
         out.append((int(row), int(col), done[id(M)]))
     return tuple(out)
 
