@@ -95,7 +95,8 @@ def _substitute_over_time(system: Any) -> Any:
     """Substitution on a time structure, on its stacked arrays.
 
     Step by step on the layers the recurrence involves, and all steps at once
-    for the layers before and after them. ``x[s, k] = c[s, k] + s[s, k] * sum_t M_t x[s + offset_t, col_t]`` over the
+    for the layers before and after them:
+    ``x[s, k] = c[s, k] + s[s, k] * sum_t M_t x[s + offset_t, col_t]`` over the
     templates ``t`` into layer ``k`` (the scaled form's rows, whatever the form:
     both have the same solution). Layers that no recurrent coupling touches and
     that only read earlier layers of their own step (the input layer, say) need
