@@ -29,6 +29,7 @@ float32), so that float32 works out of the box.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -184,20 +185,21 @@ def _first_nonfinite(system: Any, x: Any) -> str:
 def finish(system: Any, x: Any, *, tol: Tolerance | None, iterations: int = 0,
            history: Sequence[float] = (), levels: int = 0, info: dict | None = None,
            maxiter: int | None = None, breakdown: str = "", estimates: bool = False,
-           verify: bool = True) -> Solution:
+           verify: bool = True, initial: float | None = None) -> Solution:
     """Build the :class:`Solution`: status from the true residual, block by block, never silent.
 
     ``history`` holds the residual norms the method recorded (initial first);
     with ``estimates=True`` its last entry is replaced by the true final norm.
     ``verify=False`` (for exact direct methods, whose residual costs as much as
     the solve) only checks that ``x`` is finite; ``residuals`` then holds the
-    initial norm alone and ``info["verified"]`` is ``False``. Otherwise
+    initial norm alone (``initial`` where the method knows it) and
+    ``info["verified"]`` is ``False``. Otherwise
     ``info["block_ratios"]`` holds each sample's worst block ratio (the
     contract holds where it is at most 1).
     """
     info = dict(info or {}, verified=verify)
     if not verify:
-        return _unverified(system, x, levels, info)
+        return _unverified(system, x, levels, info, initial)
     with backend.quiet(system.backend.xp):
         R = system.residual(x)
         norms = column_norms(R)
@@ -226,14 +228,25 @@ def finish(system: Any, x: Any, *, tol: Tolerance | None, iterations: int = 0,
                     residuals=tuple(history), levels=levels, info=info)
 
 
-def _unverified(system: Any, x: Any, levels: int, info: dict) -> Solution:
-    initial = (float(column_norms(system.rhs).max()),)
-    if bool(system.backend.xp.isfinite(x).all()):
+def _unverified(system: Any, x: Any, levels: int, info: dict, initial: float | None
+                ) -> Solution:
+    initial = (float(column_norms(system.rhs).max()) if initial is None else initial,)
+    if _finite(system.backend.xp, x):
         return Solution(x=x, status=Status.CONVERGED, message="solved exactly (unverified: "
                         "pass verify=True for the true residual)", residuals=initial,
                         levels=levels, info=info)
     return Solution(x=x, status=Status.NONFINITE, message=_nonfinite_message(system, x),
                     residuals=initial, levels=levels, info=info)
+
+
+def _finite(xp: Any, x: Any) -> bool:
+    """Whether ``x`` is finite: one sum (NaN and Inf survive it), else a look at each entry.
+
+    A sum of large finite values can overflow: then the entries decide.
+    """
+    with backend.quiet(xp):
+        total = float(x.sum())
+    return math.isfinite(total) or bool(xp.isfinite(x).all())
 
 
 def _nonfinite_message(system: Any, x: Any) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 from scipy.sparse.linalg import spsolve_triangular as scipy_solve
 
 from .. import backend, memory
@@ -33,12 +34,13 @@ def substitution(system: Any, *, rtol: float | None = None, atol: float = 0.0,
     A system with a time structure (an RNN's) is solved on its stacked arrays
     (:func:`_substitute_over_time`), never unrolled into per-block objects.
     """
+    nonzero, initial = _rhs_blocks(system)
     if system.structure is not None:
         x = _substitute_over_time(system)
     else:
-        x = _substitute(system, [[step] for step in system.blocks.steps])
+        x = _substitute(system, system.blocks.steps, nonzero)
     tol = Tolerance.of(system, rtol, atol) if verify else None
-    return finish(system, x, tol=tol, levels=system.nblocks, verify=verify)
+    return finish(system, x, tol=tol, levels=system.nblocks, verify=verify, initial=initial)
 
 
 @register("level-scheduled", kind="direct", exact=True, backends=("numpy", "cupy"))
@@ -54,22 +56,41 @@ def level_scheduled(system: Any, *, rtol: float | None = None,
     parallelism each level offers.
     """
     levels = system.blocks.levels
-    x = _substitute(system, levels)
+    x = _substitute(system, [step for level in levels for step in level],
+                    _rhs_blocks(system)[0])
     tol = Tolerance.of(system, rtol, atol) if verify else None
     return finish(system, x, tol=tol, levels=len(levels), verify=verify,
                   info={"level_sizes": [len(level) for level in levels]})
 
 
-def _substitute(system: Any, groups: Any) -> Any:
-    """Solve block by block, ``groups`` of steps in an order that respects dependencies."""
+def _rhs_blocks(system: Any) -> tuple[Any, float]:
+    """Which blocks of the right-hand side are non-zero, and its largest column norm.
+
+    From :attr:`TriangularSystem.rhs_support` where the builder knows it (no look
+    at the zeros), else from one pass over the right-hand side.
+    """
+    if system.rhs_support is None:
+        squares = block_squares(system, system.rhs)
+        return (squares > 0).any(axis=1), float(np.sqrt(squares.sum(axis=0).max()))
+    support = sorted(system.rhs_support)
+    nonzero = np.zeros(system.nblocks, dtype=bool)
+    nonzero[support] = True
+    cs = system.split(system.rhs)
+    squares = sum(backend.to_host((cs[k] * cs[k]).sum(axis=0)) for k in support)
+    return nonzero, float(np.sqrt(np.max(squares))) if support else 0.0
+
+
+def _substitute(system: Any, steps: Any, nonzero: Any) -> Any:
+    """Solve block by block, ``steps`` in an order that respects the dependencies.
+
+    The right-hand side's zero blocks (``nonzero`` is ``False``) are not added.
+    """
     xp = system.backend.xp
     x = xp.empty_like(system.rhs)
     xs, cs = system.split(x), system.split(system.rhs)
-    nonzero = (block_squares(system, system.rhs) > 0).any(axis=1)  # one pass for all blocks
     with backend.quiet(xp):  # overflow is reported by finish()
-        for group in groups:
-            for step in group:
-                _step(xp, step, xs, cs[step.block] if nonzero[step.block] else None)
+        for step in steps:
+            _step(xp, step, xs, cs[step.block] if nonzero[step.block] else None)
     return x
 
 
@@ -78,13 +99,19 @@ def _step(xp: Any, step: Any, xs: list, c: Any) -> None:
 
     ``c`` is the block's right-hand side, ``None`` where it is zero.
     """
-    out = xs[step.block]
-    if not step.sources:
+    out, sources, scale = xs[step.block], step.sources, step.scale
+    if not sources:
         out[...] = 0 if c is None else c
     else:
-        _sum_into(xp, out, [(xs[col], M, sparse) for col, M, sparse in step.sources])
-        if step.scale is not None:
-            out *= step.scale
+        col, M, sparse = sources[0]
+        if sparse and len(sources) == 1 and scale is not None:  # one pass fewer
+            xp.multiply(M @ xs[col], scale, out=out)
+        else:
+            _product_into(xp, out, M, xs[col], sparse)
+            for col, M, _ in sources[1:]:
+                out += M @ xs[col]
+            if scale is not None:
+                out *= scale
         if c is not None:
             out += c
     if step.diagonal is not None:
@@ -130,7 +157,9 @@ def _substitute_over_time(system: Any) -> Any:
                 if not terms:
                     out[...] = c[k][s]
                     continue
-                _sum_into(xp, out, terms)
+                _product_into(xp, out, terms[0][1], terms[0][0], terms[0][2])
+                for source, M, _ in terms[1:]:
+                    out += M @ source
                 if scales[k] is not None:
                     out *= scales[k][s]
                 out += c[k][s]
@@ -148,15 +177,12 @@ def _layer_at_once(x: list, c: list, scales: list, incoming: list, k: int) -> No
     x[k][...] = (total if scales[k] is None else scales[k] * total) + c[k]
 
 
-def _sum_into(xp: Any, out: Any, terms: list) -> None:
-    """``out[...] = sum M x`` over ``(x, M, M is sparse)``, the first product in place."""
-    (x, M, sparse), rest = terms[0], terms[1:]
+def _product_into(xp: Any, out: Any, M: Any, x: Any, sparse: bool) -> None:
+    """``out[...] = M @ x``, written in place where ``M`` is dense."""
     if sparse:
         out[...] = M @ x
     else:
         xp.matmul(M, x, out=out)
-    for x, M, _ in rest:
-        out += M @ x
 
 
 @register("scipy.spsolve_triangular", kind="direct", exact=True)

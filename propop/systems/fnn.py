@@ -29,6 +29,7 @@ def _fnn_backward(net: FNN, trace: Trace, eps: Any, *, form: str = "scaled") -> 
         list(net.WT), [None] + slopes, rhs,
         lower=False, sizes=net.sizes, form=form, names=_names("v", net.depth),
         paper_hint=", where f'(y) = 0 so that E = 1/f'(y) does not exist",
+        rhs_support=[net.depth],
     )
 
 

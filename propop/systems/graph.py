@@ -80,7 +80,8 @@ def _graph_backward(graph: Graph, trace: Trace, eps: Any, *, form: str = "scaled
     return TriangularSystem(None, scales, np.concatenate(rhs), lower=False,
                             sizes=graph.block_sizes, form=form, names=_names(graph, "v"),
                             edges=sorted(edges, key=lambda e: (e[1], e[0])),
-                            paper_hint=", where a slope is 0 (E = 1/f' does not exist)")
+                            paper_hint=", where a slope is 0 (E = 1/f' does not exist)",
+                            rhs_support=[index[name] for name in graph.outputs])
 
 
 @forward_system.register

@@ -216,13 +216,17 @@ class TriangularSystem:
     layer_scales : sequence, optional
         With ``structure``: per layer of a step, ``None`` or the scalings of all
         steps stacked, ``(tau, n_k)`` or ``(tau, n_k, r)``; instead of ``row_scale``.
+    rhs_support : sequence of int, optional
+        The blocks where ``rhs`` may be non-zero (the output layer of a backward
+        system): methods then skip the others without looking at them.
     """
 
     def __init__(self, coupling: Sequence[Any] | None, row_scale: Sequence[Any] | None,
                  rhs: Any, *, lower: bool, sizes: Sequence[int], form: str = "scaled",
                  names: Sequence[str] | Callable[[int], str] | None = None,
                  paper_hint: str = "", edges: Sequence[tuple[int, int, Any]] | None = None,
-                 structure: Any = None, layer_scales: Sequence[Any] | None = None) -> None:
+                 structure: Any = None, layer_scales: Sequence[Any] | None = None,
+                 rhs_support: Sequence[int] | None = None) -> None:
         if form not in FORMS:
             raise ValueError(f"unknown form {form!r}; choose one of {FORMS}")
         self.sizes = tuple(int(n) for n in sizes)
@@ -234,6 +238,8 @@ class TriangularSystem:
         self._paper_hint = paper_hint
         self.structure = structure
         self._layer_scales = None if layer_scales is None else tuple(layer_scales)
+        self.rhs_support = None if rhs_support is None else frozenset(int(k)
+                                                                       for k in rhs_support)
         if structure is not None:
             if coupling is not None or edges is not None:
                 raise ValueError("a structure gives the couplings: no coupling or edges too")
@@ -465,7 +471,8 @@ class TriangularSystem:
 
     def _with(self, **changes: Any) -> TriangularSystem:
         args = dict(rhs=self._scaled_rhs, lower=self.lower, sizes=self.sizes, form=self.form,
-                    names=self._names, paper_hint=self._paper_hint)
+                    names=self._names, paper_hint=self._paper_hint,
+                    rhs_support=None if self.rhs_support is None else sorted(self.rhs_support))
         if self.structure is not None and changes.get("structure", True) is not None:
             args.update(structure=self.structure, layer_scales=self._layer_scales,
                         row_scale=None if self._layer_scales is not None else self._row_scale)
@@ -596,6 +603,7 @@ class TriangularSystem:
         new.__dict__ = {k: v for k, v in self.__dict__.items() if k not in _RHS_CACHES
                         and (same_columns or k not in _COLUMN_CACHES)}
         new._scaled_rhs = rhs
+        new.rhs_support = None  # a new right-hand side may be non-zero anywhere
         return new
 
     def restricted(self, keep: Callable[[int, int], bool]) -> TriangularSystem:
