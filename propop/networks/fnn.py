@@ -115,6 +115,19 @@ class FNN:
         """The transposed weights ``W[k]^T``, made once (sparse ones as canonical CSR)."""
         return tuple(transposed(Wk) for Wk in self.W)
 
+    @functools.cached_property
+    def stacked(self) -> dict:
+        """``{"W": (l, n, n), "WT": (l, n, n)}``: the weights stacked once, or empty.
+
+        Where all are dense and square of one width; chains then reduce without
+        gathering their couplings block by block.
+        """
+        n = self.sizes[0]
+        if self.sparse or any(n_k != n for n_k in self.sizes):
+            return {}
+        W = self.backend.xp.stack(self.W)
+        return {"W": W, "WT": W.transpose(0, 2, 1)}
+
     @property
     def depth(self) -> int:
         """Number of layers ``l``."""

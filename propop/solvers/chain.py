@@ -183,8 +183,8 @@ def _stacked(system: Any, shared_diagonal: str | None) -> Chain | None:
     rhs = system.rhs if system.nrhs is not None else system.rhs[:, None]
     G = rhs.reshape(m, n, -1)[order]
     D = _stack_columns(xp, [B.diagonal[k] for k in order], n, dtype)
-    couplings = [B.incoming(k) for k in order[1:]]
-    scales, matrices = B.scale, B.coupling  # each a tuple made per access: once
+    couplings = list(range(m - 1)) if system.lower else list(range(m - 2, -1, -1))
+    scales = B.scale  # a tuple made per access: once
     S = _stack_columns(xp, [scales[j] for j in couplings], n, dtype)
     if D is None or S is None:
         return None
@@ -194,7 +194,11 @@ def _stacked(system: Any, shared_diagonal: str | None) -> Chain | None:
     if shared_diagonal is not None or L.shape[2] == 1:
         L = L.mean(axis=2, keepdims=True)
     C = xp.zeros((m, 1, n, n), dtype=dtype)
-    C[1:, 0] = _stack_matrices(system.backend, [matrices[j] for j in couplings], n, dtype)
+    if system.coupling_stack is not None:  # stacked once by the network
+        C[1:, 0] = system.coupling_stack[couplings]
+    else:
+        matrices = B.coupling
+        C[1:, 0] = _stack_matrices(system.backend, [matrices[j] for j in couplings], n, dtype)
     return Chain(L.transpose(0, 2, 1), C, G.transpose(0, 2, 1), order, system.sizes)
 
 

@@ -29,7 +29,7 @@ def _fnn_backward(net: FNN, trace: Trace, eps: Any, *, form: str = "scaled") -> 
         list(net.WT), [None] + slopes, rhs,
         lower=False, sizes=net.sizes, form=form, names=_names("v", net.depth),
         paper_hint=", where f'(y) = 0 so that E = 1/f'(y) does not exist",
-        rhs_support=[net.depth],
+        rhs_support=[net.depth], coupling_stack=net.stacked.get("WT"),
     )
 
 
@@ -65,4 +65,5 @@ def _fnn_forward(net: FNN, x: Any, around: Any = None, *, linearization: str = "
     return TriangularSystem(
         list(net.W), scales, xp.concatenate(rhs), lower=True, sizes=net.sizes,
         form=form, names=_names("z", net.depth), paper_hint=hint + " so that D does not exist",
+        coupling_stack=net.stacked.get("W"),
     )

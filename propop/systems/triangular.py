@@ -219,6 +219,10 @@ class TriangularSystem:
     rhs_support : sequence of int, optional
         The blocks where ``rhs`` may be non-zero (the output layer of a backward
         system): methods then skip the others without looking at them.
+    coupling_stack : array, optional
+        For a chain of equal widths with dense couplings: ``coupling`` stacked,
+        ``(nb - 1, n, n)``, made once by the network (:attr:`FNN.stacked`), so
+        that reductions need no per-block gathering.
     """
 
     def __init__(self, coupling: Sequence[Any] | None, row_scale: Sequence[Any] | None,
@@ -226,7 +230,8 @@ class TriangularSystem:
                  names: Sequence[str] | Callable[[int], str] | None = None,
                  paper_hint: str = "", edges: Sequence[tuple[int, int, Any]] | None = None,
                  structure: Any = None, layer_scales: Sequence[Any] | None = None,
-                 rhs_support: Sequence[int] | None = None) -> None:
+                 rhs_support: Sequence[int] | None = None, coupling_stack: Any = None
+                 ) -> None:
         if form not in FORMS:
             raise ValueError(f"unknown form {form!r}; choose one of {FORMS}")
         self.sizes = tuple(int(n) for n in sizes)
@@ -240,6 +245,11 @@ class TriangularSystem:
         self._layer_scales = None if layer_scales is None else tuple(layer_scales)
         self.rhs_support = None if rhs_support is None else frozenset(int(k)
                                                                        for k in rhs_support)
+        if coupling_stack is not None and (coupling is None or tuple(coupling_stack.shape) != (
+                len(coupling),) + tuple(coupling[0].shape)):
+            raise ValueError("coupling_stack must be the chain's couplings stacked, "
+                             f"({len(coupling or ())}, n, n)")
+        self.coupling_stack = coupling_stack
         if structure is not None:
             if coupling is not None or edges is not None:
                 raise ValueError("a structure gives the couplings: no coupling or edges too")
@@ -478,10 +488,16 @@ class TriangularSystem:
                         row_scale=None if self._layer_scales is not None else self._row_scale)
         else:  # the block view, unrolled if it was a structure
             args.update(row_scale=self._row_scale, edges=self._edges)
+        if self.coupling_stack is not None and "edges" not in changes and \
+                self.structure is None:  # a chain keeps its stacked couplings
+            args.pop("edges")
+            args.update(coupling=[M for _, _, M in self._edges],
+                        coupling_stack=self.coupling_stack)
         args.update(changes)
         if args.get("structure") is None:
             args.pop("layer_scales", None)
-        return TriangularSystem(None, args.pop("row_scale"), args.pop("rhs"), **args)
+        return TriangularSystem(args.pop("coupling", None), args.pop("row_scale"),
+                                args.pop("rhs"), **args)
 
     @functools.cached_property
     def rhs(self) -> Any:
