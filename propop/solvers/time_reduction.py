@@ -27,6 +27,7 @@ small widths and with parallel hardware.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from .. import backend
@@ -58,8 +59,8 @@ def reduce_over_time(system: Any, reduce: Any, counter: Counter, within: str
     steps = slice(None, None, 1 if system.lower else -1)  # chain order over time
     xp = system.backend.xp
     ones = xp.ones((A.shape[0], 1, A.shape[2]), dtype=system.dtype)
-    names = [f"step {s}" for s in range(A.shape[0])][steps]
-    y, time_levels = reduce(Chain(ones, A[steps], g[steps], names, ()), counter)
+    y, time_levels = reduce(Chain(ones, A[steps], g[steps], _Steps(range(A.shape[0])[steps]),
+                                  ()), counter)
     del A, g
     previous = xp.zeros_like(y)  # chain order: the value each step reads
     previous[1:] = y[:-1]
@@ -76,6 +77,19 @@ def _substitute(chain: Chain, counter: Counter) -> Any:
         X.append(apply(chain.L[k: k + 1], chain.C[k: k + 1], X[-1][None], counter)[0]
                  + chain.G[k])
     return backend.namespace(X[0]).stack(X)
+
+
+class _Steps(Sequence):
+    """The name of each chain position over time, made only when a message needs one."""
+
+    def __init__(self, steps: range) -> None:
+        self.steps = steps
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __getitem__(self, i: int) -> str:
+        return f"step {self.steps[i]}"
 
 
 class Layout:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -234,7 +235,7 @@ class TriangularSystem:
                  ) -> None:
         if form not in FORMS:
             raise ValueError(f"unknown form {form!r}; choose one of {FORMS}")
-        self.sizes = tuple(int(n) for n in sizes)
+        self.sizes = tuple(map(int, sizes))
         self.lower = bool(lower)
         self.form = form
         self._names = names
@@ -303,10 +304,7 @@ class TriangularSystem:
     @functools.cached_property
     def offsets(self) -> tuple[int, ...]:
         """Start of each block in the stacked vector, and ``N`` last."""
-        out = [0]
-        for n in self.sizes:
-            out.append(out[-1] + n)
-        return tuple(out)
+        return tuple(itertools.accumulate(self.sizes, initial=0))
 
     @functools.cached_property
     def is_chain(self) -> bool:
