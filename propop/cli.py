@@ -219,19 +219,20 @@ def _parser() -> _Parser:
                                      "linear FNN (width 64), whose samples share one matrix, "
                                      "and a residual graph; then training on the digits")
     run = commands.add_parser("run", help="chosen methods on a chosen FNN")
-    run.add_argument("--layers", type=_positive, default=6)
-    run.add_argument("--width", type=_positive, default=256)
-    run.add_argument("--batch", type=_positive, default=32)
-    run.add_argument("--activation", default="tanh", choices=available_activations())
-    run.add_argument("--density", type=_density, default=1.0)
+    _problem_arguments(run)
     run.add_argument("--method", default=None,
                      help="comma-separated solver names (default: all)")
-    run.add_argument("--dtype", default="float64", choices=["float64", "float32"])
-    run.add_argument("--seed", type=int, default=0)
     run.add_argument("--repeats", type=_positive, default=5)
-    run.add_argument("--network", default="fnn", choices=NETWORKS,
-                     help="graph: a residual MLP of --layers blocks")
-    run.add_argument("--tau", type=_positive, default=100, help="time steps (RNN)")
+    explain = commands.add_parser("explain", help="what to expect from each method on a "
+                                                  "chosen network's backward system, and "
+                                                  "what method='auto' picks")
+    _problem_arguments(explain)
+    calibrate = commands.add_parser("calibrate", help="measure the constants of "
+                                                      "method='auto' on this machine")
+    calibrate.add_argument("--output", default=None,
+                           help="where to store them (default: $PROPOP_CALIBRATION or "
+                                "~/.config/propop/calibration.json)")
+    calibrate.add_argument("--quick", action="store_true", help="a few small systems only")
     fit = commands.add_parser("train", help="train an MLP on the digits with a chosen solver")
     fit.add_argument("--data", default="digits", choices=["digits"])
     fit.add_argument("--layers", default="32", help="hidden widths, comma-separated")
@@ -259,6 +260,43 @@ def _parser() -> _Parser:
     return parser
 
 
+def _problem_arguments(parser: argparse.ArgumentParser) -> None:
+    """The network and data options that ``run`` and ``explain`` share."""
+    parser.add_argument("--layers", type=_positive, default=6)
+    parser.add_argument("--width", type=_positive, default=256)
+    parser.add_argument("--batch", type=_positive, default=32)
+    parser.add_argument("--activation", default="tanh", choices=available_activations())
+    parser.add_argument("--density", type=_density, default=1.0)
+    parser.add_argument("--dtype", default="float64", choices=["float64", "float32"])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--network", default="fnn", choices=NETWORKS,
+                        help="graph: a residual MLP of --layers blocks")
+    parser.add_argument("--tau", type=_positive, default=100, help="time steps (RNN)")
+
+
+def _explain(args: argparse.Namespace) -> int:
+    """``propop explain``: :func:`propop.solvers.explain` on the described backward system."""
+    net, trace, eps = _problem(args.network, args.layers, args.width, args.batch,
+                               args.activation, args.density, args.dtype, args.seed, args.tau)
+    solvers.explain(backward_system(net, trace, eps))
+    return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    """``propop calibrate``: measure, fit, store, and show the fit."""
+    from .calibration import calibrate
+
+    print("Timing substitution, cyclic reduction and PCR on FNN and RNN backward systems "
+          "(median of 5 after a warm-up) to fit method='auto''s cost model...\n")
+    result = calibrate(args.output, quick=args.quick)
+    print("| system | method | measured [ms] | model [ms] |\n|---|---|---:|---:|")
+    for row in result.measurements:
+        print(f"| {row['system']} | {row['method']} | {1e3 * row['seconds']:.3f} | "
+              f"{1e3 * row['predicted']:.3f} |")
+    print(f"\nStored: {result.source}")
+    return 0
+
+
 def _report(settings: dict) -> None:
     start = time.perf_counter()
     rows = experiment(**settings)
@@ -281,6 +319,20 @@ def _report(settings: dict) -> None:
     if settings.get("methods") is None and unavailable_note():
         print(f"\n{unavailable_note()}")
     print(f"\n{machine()}; total {time.perf_counter() - start:.1f} s\n")
+
+
+def _demo_auto() -> None:
+    """The demo's method='auto': what it takes where depth dominates and where width does."""
+    from .solvers.auto import choose
+
+    print("method='auto' picks the exact method its cost model predicts fastest (propop "
+          "calibrate measures the constants on this machine; propop explain shows the "
+          "choice for any network):\n")
+    for layers, width, batch in ((1024, 8, 1), (6, 256, 32)):
+        net, trace, eps = _problem("fnn", layers, width, batch, "tanh", 1.0, "float64", 0, 1)
+        print(f"- FNN, {layers} layers of width {width}, batch {batch}: "
+              f"{choose(backward_system(net, trace, eps)).reason}")
+    print()
 
 
 def _demo_trust() -> None:
@@ -408,6 +460,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "solvers":
         print(_solvers_table())
         return 0
+    if args.command in ("explain", "calibrate"):
+        try:
+            return (_explain if args.command == "explain" else _calibrate)(args)
+        except (KeyError, ValueError, OSError) as error:
+            parser.error(str(error).strip("'\""))
     if args.command == "train":
         try:
             return _train(args)
@@ -430,6 +487,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for settings in runs:
             _report(settings)
         if args.command == "demo":
+            _demo_auto()
             _demo_trust()
             _demo_training()
     except (KeyError, ValueError) as error:

@@ -1,6 +1,7 @@
 """Solver registry and the built-in methods (DESIGN section 3)."""
 
-from . import batched_krylov as _batched_krylov  # noqa: F401  (registers its methods)
+from . import auto as _auto  # noqa: F401  (registers its methods)
+from . import batched_krylov as _batched_krylov  # noqa: F401
 from . import bicgstab as _bicgstab  # noqa: F401
 from . import block_krylov as _block_krylov  # noqa: F401
 from . import cyclic_reduction as _cyclic_reduction  # noqa: F401

@@ -222,7 +222,7 @@ def _sparse(system: Any, sparse: bool | None) -> bool:
         raise OptionError("sparse=True needs scipy.sparse couplings on the CPU")
     if sparse is None:
         return (be.name == "numpy" and max(system.sizes) >= SPARSE_MIN_WIDTH
-                and any(be.sparse.issparse(M) for M in system.blocks.coupling))
+                and system.sparse_couplings)
     return sparse
 
 

@@ -19,6 +19,7 @@ from typing import TextIO
 import numpy as np
 
 from .. import backend
+from .auto import choose
 
 __all__ = ["Dominance", "diagonal_dominance", "nilpotency_index", "Decay", "jacobian_decay",
            "explain"]
@@ -184,6 +185,7 @@ def explain(system: Any, file: TextIO | None = None) -> str:
         f"- {dominance}",
         f"- {regime}",
         f"- {shared}",
+        f"- method='auto' takes {choose(system).reason}",
     ])
     print(text, file=file or sys.stdout)
     return text

@@ -729,15 +729,23 @@ class TriangularSystem:
         )
 
     @functools.cached_property
+    def sparse_couplings(self) -> bool:
+        """Whether some coupling is a sparse matrix (told without unrolling a structure)."""
+        if self.coupling_stack is not None:
+            return False
+        matrices = ([t.M for t in self.structure.templates] if self.structure is not None
+                    else [M for _, _, M in self._edges])
+        return any(self.backend.sparse.issparse(M) for M in matrices)
+
+    @functools.cached_property
     def matrix(self) -> Any:
         """The explicit sparse matrix: BSR where the blocks are dense, CSR otherwise.
 
         A batch gives the block diagonal of its ``r`` shifted systems, acting on
         the samples stacked one after another (``x.T.reshape(-1)``).
         """
-        be = self.backend
         csr = self.csr
-        dense = not any(be.sparse.issparse(M) for _, _, M in self._edges)
+        dense = not self.sparse_couplings
         blocksize = math.gcd(*self.sizes)
         if dense and blocksize > 1 and hasattr(csr, "tobsr"):
             return csr.tobsr(blocksize=(blocksize, blocksize))
