@@ -22,11 +22,14 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"
 
 
 def median_times(functions: dict[str, Callable[[], Any]], repeats: int = 7,
-                 warmup: int = 1) -> dict[str, float]:
+                 warmup: int = 1, settle: bool = True) -> dict[str, float]:
     """Median wall-clock seconds of each function over ``repeats`` rounds.
 
     The functions run round-robin after ``warmup`` calls each, so slow phases
-    of a noisy machine hit every contender alike and ratios stay fair.
+    of a noisy machine hit every contender alike and ratios stay fair. With
+    ``settle`` each timed call follows an untimed call of the same function, so
+    that no contender pays for the caches and freed pages the one before it left
+    (a 2 ms solve timed right after a 70 ms reduction takes twice as long).
     """
     if repeats < 5:
         raise ValueError(f"repeats must be >= 5 for a trustworthy median, got {repeats}")
@@ -36,6 +39,8 @@ def median_times(functions: dict[str, Callable[[], Any]], repeats: int = 7,
     times: dict[str, list[float]] = {name: [] for name in functions}
     for _ in range(repeats):
         for name, function in functions.items():
+            if settle:
+                function()
             start = time.perf_counter()
             function()
             times[name].append(time.perf_counter() - start)

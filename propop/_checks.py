@@ -49,7 +49,10 @@ def as_coupling(M: Any, what: str) -> Any:
     Canonical: a real floating array, or a canonical CSR array; what propop built
     is not copied again.
     """
-    if backend.is_sparse(M):
+    if type(M) is np.ndarray:  # the common case, without a backend look-up
+        if M.dtype.kind == "f":
+            return M
+    elif backend.is_sparse(M):
         if M.format == "csr" and M.has_canonical_format and M.dtype.kind == "f":
             return M
     elif getattr(M, "dtype", None) is not None and M.dtype.kind == "f":

@@ -146,7 +146,7 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     if check and not info["converged"]:
         solution = solutions[-1] if solutions else None
         raise ConvergenceError(_failed(solution, len(solutions), stop, measure[-1], rtol))
-    return Trace(x=trace.x, y=trace.y, z=trace.z, info=info)
+    return Trace(x=trace.x, y=trace.y, z=trace.z, info=info, stacked=trace.stacked)
 
 
 def _agreed(method: Any, options: dict, work: Any) -> Any:

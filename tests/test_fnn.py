@@ -91,3 +91,40 @@ def test_random_respects_dtype_density_and_seed():
     assert a.dtype == np.float32 and a.sparse and a.sizes == (6, 5, 4)
     np.testing.assert_array_equal(a.W[0].toarray(), b.W[0].toarray())
     assert abs(a.W[0].nnz / 30 - 0.5) < 0.1
+
+
+@pytest.mark.parametrize("shape", [(6,), (6, 3)], ids=["vector", "batch"])
+@pytest.mark.parametrize("activations", [["tanh"] * 4, ["relu", "tanh", "sigmoid", "identity"]],
+                         ids=["one-kind", "mixed"])
+def test_equal_widths_run_stacked_and_agree_with_autograd_in_every_layer(shape, activations):
+    """Equal widths: states in two stacked arrays, f' and dW of all layers in one call each."""
+    from reference import torch_gradients
+
+    base = pp.FNN.random([6] * 5, activation="tanh", seed=3, bias=0.2)
+    net = pp.FNN(base.W, base.b, activation=activations)
+    rng = np.random.default_rng(4)
+    x, t = rng.standard_normal(shape), rng.standard_normal(shape)
+    trace = net.forward(x)
+    assert trace.stacked["y"].shape == (4,) + shape and trace.z[0] is trace.x
+    assert all(np.shares_memory(a, trace.stacked["y"]) for a in trace.y)
+    assert all(np.shares_memory(a, trace.stacked["z"]) for a in trace.z[1:])
+    out, dW, db, dx = torch_gradients(net, x, t)
+    unstacked = pp.Trace(x=trace.x, y=trace.y, z=trace.z)  # a trace made by hand: no stacks
+    for used in (trace, unstacked):
+        g = pp.backprop(net, x, t, trace=used)
+        for k in range(4):
+            assert np.linalg.norm(g.W[k] - dW[k]) <= 1e-12 * np.linalg.norm(dW[k]), k
+            assert np.linalg.norm(g.b[k] - db[k]) <= 1e-12 * np.linalg.norm(db[k]), k
+        assert np.linalg.norm(g.x - dx) <= 1e-12 * np.linalg.norm(dx)
+    assert np.abs(trace.output - out).max() <= 1e-14
+
+
+def test_states_give_every_pre_activation_at_once():
+    net = pp.FNN.random([5] * 4, activation="tanh", seed=1, bias=0.3)
+    x = np.random.default_rng(2).standard_normal((5, 2))
+    exact = net.forward(x)
+    for states in (list(exact.z), exact.stacked["z"]):
+        again = net.trace_from_states(x, states)
+        for k in range(3):  # y_k = W_k z_k + b_k, written out
+            assert np.allclose(again.y[k], net.W[k] @ exact.z[k] + net.b[k][:, None],
+                               rtol=1e-15, atol=1e-15)

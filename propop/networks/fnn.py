@@ -211,12 +211,25 @@ class FNN:
         x : array, shape (n0,) or (n0, r)
             Input; samples are columns.
         """
-        z = [self.check_input(x)]
-        y = []
+        x = self.check_input(x)
+        if self.stacked:  # equal widths: the states written into two stacked arrays
+            return self._stacked_forward(x)
+        z, y = [x], []
         for Wk, bk, f in zip(self.W, self.b, self.activations):
             y.append(Wk @ z[-1] + column(bk, z[-1]))
             z.append(f(y[-1]))
         return Trace(x=z[0], y=tuple(y), z=tuple(z))
+
+    def _stacked_forward(self, x: Any) -> Trace:
+        xp = self.backend.xp
+        Y = xp.empty((self.depth,) + x.shape, dtype=self.dtype)
+        Z = xp.empty((self.depth + 1,) + x.shape, dtype=self.dtype)
+        Z[0] = x
+        for k, (Wk, bk, f) in enumerate(zip(self.W, self.b, self.activations)):
+            xp.matmul(Wk, Z[k], out=Y[k])
+            Y[k] += column(bk, x)
+            Z[k + 1] = f(Y[k])
+        return _stacked_trace(x, Y, Z)
 
     def backward(self, trace: Trace, eps: Any) -> list[Any]:
         """Sequential reference backward propagation (eq. def_back_prop2).
@@ -245,8 +258,13 @@ class FNN:
         """``eps = dE/dz^(l)`` of this network's output (see :func:`propop.loss_gradient`)."""
         return loss_gradient(trace.output, target, loss)
 
-    def unstack(self, system: Any, x: Any) -> list[Any]:
-        """Per-layer blocks (``v[0..l]`` or ``z[0..l]``) of a solution of its system."""
+    def unstack(self, system: Any, x: Any) -> Any:
+        """Per-layer blocks (``v[0..l]`` or ``z[0..l]``) of a solution of its system.
+
+        For equal widths one ``(l + 1, n[, r])`` array (a view), else a list.
+        """
+        if self.stacked:
+            return x.reshape((self.depth + 1, self.sizes[0]) + x.shape[1:])
         return system.split(x)
 
     def state_shapes(self, x: Any) -> tuple[list, list]:
@@ -263,6 +281,11 @@ class FNN:
         x = self.check_input(x)
         if z is None:
             z = [x] + [xp.zeros((n,) + x.shape[1:], dtype=self.dtype) for n in self.sizes[1:]]
+        if self.stacked:  # all layers in one batched product
+            Z = xp.concatenate([x[None], xp.stack(z[1:]) if isinstance(z, (list, tuple)) else z[1:]])
+            bias = xp.stack(self.b)
+            return _stacked_trace(x, self.stacked["W"] @ Z[:-1] + (
+                bias if x.ndim == 1 else bias[:, :, None]), Z)
         y = [Wk @ zk + column(bk, x) for Wk, bk, zk in zip(self.W, self.b, z[:-1])]
         return Trace(x=x, y=tuple(y), z=tuple([x] + list(z[1:])))
 
@@ -275,14 +298,35 @@ class FNN:
         """
         if len(v) != self.depth + 1:
             raise ValueError(f"v has {len(v)} blocks, expected {self.depth + 1} (v[0..l])")
+        if self.stacked:  # equal widths, dense: one batched product for all layers
+            xp = self.backend.xp
+            V = v[1:] if not isinstance(v, (list, tuple)) else xp.stack(v[1:])
+            Z = trace.stacked["z"][:-1] if trace.stacked else xp.stack(trace.z[:-1])
+            if V.ndim == 2:
+                return Gradients(W=tuple(V[:, :, None] * Z[:, None, :]), b=tuple(V), x=v[0])
+            return Gradients(W=tuple(V @ Z.transpose(0, 2, 1)), b=tuple(V.sum(axis=2)),
+                             x=v[0])
         dW = tuple(_outer(Wk, vk, zk) for Wk, vk, zk in zip(self.W, v[1:], trace.z[:-1]))
         db = tuple(vk if vk.ndim == 1 else vk.sum(axis=1) for vk in v[1:])
         return Gradients(W=dW, b=db, x=v[0])
 
+    def slopes(self, trace: Trace) -> list[Any]:
+        """``f'_k(y_k)`` of every layer; one call for all where they share width and kind."""
+        first = self.activations[0]
+        if self.stacked and all(act is first for act in self.activations):
+            Y = trace.stacked["y"] if trace.stacked else self.backend.xp.stack(trace.y)
+            return list(first.df(Y))
+        return [act.df(y) for act, y in zip(self.activations, trace.y)]
+
+
+def _stacked_trace(x: Any, Y: Any, Z: Any) -> Trace:
+    """The trace whose layers are the slices of ``Y`` and ``Z`` (``z[0]`` is ``x`` itself)."""
+    return Trace(x=x, y=tuple(Y), z=(x,) + tuple(Z[1:]), stacked={"y": Y, "z": Z})
+
 
 def _outer(Wk: Any, vk: Any, zk: Any) -> Any:
     """``sum_i v_i z_i^T`` over samples, on the pattern of ``Wk`` if it is sparse."""
-    be = backend.of(Wk, vk, zk)
+    be = backend.of(Wk)
     if not be.sparse.issparse(Wk):
         return be.xp.outer(vk, zk) if vk.ndim == 1 else vk @ zk.T
     rows = be.xp.repeat(be.xp.arange(Wk.shape[0]), be.xp.diff(Wk.indptr))

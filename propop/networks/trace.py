@@ -25,12 +25,17 @@ class Trace:
     info : dict
         How the trace was obtained (for :func:`propop.forward`: iterations,
         residuals and the solutions of the linearised systems).
+    stacked : dict
+        For a network of equal widths: ``{"y": (l, n[, r]), "z": (l + 1, n[, r])}``,
+        the arrays whose slices ``y`` and ``z`` are (no copies), so that all
+        layers can be processed in one call; empty otherwise.
     """
 
     x: Any
     y: tuple
     z: tuple
     info: dict = field(default_factory=dict, compare=False)
+    stacked: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def output(self) -> Any:

@@ -22,7 +22,7 @@ def _fnn_backward(net: FNN, trace: Trace, eps: Any, *, form: str = "scaled") -> 
     """Unit-diagonal rows ``v_k - f'_k * (W[k]^T v_{k+1}) = 0``, ``v_l = f'_l * eps``."""
     xp = net.backend.xp
     eps = net.check_eps(trace, eps)
-    slopes = [act.df(y) for act, y in zip(net.activations, trace.y)]
+    slopes = net.slopes(trace)
     rhs = xp.zeros((sum(net.sizes),) + eps.shape[1:], dtype=net.dtype)
     xp.multiply(slopes[-1], eps, out=rhs[-net.sizes[-1]:])
     return TriangularSystem(
