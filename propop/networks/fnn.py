@@ -282,7 +282,8 @@ class FNN:
         if z is None:
             z = [x] + [xp.zeros((n,) + x.shape[1:], dtype=self.dtype) for n in self.sizes[1:]]
         if self.stacked:  # all layers in one batched product
-            Z = xp.concatenate([x[None], xp.stack(z[1:]) if isinstance(z, (list, tuple)) else z[1:]])
+            later = xp.stack(z[1:]) if isinstance(z, (list, tuple)) else z[1:]
+            Z = xp.concatenate([x[None], later])
             bias = xp.stack(self.b)
             return _stacked_trace(x, self.stacked["W"] @ Z[:-1] + (
                 bias if x.ndim == 1 else bias[:, :, None]), Z)
