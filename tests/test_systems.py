@@ -1,5 +1,7 @@
 """TriangularSystem: explicit matrix, operator, forms, batches and views."""
 
+import functools
+
 import numpy as np
 import pytest
 import scipy.sparse.linalg as spla
@@ -117,3 +119,76 @@ def test_batch_shares_one_product_per_layer():
     V = np.random.default_rng(0).standard_normal(B.rhs.shape)
     per_sample = np.stack([B.sample(i).apply(V[:, i]) for i in range(6)], axis=1)
     np.testing.assert_allclose(B.apply(V), per_sample, rtol=1e-14)
+
+
+def _stacked_chain(lower, r=None, seed=0):
+    rng = np.random.default_rng(seed)
+    depth, n = 5, 3
+    C = rng.standard_normal((depth, n, n))
+    S = rng.uniform(0.5, 1.5, (depth, n) + (() if r is None else (r,)))
+    rhs = rng.standard_normal(((depth + 1) * n,) + (() if r is None else (r,)))
+    return C, S, rhs
+
+
+@pytest.mark.parametrize("lower", [True, False])
+@pytest.mark.parametrize("r", [None, 2])
+def test_stacked_coefficients_are_the_listed_ones(lower, r):
+    """A chain given as (l, n, n) and (l, n[, r]) stacks is the chain given block by block."""
+    C, S, rhs = _stacked_chain(lower, r)
+    sizes = (3,) * 6
+    listed = pp.TriangularSystem(list(C), [None] + list(S), rhs, lower=lower, sizes=sizes)
+    stacked = pp.TriangularSystem(None, None, rhs, lower=lower, sizes=sizes,
+                                  coupling_stack=C, scale_stack=S)
+    assert abs(stacked.matrix - listed.matrix).max() == 0
+    reference = pp.solve(listed, "substitution").x
+    for method in ("substitution", "cyclic-reduction", "parallel-cyclic-reduction"):
+        for system in (stacked, stacked.paper()):
+            x = pp.solve(system, method).x
+            assert relative_error(x, reference) < 1e-13, (method, system.form)
+
+
+def test_stacked_coefficients_are_checked_once_and_named():
+    C, S, rhs = _stacked_chain(True)
+    sizes = (3,) * 6
+    chain = functools.partial(pp.TriangularSystem, None, None, rhs, lower=True)
+    with pytest.raises(ValueError, match="instead of coupling"):
+        pp.TriangularSystem(list(C), None, rhs, sizes=sizes, lower=True, coupling_stack=C)
+    with pytest.raises(ValueError, match="instead of row_scale"):
+        pp.TriangularSystem(None, [None] + list(S), rhs, sizes=sizes, lower=True, coupling_stack=C,
+                            scale_stack=S)
+    with pytest.raises(ValueError, match=r"coupling_stack must be .*\(5, 3, 3\)"):
+        chain(sizes=sizes, coupling_stack=C[:4])
+    with pytest.raises(ValueError, match=r"scale_stack must be .*\(5, 3\)"):
+        chain(sizes=sizes, coupling_stack=C, scale_stack=S[:, :2])
+    with pytest.raises(ValueError, match="one width"):
+        chain(sizes=(3, 3, 3, 3, 2, 4), coupling_stack=C)
+    with pytest.raises(ValueError, match="real floating"):
+        chain(sizes=sizes, coupling_stack=C.astype(complex))
+    bad = S.copy()
+    bad[2, 1] = np.nan
+    with pytest.raises(ValueError, match=r"block 3.*row scaling"):
+        chain(sizes=sizes, coupling_stack=C, scale_stack=bad)
+    C[3, 0, 0] = np.inf
+    with pytest.raises(ValueError, match=r"coupling_stack.*NaN or Inf.*\(3, 0, 0\)"):
+        chain(sizes=sizes, coupling_stack=C)
+
+
+def test_equal_width_fnn_systems_are_stacked():
+    net = pp.FNN.random([4] * 7, activation="tanh", seed=3)
+    x = np.random.default_rng(0).standard_normal((4, 2))
+    trace = net.forward(x)
+    B = pp.backward_system(net, trace, trace.output)
+    assert B.coupling_stack is not None and B.scale_stack.shape == (6, 4, 2)
+    assert B.names[3] == "v[3] (layer 2, W[2])"
+    F = pp.forward_system(net, x, trace)
+    assert F.coupling_stack is not None and F.scale_stack.shape == (6, 4, 2)
+
+
+def test_no_row_scale_means_unscaled_rows():
+    C, _, rhs = _stacked_chain(True)
+    system = pp.TriangularSystem(list(C), None, rhs, lower=True, sizes=(3,) * 6)
+    x = pp.solve(system, "substitution").x.reshape(6, 3)
+    expected = [rhs[:3]]
+    for k in range(5):
+        expected.append(rhs[3 * (k + 1):3 * (k + 2)] + C[k] @ expected[-1])
+    assert relative_error(x, np.array(expected)) < 1e-14

@@ -311,12 +311,16 @@ class FNN:
         db = tuple(vk if vk.ndim == 1 else vk.sum(axis=1) for vk in v[1:])
         return Gradients(W=dW, b=db, x=v[0])
 
-    def slopes(self, trace: Trace) -> list[Any]:
-        """``f'_k(y_k)`` of every layer; one call for all where they share width and kind."""
+    def slopes(self, trace: Trace) -> Any:
+        """``f'_k(y_k)`` of every layer, indexed by ``k``.
+
+        Where all layers share width and kind: one call, returned as the stacked
+        ``(l, n[, r])`` array; otherwise a list of arrays.
+        """
         first = self.activations[0]
         if self.stacked and all(act is first for act in self.activations):
             Y = trace.stacked["y"] if trace.stacked else self.backend.xp.stack(trace.y)
-            return list(first.df(Y))
+            return first.df(Y)
         return [act.df(y) for act, y in zip(self.activations, trace.y)]
 
 

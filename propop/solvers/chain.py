@@ -184,8 +184,7 @@ def _stacked(system: Any, shared_diagonal: str | None) -> Chain | None:
     G = rhs.reshape(m, n, -1)[order]
     D = _stack_columns(xp, [B.diagonal[k] for k in order], n, dtype)
     couplings = list(range(m - 1)) if system.lower else list(range(m - 2, -1, -1))
-    scales = B.scale  # a tuple made per access: once
-    S = _stack_columns(xp, [scales[j] for j in couplings], n, dtype)
+    S = _coupling_scales(system, couplings)
     if D is None or S is None:
         return None
     G = G / D
@@ -200,6 +199,26 @@ def _stacked(system: Any, shared_diagonal: str | None) -> Chain | None:
         matrices = B.coupling
         C[1:, 0] = _stack_matrices(system.backend, [matrices[j] for j in couplings], n, dtype)
     return Chain(L.transpose(0, 2, 1), C, G.transpose(0, 2, 1), order, system.sizes)
+
+
+def _coupling_scales(system: Any, couplings: list) -> Any:
+    """The row scalings of the couplings in chain order, ``(m - 1, n, c)``; ``None`` if ragged.
+
+    A system given by its :attr:`~propop.TriangularSystem.scale_stack` (rows
+    ``1..m-1``, row 0 unscaled) is read without a per-block gather: in the
+    scaled form a lower chain's coupling ``j`` sits in row ``j + 1``, an upper
+    chain's in row ``j``.
+    """
+    xp, n, dtype = system.backend.xp, system.sizes[0], system.dtype
+    stack = system.scale_stack
+    if stack is None or system.form != "scaled":
+        scales = system.blocks.scale  # a tuple made per access: once
+        return _stack_columns(xp, [scales[j] for j in couplings], n, dtype)
+    stack = stack[:, :, None] if stack.ndim == 2 else stack
+    if system.lower:
+        return stack
+    ones = xp.ones((1,) + tuple(stack.shape[1:]), dtype=dtype)
+    return xp.concatenate([xp.flip(stack[:-1], axis=0), ones])
 
 
 def _stack_matrices(be: backend.Backend, matrices: list, n: int, dtype: Any) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from ..networks.fnn import FNN, column
@@ -12,9 +13,9 @@ from .triangular import TriangularSystem
 __all__: list[str] = []
 
 
-def _names(letter: str, depth: int) -> list[str]:
-    return [f"{letter}[0] (input)"] + [
-        f"{letter}[{k}] (layer {k - 1}, W[{k - 1}])" for k in range(1, depth + 1)]
+def _name(letter: str, k: int) -> str:
+    """Block ``k``'s name in messages: the input, or layer ``k - 1``'s output."""
+    return f"{letter}[0] (input)" if k == 0 else f"{letter}[{k}] (layer {k - 1}, W[{k - 1}])"
 
 
 @backward_system.register
@@ -25,12 +26,21 @@ def _fnn_backward(net: FNN, trace: Trace, eps: Any, *, form: str = "scaled") -> 
     slopes = net.slopes(trace)
     rhs = xp.zeros((sum(net.sizes),) + eps.shape[1:], dtype=net.dtype)
     xp.multiply(slopes[-1], eps, out=rhs[-net.sizes[-1]:])
+    coupling, row_scale, stacks = _coefficients(net, net.WT, slopes, "WT")
     return TriangularSystem(
-        list(net.WT), [None] + slopes, rhs,
-        lower=False, sizes=net.sizes, form=form, names=_names("v", net.depth),
+        coupling, row_scale, rhs, lower=False, sizes=net.sizes, form=form,
+        names=functools.partial(_name, "v"),
         paper_hint=", where f'(y) = 0 so that E = 1/f'(y) does not exist",
-        rhs_support=[net.depth], coupling_stack=net.stacked.get("WT"),
+        rhs_support=[net.depth], **stacks,
     )
+
+
+def _coefficients(net: FNN, couplings: Any, scales: Any, key: str) -> tuple[Any, Any, dict]:
+    """``coupling, row_scale`` of a chain, or for equal widths the stacked arrays as keywords."""
+    if not net.stacked:
+        return list(couplings), [None] + list(scales), {}
+    scales = scales if not isinstance(scales, (list, tuple)) else net.backend.xp.stack(scales)
+    return None, None, {"coupling_stack": net.stacked[key], "scale_stack": scales}
 
 
 def _points(net: FNN, x: Any, around: Any) -> list[Any]:
@@ -55,15 +65,16 @@ def _fnn_forward(net: FNN, x: Any, around: Any = None, *, linearization: str = "
     """Unit-diagonal rows ``z_0 = x``, ``z_k - a_k * (W[k-1] z_{k-1}) = a_k * b + beta_k``."""
     xp = net.backend.xp
     x = net.check_input(x)
-    scales, rhs = [None], [x]
+    scales, rhs = [], [x]
     for act, bk, y in zip(net.activations, net.b, _points(net, x, around)):
         a, beta = act.linearize(y, linearization)
         scales.append(a)
         rhs.append(a * column(bk, x) + beta)
     hint = (", where f'(y) = 0" if linearization == "newton" else
             ", where f(y)/y = 0 (f(y) = 0 at y != 0, or y = 0 with f(0) != 0)")
+    coupling, row_scale, stacks = _coefficients(net, net.W, scales, "W")
     return TriangularSystem(
-        list(net.W), scales, xp.concatenate(rhs), lower=True, sizes=net.sizes,
-        form=form, names=_names("z", net.depth), paper_hint=hint + " so that D does not exist",
-        coupling_stack=net.stacked.get("W"),
+        coupling, row_scale, xp.concatenate(rhs), lower=True, sizes=net.sizes, form=form,
+        names=functools.partial(_name, "z"), paper_hint=hint + " so that D does not exist",
+        **stacks,
     )

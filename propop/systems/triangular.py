@@ -190,9 +190,10 @@ class TriangularSystem:
         For a block bi-diagonal system (a chain): ``nb - 1`` shared coupling
         matrices; ``coupling[j]`` has shape ``(n_{j+1}, n_j)`` for a lower system
         and ``(n_j, n_{j+1})`` for an upper one. ``None`` when ``edges`` is given.
-    row_scale : sequence
+    row_scale : sequence or None
         ``nb`` row scalings ``s_k``: ``None`` (one) or an array of shape
-        ``(n_k,)``, or ``(n_k, r)`` / ``(n_k, 1)`` for a batch.
+        ``(n_k,)``, or ``(n_k, r)`` / ``(n_k, 1)`` for a batch. ``None`` for
+        all: every row unscaled (with a ``structure``, give ``layer_scales``).
     rhs : array, shape (N,) or (N, r)
         The right-hand side of the scaled form, blocks stacked.
     lower : bool
@@ -221,9 +222,14 @@ class TriangularSystem:
         The blocks where ``rhs`` may be non-zero (the output layer of a backward
         system): methods then skip the others without looking at them.
     coupling_stack : array, optional
-        For a chain of equal widths with dense couplings: ``coupling`` stacked,
-        ``(nb - 1, n, n)``, made once by the network (:attr:`FNN.stacked`), so
-        that reductions need no per-block gathering.
+        For a chain of blocks of one width ``n`` with dense couplings: the
+        couplings as one ``(nb - 1, n, n)`` array (:attr:`FNN.stacked`), instead
+        of ``coupling``; checked once, not per block, and read by reductions
+        with one index.
+    scale_stack : array, optional
+        For a chain of blocks of one width whose first block is unscaled (the
+        input): the row scalings of blocks ``1..nb-1`` as one ``(nb - 1, n)``,
+        ``(nb - 1, n, r)`` or ``(nb - 1, n, 1)`` array, instead of ``row_scale``.
     """
 
     def __init__(self, coupling: Sequence[Any] | None, row_scale: Sequence[Any] | None,
@@ -231,8 +237,8 @@ class TriangularSystem:
                  names: Sequence[str] | Callable[[int], str] | None = None,
                  paper_hint: str = "", edges: Sequence[tuple[int, int, Any]] | None = None,
                  structure: Any = None, layer_scales: Sequence[Any] | None = None,
-                 rhs_support: Sequence[int] | None = None, coupling_stack: Any = None
-                 ) -> None:
+                 rhs_support: Sequence[int] | None = None, coupling_stack: Any = None,
+                 scale_stack: Any = None) -> None:
         if form not in FORMS:
             raise ValueError(f"unknown form {form!r}; choose one of {FORMS}")
         self.sizes = tuple(map(int, sizes))
@@ -246,11 +252,17 @@ class TriangularSystem:
         self._layer_scales = None if layer_scales is None else tuple(layer_scales)
         self.rhs_support = None if rhs_support is None else frozenset(int(k)
                                                                        for k in rhs_support)
-        if coupling_stack is not None and (coupling is None or tuple(coupling_stack.shape) != (
-                len(coupling),) + tuple(coupling[0].shape)):
-            raise ValueError("coupling_stack must be the chain's couplings stacked, "
-                             f"({len(coupling or ())}, n, n)")
         self.coupling_stack = coupling_stack
+        self.scale_stack = scale_stack
+        if coupling_stack is not None:
+            if coupling is not None or edges is not None:
+                raise ValueError("give coupling_stack instead of coupling or edges, not both")
+            coupling = self._unstacked(coupling_stack, "coupling_stack", ())
+        if scale_stack is not None:
+            if row_scale is not None or layer_scales is not None:
+                raise ValueError("give scale_stack instead of row_scale, not both")
+            row_scale = (None,) + self._unstacked(scale_stack, "scale_stack",
+                                                  (None,) if rhs.ndim == 1 else (rhs.shape[1], 1))
         if structure is not None:
             if coupling is not None or edges is not None:
                 raise ValueError("a structure gives the couplings: no coupling or edges too")
@@ -265,10 +277,13 @@ class TriangularSystem:
                 pairs = [(j + 1, j) if self.lower else (j, j + 1)
                          for j in range(len(coupling))]
                 edges = [(row, col, M) for (row, col), M in zip(pairs, coupling)]
-            self.__dict__["_edges"] = _canonical_edges(edges)
+            # a stack's views are checked already, as one array
+            self.__dict__["_edges"] = (tuple(edges) if coupling_stack is not None
+                                       else _canonical_edges(edges))
             matrices = [M for _, _, M in self._edges]
-        if row_scale is not None:
-            self.__dict__["_row_scale"] = tuple(row_scale)
+        if row_scale is not None or structure is None:
+            self.__dict__["_row_scale"] = (tuple(row_scale) if row_scale is not None
+                                           else (None,) * len(self.sizes))
         self.backend = backend.of(rhs, *matrices)
         self._validate()
         if form == "paper":
@@ -374,12 +389,32 @@ class TriangularSystem:
             raise ValueError(f"block sizes must be >= 1, got {self.sizes}")
         if self.structure is not None:
             self._validate_structure()
-        else:
+        elif self.coupling_stack is None:
             self._validate_edges()
-        if "_row_scale" in self.__dict__:
+        if "_row_scale" in self.__dict__ and self.scale_stack is None:
             self._validate_row_scales()
         self._require_finite_scales()
         require_finite(rhs, "rhs")
+
+    def _unstacked(self, stack: Any, what: str, columns: tuple) -> tuple:
+        """Views of the blocks of ``stack``, checked once: ``(nb - 1, n, n)`` or scalings.
+
+        ``columns`` are the allowed trailing sizes of a scaling (``None``: no axis).
+        """
+        nb, n = len(self.sizes), self.sizes[0]
+        trailing = tuple(getattr(stack, "shape", ())[2:]) or (None,)
+        want = (nb - 1, n) + (n,) * (not columns)
+        fits = tuple(getattr(stack, "shape", ())[:2 + (not columns)]) == want and (
+            len(trailing) == 1 and (trailing[0] in columns or not columns))
+        if set(self.sizes) != {n} or not fits or getattr(stack, "dtype", None) is None \
+                or stack.dtype.kind != "f":
+            shapes = " or ".join(str(want + ((c,) if c else ())) for c in columns) or want
+            raise ValueError(f"{what} must be a real floating array of shape {shapes} for "
+                             f"{nb} blocks of one width, got {getattr(stack, 'shape', None)} "
+                             f"and block sizes {sorted(set(self.sizes))}")
+        if not columns:  # scalings are checked with the others
+            require_finite(stack, f"{what} (index (j, i, k): coupling j)")
+        return tuple(stack)
 
     def _validate_structure(self) -> None:
         """The templates and the stacked layer scalings, once per layer, not per block."""
@@ -445,6 +480,8 @@ class TriangularSystem:
         """One pass over all scalings; the per-block search only when one is bad."""
         xp = self.backend.xp
         stacked = self._layer_scales if "_row_scale" not in self.__dict__ else self._row_scale
+        if self.scale_stack is not None:
+            stacked = (self.scale_stack,)
         scales = [s.reshape(-1) for s in stacked if s is not None]
         if not scales or bool(xp.isfinite(xp.concatenate(scales)).all()):
             return
@@ -489,12 +526,14 @@ class TriangularSystem:
         if self.coupling_stack is not None and "edges" not in changes and \
                 self.structure is None:  # a chain keeps its stacked couplings
             args.pop("edges")
-            args.update(coupling=[M for _, _, M in self._edges],
-                        coupling_stack=self.coupling_stack)
+            args.update(coupling_stack=self.coupling_stack)
+        if self.scale_stack is not None and "row_scale" not in changes:
+            args.pop("row_scale")
+            args.update(scale_stack=self.scale_stack)
         args.update(changes)
         if args.get("structure") is None:
             args.pop("layer_scales", None)
-        return TriangularSystem(args.pop("coupling", None), args.pop("row_scale"),
+        return TriangularSystem(args.pop("coupling", None), args.pop("row_scale", None),
                                 args.pop("rhs"), **args)
 
     @functools.cached_property
