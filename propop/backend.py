@@ -81,6 +81,9 @@ def _name_of(obj: Any) -> str:
     return _TYPES[kind]
 
 
+_OF_TYPE: dict[type, Backend] = {}  # the backend of each array type, once loaded
+
+
 def of(*objects: Any) -> Backend:
     """Return the backend that the given arrays (dense or sparse) live on.
 
@@ -92,8 +95,12 @@ def of(*objects: Any) -> Backend:
     >>> of(np.zeros(3)).name
     'numpy'
     """
-    if len(objects) == 1 and objects[0] is not None:  # the common case, without a set
-        return _named(_name_of(objects[0]))
+    if len(objects) == 1:  # the common case: one dictionary look-up
+        found = _OF_TYPE.get(type(objects[0]))
+        if found is None and objects[0] is not None:
+            found = _OF_TYPE[type(objects[0])] = _named(_name_of(objects[0]))
+        if found is not None:
+            return found
     names = {_name_of(obj) for obj in objects if obj is not None}
     if len(names) > 1:
         raise TypeError("arrays live on different backends (NumPy and CuPy); move them to one")

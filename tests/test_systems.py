@@ -192,3 +192,21 @@ def test_no_row_scale_means_unscaled_rows():
     for k in range(5):
         expected.append(rhs[3 * (k + 1):3 * (k + 2)] + C[k] @ expected[-1])
     assert relative_error(x, np.array(expected)) < 1e-14
+
+
+@pytest.mark.parametrize("how", ["exact", "mean"])
+def test_shared_keeps_a_stacked_chain_stacked(how):
+    C, S, rhs = _stacked_chain(False, r=3)
+    S[:, :, 1:] = S[:, :, :1]  # one matrix for all samples ...
+    system = pp.TriangularSystem(None, None, rhs, lower=False, sizes=(3,) * 6,
+                                 coupling_stack=C, scale_stack=S)
+    shared = system.shared(how)
+    assert shared.scale_stack.shape == (5, 3, 1) and shared.shares_matrix
+    listed = pp.TriangularSystem(list(C), [None] + [s[:, :1] for s in S], rhs, lower=False,
+                                 sizes=(3,) * 6)
+    assert relative_error(pp.solve(shared, "substitution").x,
+                          pp.solve(listed, "substitution").x) < 1e-14
+    S[3, 2, 2] += 1  # ... but for one entry of block 4
+    with pytest.raises(ValueError, match="block 4: the row scaling differs between samples"):
+        pp.TriangularSystem(None, None, rhs, lower=False, sizes=(3,) * 6, coupling_stack=C,
+                            scale_stack=S).shared("exact")

@@ -105,7 +105,7 @@ class FNN:
             require_finite(Wk, f"layer {k}: W[{k}]")
             require_finite(bk, f"layer {k}: b[{k}]")
 
-    @property
+    @functools.cached_property
     def sizes(self) -> tuple[int, ...]:
         """Widths ``(n_0, n_1, ..., n_l)``."""
         return (self.W[0].shape[1],) + tuple(Wk.shape[0] for Wk in self.W)

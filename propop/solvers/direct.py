@@ -32,11 +32,14 @@ def substitution(system: Any, *, rtol: float | None = None, atol: float = 0.0,
     only finiteness is checked: overflow is reported, never returned.
 
     A system with a time structure (an RNN's) is solved on its stacked arrays
-    (:func:`_substitute_over_time`), never unrolled into per-block objects.
+    (:func:`_substitute_over_time`), never unrolled into per-block objects; so
+    is a chain given by its stacked couplings (:func:`_substitute_stacked`).
     """
     nonzero, initial = _rhs_blocks(system)
     if system.structure is not None:
         x = _substitute_over_time(system)
+    elif system.coupling_stack is not None:
+        x = _substitute_stacked(system, nonzero)
     else:
         x = _substitute(system, system.blocks.steps, nonzero)
     tol = Tolerance.of(system, rtol, atol) if verify else None
@@ -92,6 +95,32 @@ def _substitute(system: Any, steps: Any, nonzero: Any) -> Any:
         for step in steps:
             _step(xp, step, xs, cs[step.block] if nonzero[step.block] else None)
     return x
+
+
+def _substitute_stacked(system: Any, nonzero: Any) -> Any:
+    """Substitution on a chain's :attr:`~propop.TriangularSystem.coupling_stack`.
+
+    The scaled form's rows ``x_k = c_k + s_k * (M_j x_nbr)`` (the paper form has
+    the same solution), written into one ``(nb, n[, r])`` array with no per-block
+    objects: coupling ``j`` reads block ``j`` into block ``j + 1`` (lower) or
+    block ``j + 1`` into block ``j`` (upper); row 0 is unscaled.
+    """
+    xp, nb = system.backend.xp, system.nblocks
+    C = system._scaled_rhs.reshape((nb, system.sizes[0]) + system.rhs.shape[1:])
+    X = xp.empty_like(C)
+    xs, cs, ms = list(X), list(C), list(system.coupling_stack)  # views, made in C
+    ss = system._row_scale  # views of the scale_stack, if it is one
+    order = list(range(nb) if system.lower else range(nb - 1, -1, -1))
+    xs[order[0]][...] = cs[order[0]]
+    with backend.quiet(xp):  # overflow is reported by finish()
+        for k in order[1:]:
+            j, nbr = (k - 1, k - 1) if system.lower else (k, k + 1)
+            xp.matmul(ms[j], xs[nbr], out=xs[k])
+            if ss[k] is not None:
+                xs[k] *= ss[k]
+            if nonzero[k]:
+                xs[k] += cs[k]
+    return X.reshape(system.rhs.shape)
 
 
 def _step(xp: Any, step: Any, xs: list, c: Any) -> None:

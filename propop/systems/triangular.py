@@ -252,17 +252,14 @@ class TriangularSystem:
         self._layer_scales = None if layer_scales is None else tuple(layer_scales)
         self.rhs_support = None if rhs_support is None else frozenset(int(k)
                                                                        for k in rhs_support)
-        self.coupling_stack = coupling_stack
-        self.scale_stack = scale_stack
-        if coupling_stack is not None:
-            if coupling is not None or edges is not None:
-                raise ValueError("give coupling_stack instead of coupling or edges, not both")
-            coupling = self._unstacked(coupling_stack, "coupling_stack", ())
-        if scale_stack is not None:
-            if row_scale is not None or layer_scales is not None:
-                raise ValueError("give scale_stack instead of row_scale, not both")
-            row_scale = (None,) + self._unstacked(scale_stack, "scale_stack",
-                                                  (None,) if rhs.ndim == 1 else (rhs.shape[1], 1))
+        self.coupling_stack = self._checked_stack(coupling_stack, "coupling_stack", ())
+        self.scale_stack = self._checked_stack(
+            scale_stack, "scale_stack", (rhs.shape[1], 1) if getattr(rhs, "ndim", 1) > 1
+            else (None,))
+        if coupling_stack is not None and (coupling is not None or edges is not None):
+            raise ValueError("give coupling_stack instead of coupling or edges, not both")
+        if scale_stack is not None and (row_scale is not None or layer_scales is not None):
+            raise ValueError("give scale_stack instead of row_scale, not both")
         if structure is not None:
             if coupling is not None or edges is not None:
                 raise ValueError("a structure gives the couplings: no coupling or edges too")
@@ -270,18 +267,15 @@ class TriangularSystem:
                 raise ValueError("give either row_scale or layer_scales with a structure")
             self.structure = structure.canonical()
             matrices = [t.M for t in self.structure.templates]
+        elif coupling_stack is not None:  # its edges are views, made when asked for
+            matrices = [coupling_stack]
         else:
             if (coupling is None) == (edges is None):
                 raise ValueError("give either coupling (a chain) or edges, not both")
-            if edges is None:
-                pairs = [(j + 1, j) if self.lower else (j, j + 1)
-                         for j in range(len(coupling))]
-                edges = [(row, col, M) for (row, col), M in zip(pairs, coupling)]
-            # a stack's views are checked already, as one array
-            self.__dict__["_edges"] = (tuple(edges) if coupling_stack is not None
-                                       else _canonical_edges(edges))
+            self.__dict__["_edges"] = _canonical_edges(
+                edges if edges is not None else _chain_edges(self.lower, coupling))
             matrices = [M for _, _, M in self._edges]
-        if row_scale is not None or structure is None:
+        if row_scale is not None or (structure is None and scale_stack is None):
             self.__dict__["_row_scale"] = (tuple(row_scale) if row_scale is not None
                                            else (None,) * len(self.sizes))
         self.backend = backend.of(rhs, *matrices)
@@ -300,12 +294,16 @@ class TriangularSystem:
 
     @functools.cached_property
     def _edges(self) -> tuple:
-        """``(row, col, matrix)`` per coupling; a structure's are unrolled when asked for."""
+        """``(row, col, matrix)`` per coupling; a structure's or a stack's made when asked for."""
+        if self.structure is None:
+            return _chain_edges(self.lower, self.coupling_stack)
         return tuple(self.structure.edges())
 
     @functools.cached_property
     def _row_scale(self) -> tuple:
-        """The row scaling of every block; a structure's are views of its stacked layers."""
+        """The row scaling of every block; a structure's or a stack's are views of it."""
+        if self.structure is None:
+            return (None,) + tuple(self.scale_stack)
         per, tau = len(self.structure.sizes), self.structure.tau
         return tuple(None if layer is None else layer[s] for s in range(tau)
                      for layer in self._layer_scales[:per])
@@ -396,11 +394,13 @@ class TriangularSystem:
         self._require_finite_scales()
         require_finite(rhs, "rhs")
 
-    def _unstacked(self, stack: Any, what: str, columns: tuple) -> tuple:
-        """Views of the blocks of ``stack``, checked once: ``(nb - 1, n, n)`` or scalings.
+    def _checked_stack(self, stack: Any, what: str, columns: tuple) -> Any:
+        """``stack`` checked once as an array: ``(nb - 1, n, n)`` couplings or scalings.
 
         ``columns`` are the allowed trailing sizes of a scaling (``None``: no axis).
         """
+        if stack is None:
+            return None
         nb, n = len(self.sizes), self.sizes[0]
         trailing = tuple(getattr(stack, "shape", ())[2:]) or (None,)
         want = (nb - 1, n) + (n,) * (not columns)
@@ -414,7 +414,7 @@ class TriangularSystem:
                              f"and block sizes {sorted(set(self.sizes))}")
         if not columns:  # scalings are checked with the others
             require_finite(stack, f"{what} (index (j, i, k): coupling j)")
-        return tuple(stack)
+        return stack
 
     def _validate_structure(self) -> None:
         """The templates and the stacked layer scalings, once per layer, not per block."""
@@ -619,6 +619,14 @@ class TriangularSystem:
                                               else s.mean(axis=-1, keepdims=True))
                       for s in self._layer_scales]
             return self._with(layer_scales=layers)
+        if self.scale_stack is not None and self.scale_stack.ndim == 3:  # one array
+            S = self.scale_stack
+            same = xp.all(S == S[:, :, :1], axis=(1, 2))
+            if how == "exact" and not bool(same.all()):
+                k = 1 + int(xp.argmin(same))  # stack row j scales block j + 1
+                raise ValueError(_NOT_SHARED.format(where=f"{self.names[k]}: the row scaling"))
+            return self._with(scale_stack=S[:, :, :1] if how == "exact"
+                              else S.mean(axis=2, keepdims=True))
         scales = []
         for k, s in enumerate(self._row_scale):
             if s is not None and how == "exact" and not bool(xp.all(s == s[:, :1])):
@@ -806,6 +814,11 @@ _NOT_SHARED = ("{where} differs between samples, so each sample has its own matr
                "shared_diagonal='mean' in the block methods), an approximation")
 _RHS_CACHES = ("rhs",)  # cached views that hold the right-hand side
 _COLUMN_CACHES = ("matrix", "csr", "operator")  # built for the number of samples
+
+
+def _chain_edges(lower: bool, coupling: Sequence[Any]) -> tuple:
+    """``(row, col, M)`` of a chain: coupling ``j`` reads block ``j`` (lower) or ``j + 1``."""
+    return tuple(((j + 1, j) if lower else (j, j + 1)) + (M,) for j, M in enumerate(coupling))
 
 
 def _canonical_edges(edges: Sequence[tuple[int, int, Any]]) -> tuple:
