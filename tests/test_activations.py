@@ -71,3 +71,11 @@ def test_registry_lists_extends_and_rejects():
         pp.get_activation("swishy")
     net = pp.FNN([np.eye(2)], activation="cube-test")
     np.testing.assert_allclose(net.forward(np.array([2.0, -1.0])).output, [8.0, -1.0])
+
+
+@pytest.mark.parametrize("name", [n for n in pp.available_activations()
+                                  if pp.get_activation(n).df_of_output is not None])
+def test_derivative_from_the_output_is_the_derivative_bit_for_bit(name):
+    act = pp.get_activation(name)
+    y = np.random.default_rng(0).standard_normal((50, 7)) * 8
+    assert np.array_equal(act.df_of_output(act.f(y)), act.df(y))

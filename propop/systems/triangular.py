@@ -482,8 +482,9 @@ class TriangularSystem:
         stacked = self._layer_scales if "_row_scale" not in self.__dict__ else self._row_scale
         if self.scale_stack is not None:
             stacked = (self.scale_stack,)
-        scales = [s.reshape(-1) for s in stacked if s is not None]
-        if not scales or bool(xp.isfinite(xp.concatenate(scales)).all()):
+        scales = [s for s in stacked if s is not None]
+        if not scales or bool(xp.isfinite(scales[0] if len(scales) == 1 else xp.concatenate(
+                [s.reshape(-1) for s in scales])).all()):
             return
         for k, s in enumerate(self._row_scale):
             if s is not None:
