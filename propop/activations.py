@@ -149,7 +149,7 @@ def available_activations() -> list[str]:
 
 
 def _xp(y: Any) -> Any:
-    return backend.namespace(y)
+    return backend.of(y).xp
 
 
 def _one_minus_square(z: Any) -> Any:

@@ -225,11 +225,18 @@ class FNN:
         Y = xp.empty((self.depth,) + x.shape, dtype=self.dtype)
         Z = xp.empty((self.depth + 1,) + x.shape, dtype=self.dtype)
         Z[0] = x
-        for k, (Wk, bk, f) in enumerate(zip(self.W, self.b, self.activations)):
-            xp.matmul(Wk, Z[k], out=Y[k])
-            Y[k] += column(bk, x)
-            Z[k + 1] = f(Y[k])
+        biases = self.b if x.ndim == 1 else self._bias_columns
+        zs = list(Z)  # views, made in C
+        for Wk, bk, f, y, z, z_next in zip(self.W, biases, self.activations, Y, zs, zs[1:]):
+            xp.matmul(Wk, z, out=y)
+            y += bk
+            z_next[...] = f.f(y)
         return _stacked_trace(x, Y, Z)
+
+    @functools.cached_property
+    def _bias_columns(self) -> tuple:
+        """The biases as ``(n_k, 1)`` columns for batches, made once."""
+        return tuple(bk[:, None] for bk in self.b)
 
     def backward(self, trace: Trace, eps: Any) -> list[Any]:
         """Sequential reference backward propagation (eq. def_back_prop2).

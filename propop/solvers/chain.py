@@ -177,26 +177,29 @@ def _stacked(system: Any, shared_diagonal: str | None) -> Chain | None:
     """The chain of an equal-width system by whole-array operations (``None`` otherwise)."""
     if len(set(system.sizes)) != 1:
         return None
-    xp, B, dtype = system.backend.xp, system.blocks, system.dtype
+    xp, dtype = system.backend.xp, system.dtype
     m, n = system.nblocks, system.sizes[0]
-    order = list(B.order())
+    order = list(range(m) if system.lower else range(m - 1, -1, -1))
     rhs = system.rhs if system.nrhs is not None else system.rhs[:, None]
     G = rhs.reshape(m, n, -1)[order]
-    D = _stack_columns(xp, [B.diagonal[k] for k in order], n, dtype)
     couplings = list(range(m - 1)) if system.lower else list(range(m - 2, -1, -1))
     S = _coupling_scales(system, couplings)
-    if D is None or S is None:
+    if system.form == "paper":  # divided by the diagonal: the scaled form's rows
+        D = _stack_columns(xp, [system.blocks.diagonal[k] for k in order], n, dtype)
+        if D is None or S is None:
+            return None
+        G, S = G / D, S / D[1:]
+    if S is None:
         return None
-    G = G / D
-    L = xp.ones((m, n, max(S.shape[2], D.shape[2])), dtype=dtype)
-    L[1:] = S / D[1:]
+    L = xp.ones((m, n, S.shape[2]), dtype=dtype)
+    L[1:] = S
     if shared_diagonal is not None or L.shape[2] == 1:
         L = L.mean(axis=2, keepdims=True)
     C = xp.zeros((m, 1, n, n), dtype=dtype)
     if system.coupling_stack is not None:  # stacked once by the network
         C[1:, 0] = system.coupling_stack[couplings]
     else:
-        matrices = B.coupling
+        matrices = system.blocks.coupling
         C[1:, 0] = _stack_matrices(system.backend, [matrices[j] for j in couplings], n, dtype)
     return Chain(L.transpose(0, 2, 1), C, G.transpose(0, 2, 1), order, system.sizes)
 

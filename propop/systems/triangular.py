@@ -329,7 +329,7 @@ class TriangularSystem:
         if self.structure is not None and self.structure.tau > 1 and any(
                 t.offset != 0 for t in self.structure.templates):
             return False
-        return self.blocks.is_chain
+        return self.coupling_stack is not None or self.blocks.is_chain
 
     def require_chain(self) -> None:
         """Raise ``ValueError`` unless the system is block bi-diagonal (a chain)."""
@@ -583,6 +583,8 @@ class TriangularSystem:
     @property
     def _scalings(self) -> tuple:
         """The scalings as stored, with the samples last: stacked layers or per block."""
+        if self.scale_stack is not None:
+            return (self.scale_stack,)
         return self._layer_scales if self._layer_scales is not None else self._row_scale
 
     @functools.cached_property
