@@ -56,6 +56,10 @@ class Activation:
         ``f'(y)`` from ``z = f(y)``, where ``df`` is that same formula applied
         to ``f(y)`` (tanh: ``1 - z^2``): then the value is the same, bit for bit,
         and a trace that holds ``z`` need not evaluate ``f`` again.
+    elementwise : str, optional
+        The name of ``f`` in the array module where ``f`` is that very
+        function (``"tanh"``): sequential loops then call it directly,
+        writing into their output (:meth:`writer`).
     """
 
     name: str
@@ -64,6 +68,24 @@ class Activation:
     gain: float = 1.0
     description: str = ""
     df_of_output: ArrayFunction | None = None
+    elementwise: str | None = None
+
+    def writer(self, xp: Any) -> Callable[..., Any]:
+        """``write(y, out=z)`` that stores ``f(y)`` in ``z``, resolved once for ``xp``.
+
+        The array module's own function where there is one (no dispatch per
+        call: the sequential loops call it once per layer or time step).
+        """
+        direct = getattr(xp, self.elementwise, None) if self.elementwise else None
+        if direct is not None:
+            return direct
+        f = self.f
+
+        def write(y: Any, out: Any) -> Any:
+            out[...] = f(y)
+            return out
+
+        return write
 
     def __call__(self, y: Any) -> Any:
         """``f(y)``."""
@@ -205,7 +227,7 @@ for _activation in (
         f"y if y > 0 else {_LEAKY_SLOPE} y",
     ),
     Activation("tanh", lambda y: _xp(y).tanh(y), lambda y: _one_minus_square(_xp(y).tanh(y)),
-               1.0, "tanh(y)", df_of_output=lambda z: _one_minus_square(z)),
+               1.0, "tanh(y)", df_of_output=lambda z: _one_minus_square(z), elementwise="tanh"),
     Activation("sigmoid", _sigmoid, lambda y: _sigmoid(y) * _sigmoid(-y), 1.0,
                "1 / (1 + exp(-y))"),
     Activation("softplus", _softplus, _sigmoid, 1.0, "log(1 + exp(y))"),

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-__all__ = ["Backend", "of", "namespace", "is_sparse", "to_host", "quiet"]
+__all__ = ["Backend", "of", "namespace", "is_sparse", "matmul_into", "to_host", "quiet"]
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,18 @@ def namespace(*arrays: Any) -> ModuleType:
 def is_sparse(matrix: Any) -> bool:
     """Whether ``matrix`` is a sparse array or matrix of its backend."""
     return bool(of(matrix).sparse.issparse(matrix))
+
+
+def matmul_into(out: Any, M: Any, x: Any, sparse: bool | None = None) -> Any:
+    """``out[...] = M @ x``, written in place where ``M`` is dense (no temporary).
+
+    ``sparse`` says whether ``M`` is sparse, where the caller knows it already.
+    """
+    if sparse if sparse is not None else is_sparse(M):
+        out[...] = M @ x
+    else:
+        of(out).xp.matmul(M, x, out=out)
+    return out
 
 
 def dense(array: Any) -> Any:

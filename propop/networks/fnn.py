@@ -227,10 +227,11 @@ class FNN:
         Z[0] = x
         biases = self.b if x.ndim == 1 else self._bias_columns
         zs = list(Z)  # views, made in C
+        writers = {f: f.writer(xp) for f in set(self.activations)}
         for Wk, bk, f, y, z, z_next in zip(self.W, biases, self.activations, Y, zs, zs[1:]):
             xp.matmul(Wk, z, out=y)
             y += bk
-            z_next[...] = f.f(y)
+            writers[f](y, out=z_next)
         return _stacked_trace(x, Y, Z)
 
     @functools.cached_property

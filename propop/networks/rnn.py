@@ -172,11 +172,16 @@ class RNN:
         y = []
         for Wk, Uk, bk, f in zip(self.W, self.U, self.b, self.activations):
             inputs = over_time(Wk, z[-1]) + (bk[:, None] if z[-1].ndim == 3 else bk)
-            yk = xp.empty_like(inputs)
-            zk = xp.empty_like(inputs)
-            for s in range(inputs.shape[0]):
-                yk[s] = inputs[s] if s == 0 else inputs[s] + Uk @ zk[s - 1]
-                zk[s] = f(yk[s])
+            yk, zk = xp.empty_like(inputs), xp.empty_like(inputs)
+            ys, zs = list(yk), list(zk)  # views of the steps, made in C
+            write = f.writer(xp)
+            ys[0][...] = inputs[0]
+            write(ys[0], out=zs[0])
+            sparse = backend.is_sparse(Uk)
+            for y_s, input_s, z_before, z_s in zip(ys[1:], list(inputs)[1:], zs, zs[1:]):
+                backend.matmul_into(y_s, Uk, z_before, sparse)
+                y_s += input_s
+                write(y_s, out=z_s)
             y.append(yk)
             z.append(zk)
         return Trace(x=z[0], y=tuple(y), z=tuple(z))

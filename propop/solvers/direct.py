@@ -136,7 +136,7 @@ def _step(xp: Any, step: Any, xs: list, c: Any) -> None:
         if sparse and len(sources) == 1 and scale is not None:  # one pass fewer
             xp.multiply(M @ xs[col], scale, out=out)
         else:
-            _product_into(xp, out, M, xs[col], sparse)
+            backend.matmul_into(out, M, xs[col], sparse)
             for col, M, _ in sources[1:]:
                 out += M @ xs[col]
             if scale is not None:
@@ -186,7 +186,7 @@ def _substitute_over_time(system: Any) -> Any:
                 if not terms:
                     out[...] = c[k][s]
                     continue
-                _product_into(xp, out, terms[0][1], terms[0][0], terms[0][2])
+                backend.matmul_into(out, terms[0][1], terms[0][0], terms[0][2])
                 for source, M, _ in terms[1:]:
                     out += M @ source
                 if scales[k] is not None:
@@ -204,14 +204,6 @@ def _layer_at_once(x: list, c: list, scales: list, incoming: list, k: int) -> No
         return
     total = sum(over_time(M, x[col]) for _, col, M, _ in incoming)
     x[k][...] = (total if scales[k] is None else scales[k] * total) + c[k]
-
-
-def _product_into(xp: Any, out: Any, M: Any, x: Any, sparse: bool) -> None:
-    """``out[...] = M @ x``, written in place where ``M`` is dense."""
-    if sparse:
-        out[...] = M @ x
-    else:
-        xp.matmul(M, x, out=out)
 
 
 @register("scipy.spsolve_triangular", kind="direct", exact=True)

@@ -35,19 +35,22 @@ def _chain(counter: Counter, system: Any, shared: bool) -> tuple[int, int, int]:
     per_sample = system.nrhs is not None and not system._scaled_once
     bl = r if per_sample and not shared else 1
     if len(set(system.sizes)) == 1:  # _stacked: whole-array steps
-        ordered = counter.hold(m * n * r * item)  # the rhs in chain order
-        ones = counter.hold(m * n * item)  # the diagonals (all one)
-        S = counter.hold((m - 1) * n * (r if per_sample else 1) * item)  # the scalings
-        counter.hold(m * n * r * item)  # G = rhs / D
-        counter.release(ordered)
-        L = counter.hold(m * n * (r if per_sample else 1) * item)
-        counter.passing((m - 1) * n * (r if per_sample else 1) * item)  # S / D
+        c = r if per_sample else 1
+        G = counter.hold(m * n * r * item)  # the rhs in chain order
+        read_as_is = system.scale_stack is not None and system.lower and system.form == "scaled"
+        S = 0 if read_as_is else counter.hold((m - 1) * n * c * item)  # scalings gathered
+        if system.form == "paper":  # divided by the diagonals
+            D = counter.hold(m * n * c * item)
+            counter.hold(m * n * r * item)
+            counter.release(G)
+            counter.release(S + D)
+            S = counter.hold((m - 1) * n * c * item)
         if bl == 1 and per_sample:  # the batch mean
-            counter.hold(m * n * item)
-            counter.release(L)
+            counter.passing((m - 1) * n * item)
+        counter.hold(m * n * bl * item)  # L
         counter.hold(m * n * n * item)  # C
         counter.passing((m - 1) * n * n * item)  # the stacked couplings
-        counter.release(S + ones)
+        counter.release(S)
         return m, bl, r
     rows = sum(2 * k * r * item for k in system.sizes)  # each row's L and G, divided
     counter.hold(rows)
