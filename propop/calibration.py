@@ -104,13 +104,13 @@ def path() -> pathlib.Path:
 # NumPy 2 with OpenBLAS); used until this machine is calibrated.
 DEFAULT: dict[str, dict[str, list[float]]] = {
     "chain": {
-        "substitution": [4.09e-05, 2.81e-06, 0.0, 3.19e-09],
-        "cyclic-reduction": [0.0, 5.65e-05, 1.73e-11, 2.84e-09],
-        "parallel-cyclic-reduction": [0.000175, 0.0, 1.61e-11, 1.9e-09],
+        "substitution": [3.07e-05, 1.77e-06, 4.14e-11, 0.0],
+        "cyclic-reduction": [5.48e-05, 3.84e-05, 1.65e-11, 1.37e-09],
+        "parallel-cyclic-reduction": [0.000127, 4.22e-06, 1.57e-11, 1.32e-09],
     },
     "time": {
-        "substitution": [0.0, 3.71e-06, 0.0, 7.18e-09],
-        "cyclic-reduction": [0.0, 2.58e-05, 2.81e-11, 5.07e-09],
+        "substitution": [0.0, 3.1e-06, 3.19e-12, 3.29e-09],
+        "cyclic-reduction": [0.0, 2.58e-05, 4.93e-11, 3.98e-09],
     },
 }
 
