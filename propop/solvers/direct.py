@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from typing import Any
 
@@ -101,25 +102,29 @@ def _substitute_stacked(system: Any, nonzero: Any) -> Any:
     """Substitution on a chain's :attr:`~propop.TriangularSystem.coupling_stack`.
 
     The scaled form's rows ``x_k = c_k + s_k * (M_j x_nbr)`` (the paper form has
-    the same solution), written into one ``(nb, n[, r])`` array with no per-block
-    objects: coupling ``j`` reads block ``j`` into block ``j + 1`` (lower) or
-    block ``j + 1`` into block ``j`` (upper); row 0 is unscaled.
+    the same solution), written into one ``(nb, n[, r])`` array: coupling ``j``
+    reads block ``j`` into block ``j + 1`` (lower) or block ``j + 1`` into block
+    ``j`` (upper); row 0 is unscaled. The blocks are walked in solve order as
+    views made one at a time, so a solve holds nothing per block but its output.
     """
     xp, nb = system.backend.xp, system.nblocks
     C = system._scaled_rhs.reshape((nb, system.sizes[0]) + system.rhs.shape[1:])
     X = xp.empty_like(C)
-    xs, cs, ms = list(X), list(C), list(system.coupling_stack)  # views, made in C
-    ss = system._row_scale  # views of the scale_stack, if it is one
-    order = list(range(nb) if system.lower else range(nb - 1, -1, -1))
-    xs[order[0]][...] = cs[order[0]]
+    if system.lower:
+        steps = zip(X[1:], X[:-1], C[1:], system.coupling_stack,
+                    itertools.islice(system._row_scale, 1, None), nonzero[1:])
+        X[0] = C[0]
+    else:
+        steps = zip(X[-2::-1], X[:0:-1], C[-2::-1], system.coupling_stack[::-1],
+                    itertools.islice(reversed(system._row_scale), 1, None), nonzero[-2::-1])
+        X[-1] = C[-1]
     with backend.quiet(xp):  # overflow is reported by finish()
-        for k in order[1:]:
-            j, nbr = (k - 1, k - 1) if system.lower else (k, k + 1)
-            xp.matmul(ms[j], xs[nbr], out=xs[k])
-            if ss[k] is not None:
-                xs[k] *= ss[k]
-            if nonzero[k]:
-                xs[k] += cs[k]
+        for x, source, c, M, scale, nonzero_c in steps:
+            xp.matmul(M, source, out=x)
+            if scale is not None:
+                x *= scale
+            if nonzero_c:
+                x += c
     return X.reshape(system.rhs.shape)
 
 
