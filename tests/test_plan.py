@@ -1,5 +1,8 @@
 """Plan once, solve many: prepare(system, method).solve(rhs) for every method."""
 
+import gc
+import tracemalloc
+
 import numpy as np
 import pytest
 
@@ -81,3 +84,32 @@ def test_a_cyclic_reduction_plan_reduces_the_blocks_once(monkeypatch):
         exact = pp.solve(system.with_rhs(rhs), "substitution").x
         np.testing.assert_allclose(solution.x, exact, rtol=1e-12, atol=1e-14)
     assert len(calls) == made  # no block product per right-hand side
+
+
+def _bytes_beyond_output(method, depth):
+    """Peak traced bytes of a prepared solve (warm) beyond its output, width 1."""
+    net = pp.FNN.random([1] * (depth + 1), activation="tanh", seed=0)
+    trace = net.forward(np.full(1, 0.5))
+    plan = pp.prepare(pp.backward_system(net, trace, trace.output), method)
+    rhs = np.random.default_rng(1).standard_normal(plan.system.rhs.shape)
+    plan.solve(rhs)  # the first solve may do matrix work that the plan keeps
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        solution = plan.solve(rhs)
+        return tracemalloc.get_traced_memory()[1] - base - solution.x.nbytes
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize(("method", "vectors"), [("substitution", 2), ("cyclic-reduction", 6)])
+def test_a_prepared_solve_holds_no_python_object_per_block(method, vectors):
+    """Beyond its output, a solve grows by a few float vectors per block, no more.
+
+    At width 1 a block's float is 8 bytes, and any Python object made per block
+    (a view, a tuple, a step) is at least 56: ``vectors`` floats per block
+    allow the method's work vectors and no such object.
+    """
+    small, large = (_bytes_beyond_output(method, depth) for depth in (256, 2048))
+    assert (large - small) / (2048 - 256) <= 8 * vectors, (small, large)

@@ -92,13 +92,15 @@ class Chain:
 
         Each block divided by its diagonal (the paper form's), zero-padded.
         """
-        xp, B, n = system.backend.xp, system.blocks, self.C.shape[2]
+        xp, n = system.backend.xp, self.C.shape[2]
         rhs = system.rhs if system.nrhs is not None else system.rhs[:, None]
         if len(set(system.sizes)) == 1:
             G = rhs.reshape(len(self.order), n, -1)[self.order]
-            if any(d is not None for d in B.diagonal):
-                G = G / _stack_columns(xp, [B.diagonal[k] for k in self.order], n, G.dtype)
+            if system.form == "paper":
+                diagonal = system.blocks.diagonal
+                G = G / _stack_columns(xp, [diagonal[k] for k in self.order], n, G.dtype)
             return G.transpose(0, 2, 1)
+        B = system.blocks
         G = xp.zeros((len(self.order), rhs.shape[1], n), dtype=rhs.dtype)
         blocks = system.split(rhs)
         for i, k in enumerate(self.order):

@@ -107,16 +107,18 @@ def _substitute_stacked(system: Any, nonzero: Any) -> Any:
     ``j`` (upper); row 0 is unscaled. The blocks are walked in solve order as
     views made one at a time, so a solve holds nothing per block but its output.
     """
-    xp, nb = system.backend.xp, system.nblocks
+    xp, nb, S = system.backend.xp, system.nblocks, system.scale_stack
     C = system._scaled_rhs.reshape((nb, system.sizes[0]) + system.rhs.shape[1:])
     X = xp.empty_like(C)
-    if system.lower:
-        steps = zip(X[1:], X[:-1], C[1:], system.coupling_stack,
-                    itertools.islice(system._row_scale, 1, None), nonzero[1:])
+    if system.lower:  # rows 1..nb-1
+        scales = S if S is not None else itertools.islice(system._row_scale, 1, None)
+        steps = zip(X[1:], X[:-1], C[1:], system.coupling_stack, scales, nonzero[1:])
         X[0] = C[0]
-    else:
-        steps = zip(X[-2::-1], X[:0:-1], C[-2::-1], system.coupling_stack[::-1],
-                    itertools.islice(reversed(system._row_scale), 1, None), nonzero[-2::-1])
+    else:  # rows nb-2..0, row 0 unscaled
+        scales = (itertools.chain(S[-2::-1], [None]) if S is not None else
+                  itertools.islice(reversed(system._row_scale), 1, None))
+        steps = zip(X[-2::-1], X[:0:-1], C[-2::-1], system.coupling_stack[::-1], scales,
+                    nonzero[-2::-1])
         X[-1] = C[-1]
     with backend.quiet(xp):  # overflow is reported by finish()
         for x, source, c, M, scale, nonzero_c in steps:

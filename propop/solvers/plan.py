@@ -84,6 +84,8 @@ class Plan:
             except OptionError as error:
                 raise OptionError(f"{self.method}: {error}") from None
             elapsed = time.perf_counter() - start
+        if system is not self.system:  # the matrix work of this solve serves the next
+            self.system.adopt_caches(system)
         solution = dataclasses.replace(solution, time=elapsed, method=self.method)
         if check and not solution.converged:
             raise ConvergenceError(solution)

@@ -670,6 +670,19 @@ class TriangularSystem:
         new.rhs_support = None  # a new right-hand side may be non-zero anywhere
         return new
 
+    def adopt_caches(self, rebound: TriangularSystem) -> None:
+        """Keep what a :meth:`with_rhs` copy of this system cached about the matrix.
+
+        :class:`~propop.Plan` calls it after each solve, so the matrix work of a
+        method without a prepare step (its :attr:`blocks`, its operator) is done
+        by the first solve only.
+        """
+        same_columns = rebound._scaled_rhs.shape[1:] == self._scaled_rhs.shape[1:]
+        for key, value in rebound.__dict__.items():
+            if key not in self.__dict__ and key not in _RHS_CACHES and (
+                    same_columns or key not in _COLUMN_CACHES):
+                self.__dict__[key] = value
+
     def restricted(self, keep: Callable[[int, int], bool]) -> TriangularSystem:
         """The system with only the couplings ``(row, col)`` for which ``keep`` holds."""
         return self._with(edges=[e for e in self._edges if keep(e[0], e[1])], structure=None)
