@@ -89,12 +89,12 @@ def require_finite(array: Any, what: str) -> None:
     finite = be.xp.isfinite(data)
     if bool(finite.all()):
         return
-    flat = int(be.xp.argmin(finite.reshape(-1)))
+    flat = int(np.argmin(backend.to_host(finite).reshape(-1)))  # on the host: an error path
     if be.sparse.issparse(array):
         coo = array.tocoo()
         where = (int(coo.row[flat]), int(coo.col[flat]))
     else:
-        where = tuple(int(i) for i in be.xp.unravel_index(flat, array.shape))
+        where = tuple(int(i) for i in np.unravel_index(flat, tuple(array.shape)))
     raise ValueError(f"{what} contains NaN or Inf (first at index {where})")
 
 

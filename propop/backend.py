@@ -1,9 +1,11 @@
-"""NumPy/SciPy versus CuPy/cupyx dispatch: the only module that imports CuPy.
+"""NumPy/SciPy, CuPy/cupyx and PyTorch dispatch: the only module that imports CuPy.
 
 Arrays decide the backend (DESIGN section 4): NumPy arrays and ``scipy.sparse``
 arrays run on the CPU, CuPy arrays and ``cupyx.scipy.sparse`` arrays on the GPU,
-through the same code. Core code asks ``be = backend.of(*objects)`` and then
-calls ``be.xp``, ``be.sparse`` and ``be.spla`` only.
+PyTorch tensors (dense, on any device) through ``array_api_compat.torch``, the
+array API namespace that array-api-compat gives them; all through the same code.
+Core code asks ``be = backend.of(*objects)`` and then calls ``be.xp``,
+``be.sparse`` and ``be.spla`` only.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-__all__ = ["Backend", "of", "namespace", "is_sparse", "matmul_into", "to_host", "quiet"]
+__all__ = ["Backend", "of", "namespace", "is_sparse", "is_real_floating", "matmul_into",
+           "indices", "eps", "to_host", "quiet"]
 
 
 @dataclass(frozen=True)
@@ -23,12 +26,13 @@ class Backend:
 
     Attributes
     ----------
-    name : {"numpy", "cupy"}
+    name : {"numpy", "cupy", "torch"}
         The backend's name, as declared by solvers in ``backends=``.
     xp : module
-        ``numpy`` or ``cupy``.
+        ``numpy``, ``cupy`` or ``array_api_compat.torch``.
     sparse : module
-        ``scipy.sparse`` or ``cupyx.scipy.sparse``.
+        ``scipy.sparse`` or ``cupyx.scipy.sparse`` (PyTorch: none, every
+        ``issparse`` is false).
     spla : module
         ``scipy.sparse.linalg`` or ``cupyx.scipy.sparse.linalg``.
     """
@@ -43,7 +47,18 @@ class Backend:
         return (_named, (self.name,))
 
 
+class _NoSparse:
+    """The sparse module of a backend without sparse arrays (PyTorch tensors: dense only)."""
+
+    @staticmethod
+    def issparse(_: Any) -> bool:
+        return False
+
+
 def _load(name: str) -> Backend:
+    if name == "torch":  # dense tensors through the array API (array-api-compat)
+        return Backend("torch", importlib.import_module("array_api_compat.torch"),
+                       _NoSparse, _NoSparse)
     if name == "numpy":
         return Backend(
             "numpy",
@@ -77,7 +92,9 @@ def _name_of(obj: Any) -> str:
     kind = type(obj)
     if kind not in _TYPES:
         module = kind.__module__ or ""
-        _TYPES[kind] = "cupy" if module.split(".")[0] in ("cupy", "cupyx") else "numpy"
+        top = module.split(".")[0]
+        _TYPES[kind] = ("cupy" if top in ("cupy", "cupyx") else
+                        "torch" if top == "torch" else "numpy")
     return _TYPES[kind]
 
 
@@ -117,6 +134,15 @@ def is_sparse(matrix: Any) -> bool:
     return bool(of(matrix).sparse.issparse(matrix))
 
 
+def is_real_floating(array: Any) -> bool:
+    """Whether ``array`` has a real floating dtype (NumPy, CuPy or PyTorch)."""
+    dtype = getattr(array, "dtype", None)
+    kind = getattr(dtype, "kind", None)
+    if kind is not None:
+        return kind == "f"
+    return bool(getattr(dtype, "is_floating_point", False)) and not dtype.is_complex
+
+
 def matmul_into(out: Any, M: Any, x: Any, sparse: bool | None = None) -> Any:
     """``out[...] = M @ x``, written in place where ``M`` is dense (no temporary).
 
@@ -129,6 +155,21 @@ def matmul_into(out: Any, M: Any, x: Any, sparse: bool | None = None) -> Any:
     return out
 
 
+def eps(dtype: Any) -> float:
+    """The machine epsilon of a floating ``dtype`` (NumPy, CuPy or PyTorch)."""
+    if getattr(dtype, "is_floating_point", None) is not None:  # a torch.dtype
+        return float(importlib.import_module("torch").finfo(dtype).eps)
+    return float(importlib.import_module("numpy").finfo(dtype).eps)
+
+
+def indices(values: Any, like: Any) -> Any:
+    """The integers ``values`` as an index array on the device of the array ``like``."""
+    be = of(like)
+    if be.name == "torch":
+        return be.xp.asarray(values, device=like.device)
+    return be.xp.asarray(values)
+
+
 def dense(array: Any) -> Any:
     """``array`` as a dense array of its backend (sparse arrays expanded)."""
     return array.toarray() if is_sparse(array) else array
@@ -136,7 +177,10 @@ def dense(array: Any) -> Any:
 
 def to_host(array: Any) -> Any:
     """Return ``array`` as a NumPy array (a no-op for NumPy input)."""
-    return array.get() if _name_of(array) == "cupy" else array
+    name = _name_of(array)
+    if name == "torch":
+        return array.detach().cpu().numpy()
+    return array.get() if name == "cupy" else array
 
 
 def quiet(xp: ModuleType) -> contextlib.AbstractContextManager:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import memory
+from .. import backend, memory
 from . import footprint
 from .bicgstab import bicgstab
 from .convergence import Tolerance, default_maxiter, finish, initial_guess
@@ -78,7 +78,7 @@ class _Cycle:
             H[i, j] = self.dot(Vi, W)
             W = W - H[i, j] * Vi
         H[j + 1, j] = xp.sqrt(self.dot(W, W))
-        exhausted = H[j + 1, j] <= 1e3 * float(np.finfo(W.dtype).eps) * size
+        exhausted = H[j + 1, j] <= 1e3 * backend.eps(W.dtype) * size
         self.V.append(_safe(xp, W, H[j + 1, j]))  # a zero column: that sample is solved
         for i in range(j):  # the rotations so far, on the new column
             upper = self.cs[i] * H[i, j] + self.sn[i] * H[i + 1, j]
@@ -124,7 +124,7 @@ def gmres(block: Block, X: Any, tol: Tolerance, maxiter: int, m: int,
     while it < maxiter and not met.all():
         done = xp.asarray(met)
         beta = block.norms(R)  # below rounding of the cycle's start, a restart must refine
-        floor = np.maximum(block.floor(tol, X), 10 * float(np.finfo(R.dtype).eps) * beta)
+        floor = np.maximum(block.floor(tol, X), 10 * backend.eps(R.dtype) * beta)
         beta = xp.asarray(beta, dtype=R.dtype)
         cycle, steps = _Cycle(xp, R, beta, m, block.dot), xp.zeros(norms.size, dtype=int)
         for j in range(min(m, maxiter - it)):
@@ -145,7 +145,7 @@ def gmres(block: Block, X: Any, tol: Tolerance, maxiter: int, m: int,
     return X, history, it, stagnated, columns, cycles
 
 
-@register("batched-gmres", kind="krylov", exact=False, backends=("numpy", "cupy"))
+@register("batched-gmres", kind="krylov", exact=False, backends=("numpy", "cupy", "torch"))
 def batched_gmres(system: Any, *, x0: Any = None, rtol: float | None = None, atol: float = 0.0,
                   maxiter: int | None = None, callback: Callable | None = None,
                   restart: int | None = None, M: Any = None) -> Solution:
@@ -184,6 +184,6 @@ def batched_gmres(system: Any, *, x0: Any = None, rtol: float | None = None, ato
                         "operator_applications": it + cycles + 1})
 
 
-register("batched-bicgstab", kind="krylov", exact=False, backends=("numpy", "cupy"),
+register("batched-bicgstab", kind="krylov", exact=False, backends=("numpy", "cupy", "torch"),
          description="propop's 'bicgstab' by its batched name: r recurrences in lock-step, "
                      "per-sample scalars")(bicgstab)

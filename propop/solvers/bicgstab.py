@@ -21,6 +21,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from .. import backend
+
 from .convergence import Tolerance, default_maxiter, finish, initial_guess
 from .registry import register
 from .solution import Solution
@@ -88,7 +90,7 @@ def iterate(block: Block, X: Any, tol: Tolerance, maxiter: int, callback: Callab
     met, norms = block.met(tol, R, X)
     active = xp.asarray(~met)
     history, breakdown, it = [float(norms.max())], "", 0
-    tiny = float(np.finfo(R.dtype).eps) ** 2
+    tiny = backend.eps(R.dtype) ** 2
     while it < maxiter and bool(active.any()):
         it += 1
         rho = dot(Rhat, R)                                               # 1

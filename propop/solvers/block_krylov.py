@@ -34,6 +34,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from .. import backend
+
 from .batched_krylov import restart_length
 from .convergence import Tolerance, default_maxiter, finish, initial_guess
 from .direct import approximation_report
@@ -56,7 +58,7 @@ def _orthonormal(xp: Any, W: Any, drop: float, size: float = 0.0) -> tuple[Any, 
     ``size`` (the norm of ``W`` before orthogonalisation), are dropped.
     """
     U, s, Vh = xp.linalg.svd(W, full_matrices=False)
-    floor = 1e3 * float(np.finfo(W.dtype).eps) * size
+    floor = 1e3 * backend.eps(W.dtype) * size
     keep = int((s > max(drop * float(s[0]), floor, 1e-300)).sum()) if s.size else 0
     return U[:, :keep], s[:keep, None] * Vh[:keep]
 
@@ -162,7 +164,7 @@ def block_gmres(system: Any, *, x0: Any = None, rtol: float | None = None, atol:
     m = restart_length(system, restart)
     if deflation_tol is not None and not 0 <= deflation_tol < 1:
         raise OptionError(f"deflation_tol must lie in [0, 1), got {deflation_tol}")
-    drop = float(np.sqrt(np.finfo(system.dtype).eps)) if deflation_tol is None \
+    drop = float(np.sqrt(backend.eps(system.dtype))) if deflation_tol is None \
         else float(deflation_tol)
     block, tol = Block(shared, M), Tolerance.of(shared, rtol, atol)
     xp = block.xp
@@ -174,7 +176,7 @@ def block_gmres(system: Any, *, x0: Any = None, rtol: float | None = None, atol:
     while it < maxiter and not met.all():
         active = np.flatnonzero(~met)
         floor = np.maximum(tol.floor(X[:, active], active),  # or rounding: restart refines
-                           10 * float(np.finfo(R.dtype).eps) * block.norms(R[:, active]))
+                           10 * backend.eps(R.dtype) * block.norms(R[:, active]))
         arnoldi = _Arnoldi(xp, R[:, active], drop)
         for _ in range(min(m, maxiter - it)):
             it += 1
@@ -279,7 +281,7 @@ def block_bicgstab(system: Any, *, x0: Any = None, rtol: float | None = None, at
 
 def _breakdown(xp: Any, it: int, R: Any) -> str:
     """Why ``R~^T A P`` became singular, and what to do."""
-    rank = int((xp.linalg.svd(R, compute_uv=False) > np.sqrt(np.finfo(R.dtype).eps)
+    rank = int((xp.linalg.svd(R, compute_uv=False) > np.sqrt(backend.eps(R.dtype))
                 * float(xp.linalg.norm(R))).sum())
     if rank < R.shape[1]:
         return (f"block BiCGStab breakdown at iteration {it}: the {R.shape[1]} residuals are "
@@ -294,4 +296,4 @@ def _singular(xp: Any, S: Any) -> bool:
     if not bool(xp.isfinite(S).all()):
         return True
     s = xp.linalg.svd(S, compute_uv=False)
-    return bool(s[-1] <= s[0] * np.finfo(S.dtype).eps * S.shape[0])
+    return bool(s[-1] <= s[0] * backend.eps(S.dtype) * S.shape[0])

@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .. import backend
 
 __all__ = ["Chain", "product", "apply", "Counter", "chain_rows", "in_system_order"]
@@ -99,7 +101,7 @@ class Chain:
             if system.form == "paper":
                 diagonal = system.blocks.diagonal
                 G = G / _stack_columns(xp, [diagonal[k] for k in self.order], n, G.dtype)
-            return G.transpose(0, 2, 1)
+            return xp.permute_dims(G, (0, 2, 1))
         B = system.blocks
         G = xp.zeros((len(self.order), rhs.shape[1], n), dtype=rhs.dtype)
         blocks = system.split(rhs)
@@ -112,9 +114,8 @@ class Chain:
         """Scatter chain-ordered ``X`` of shape ``(m, r, n)`` back into ``system.rhs``'s shape."""
         xp = backend.namespace(X)
         if len(set(self.sizes)) == 1:  # equal widths: one permutation, no padding
-            where = xp.empty(len(self.order), dtype=int)
-            where[xp.asarray(self.order)] = xp.arange(len(self.order))
-            x = X[where].transpose(0, 2, 1).reshape(-1, X.shape[1])
+            where = backend.indices(np.argsort(self.order), X)  # system order from chain's
+            x = xp.reshape(xp.permute_dims(X[where], (0, 2, 1)), (-1, X.shape[1]))
         else:
             x = in_system_order(self.order, [X[i, :, :n].T for i, n in enumerate(self.sizes)])
         return x[:, 0] if system.nrhs is None else x
@@ -196,14 +197,14 @@ def _stacked(system: Any, shared_diagonal: str | None) -> Chain | None:
     if shared_diagonal is not None:
         S = S.mean(axis=2, keepdims=True)
     L = xp.ones((m, S.shape[2], n), dtype=dtype)  # samples before rows: contiguous cores
-    L[1:] = S.transpose(0, 2, 1)
+    L[1:] = xp.permute_dims(S, (0, 2, 1))
     C = xp.zeros((m, 1, n, n), dtype=dtype)
     if system.coupling_stack is not None:  # stacked once by the network
         C[1:, 0] = system.coupling_stack[couplings]
     else:
         matrices = system.blocks.coupling
         C[1:, 0] = _stack_matrices(system.backend, [matrices[j] for j in couplings], n, dtype)
-    return Chain(L, C, G.transpose(0, 2, 1), order, system.sizes)
+    return Chain(L, C, xp.permute_dims(G, (0, 2, 1)), order, system.sizes)
 
 
 def _coupling_scales(system: Any, couplings: list) -> Any:
@@ -275,7 +276,8 @@ def apply(L: Any, C: Any, X: Any, counter: Counter) -> Any:
     if X.ndim == 4:
         return L[..., None] * (C @ X)
     if C.shape[1] == 1:  # one shared core per block: a matrix-matrix product
-        CX = (C[:, 0] @ X.transpose(0, 2, 1)).transpose(0, 2, 1)
+        xp = backend.namespace(X)
+        CX = xp.permute_dims(C[:, 0] @ xp.permute_dims(X, (0, 2, 1)), (0, 2, 1))
     else:
         CX = (C @ X[..., None])[..., 0]
     return L * CX

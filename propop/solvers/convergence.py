@@ -48,12 +48,12 @@ __all__ = [
 
 def default_rtol(dtype: Any) -> float:
     """``max(1e-10, 100 eps)`` of ``dtype``: ``1e-10`` in float64, ``1.2e-5`` in float32."""
-    return max(1e-10, 100 * float(np.finfo(dtype).eps))
+    return max(1e-10, 100 * backend.eps(dtype))
 
 
 def attainable(dtype: Any) -> float:
     """The smallest ``rtol`` a solve in ``dtype`` can be expected to reach (``10 eps``)."""
-    return 10 * float(np.finfo(dtype).eps)
+    return 10 * backend.eps(dtype)
 
 
 def default_maxiter(system: Any) -> int:
@@ -141,7 +141,7 @@ class Tolerance:
     @property
     def floor_factor(self) -> float:
         """``eps^2`` of the system's dtype: the numerically-zero floor of a block."""
-        return float(np.finfo(self.system.dtype).eps) ** 2
+        return backend.eps(self.system.dtype) ** 2
 
     def ratios(self, R: Any, X: Any, columns: Any = None) -> np.ndarray:
         """The worst block's ratio per column: the column meets ``rtol`` where it is <= 1."""

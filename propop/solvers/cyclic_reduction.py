@@ -338,7 +338,7 @@ def _prepare_cyclic_reduction(system: Any, *, rtol: float | None = None, atol: f
     return _plan(system, _factored_chain, rtol, atol, verify, shared_diagonal, dense_peak)
 
 
-@register("cyclic-reduction", kind="direct", exact=True, backends=("numpy", "cupy"),
+@register("cyclic-reduction", kind="direct", exact=True, backends=("numpy", "cupy", "torch"),
           requires=("reducible",), prepare=_prepare_cyclic_reduction)
 def cyclic_reduction(system: Any, *, rtol: float | None = None, atol: float = 0.0,
                      verify: bool = False, shared_diagonal: Literal["mean"] | None = None,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import replace
 from typing import Any
 
@@ -19,7 +18,7 @@ from .solution import Solution, Status
 __all__ = ["substitution", "level_scheduled", "spsolve_triangular", "approximation_report"]
 
 
-@register("substitution", kind="direct", exact=True, backends=("numpy", "cupy"))
+@register("substitution", kind="direct", exact=True, backends=("numpy", "cupy", "torch"))
 def substitution(system: Any, *, rtol: float | None = None, atol: float = 0.0,
                  verify: bool = False) -> Solution:
     """Block forward/back substitution: the sequential baseline.
@@ -108,25 +107,21 @@ def _substitute_stacked(system: Any, nonzero: Any) -> Any:
     views made one at a time, so a solve holds nothing per block but its output.
     """
     xp, nb, S = system.backend.xp, system.nblocks, system.scale_stack
-    C = system._scaled_rhs.reshape((nb, system.sizes[0]) + system.rhs.shape[1:])
+    M = system.coupling_stack
+    C = system._scaled_rhs.reshape((nb, system.sizes[0]) + tuple(system.rhs.shape[1:]))
     X = xp.empty_like(C)
-    if system.lower:  # rows 1..nb-1
-        scales = S if S is not None else itertools.islice(system._row_scale, 1, None)
-        steps = zip(X[1:], X[:-1], C[1:], system.coupling_stack, scales, nonzero[1:])
-        X[0] = C[0]
-    else:  # rows nb-2..0, row 0 unscaled
-        scales = (itertools.chain(S[-2::-1], [None]) if S is not None else
-                  itertools.islice(reversed(system._row_scale), 1, None))
-        steps = zip(X[-2::-1], X[:0:-1], C[-2::-1], system.coupling_stack[::-1], scales,
-                    nonzero[-2::-1])
-        X[-1] = C[-1]
+    lower = system.lower
+    first = 0 if lower else nb - 1
+    X[first] = C[first]
     with backend.quiet(xp):  # overflow is reported by finish()
-        for x, source, c, M, scale, nonzero_c in steps:
-            xp.matmul(M, source, out=x)
+        for k in (range(1, nb) if lower else range(nb - 2, -1, -1)):
+            x = X[k]
+            xp.matmul(M[k - 1] if lower else M[k], X[k - 1] if lower else X[k + 1], out=x)
+            scale = (S[k - 1] if k else None) if S is not None else system._row_scale[k]
             if scale is not None:
                 x *= scale
-            if nonzero_c:
-                x += c
+            if nonzero[k]:
+                x += C[k]
     return X.reshape(system.rhs.shape)
 
 

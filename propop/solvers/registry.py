@@ -27,7 +27,7 @@ REQUIREMENTS = ("chain", "time_structure", "reducible", "shared_matrix")
 # How each requirement reads in "needs a ..." messages.
 REQUIREMENT_WORDS = {"chain": "chain", "time_structure": "time structure",
                      "reducible": "chain or RNN system", "shared_matrix": "shared matrix"}
-BACKENDS = ("numpy", "cupy")
+BACKENDS = ("numpy", "cupy", "torch")
 ENTRY_POINT_GROUP = "propop.solvers"
 
 

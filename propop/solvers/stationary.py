@@ -55,7 +55,7 @@ def _iterate(system: Any, omega: float, x0: Any, rtol: float | None, atol: float
                   maxiter=maxiter, info={"matvecs": it + 1, "omega": omega})
 
 
-@register("jacobi", kind="iterative", exact=False, backends=("numpy", "cupy"))
+@register("jacobi", kind="iterative", exact=False, backends=("numpy", "cupy", "torch"))
 def jacobi(system: Any, *, x0: Any = None, rtol: float | None = None, atol: float = 0.0,
            maxiter: int | None = None, callback: Callable | None = None) -> Solution:
     """Block Jacobi ``x <- x + D^{-1}(c - A x)``: exact after ``nblocks`` sweeps.

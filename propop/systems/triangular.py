@@ -241,6 +241,8 @@ class TriangularSystem:
                  scale_stack: Any = None) -> None:
         if form not in FORMS:
             raise ValueError(f"unknown form {form!r}; choose one of {FORMS}")
+        if backend.of(rhs).name == "torch" and (coupling_stack is None or scale_stack is None):
+            raise ValueError(_TORCH_STACKS)
         self.sizes = tuple(map(int, sizes))
         self.lower = bool(lower)
         self.form = form
@@ -381,7 +383,7 @@ class TriangularSystem:
         if rhs.ndim not in (1, 2) or rhs.shape[0] != self.size:
             raise ValueError(f"rhs has shape {rhs.shape}, expected ({self.size},) or "
                              f"({self.size}, r)")
-        if rhs.dtype.kind != "f":
+        if not backend.is_real_floating(rhs):
             raise ValueError(f"rhs has dtype {rhs.dtype}, expected a real floating type")
         if min(self.sizes, default=0) < 1:
             raise ValueError(f"block sizes must be >= 1, got {self.sizes}")
@@ -406,8 +408,7 @@ class TriangularSystem:
         want = (nb - 1, n) + (n,) * (not columns)
         fits = tuple(getattr(stack, "shape", ())[:2 + (not columns)]) == want and (
             len(trailing) == 1 and (trailing[0] in columns or not columns))
-        if set(self.sizes) != {n} or not fits or getattr(stack, "dtype", None) is None \
-                or stack.dtype.kind != "f":
+        if set(self.sizes) != {n} or not fits or not backend.is_real_floating(stack):
             shapes = " or ".join(str(want + ((c,) if c else ())) for c in columns) or want
             raise ValueError(f"{what} must be a real floating array of shape {shapes} for "
                              f"{nb} blocks of one width, got {getattr(stack, 'shape', None)} "
@@ -442,7 +443,7 @@ class TriangularSystem:
                              f"{len(self._layer_scales)}")
         for k, s in enumerate(self._layer_scales):
             want = (tau, structure.sizes[k]) + rhs.shape[1:]
-            if s is not None and (getattr(s, "dtype", None) is None or s.dtype.kind != "f"
+            if s is not None and (not backend.is_real_floating(s)
                                   or (s.shape != want and s.shape != want[:2] + (1,))):
                 raise ValueError(f"layer {k}: stacked scalings have shape "
                                  f"{getattr(s, 'shape', None)}, expected {want} (time, "
@@ -469,7 +470,7 @@ class TriangularSystem:
         for k, s in enumerate(self._row_scale):
             if s is None:
                 continue
-            if getattr(s, "dtype", None) is None or s.dtype.kind != "f":
+            if not backend.is_real_floating(s):
                 raise ValueError(f"{self.names[k]}: row scaling must be a real floating array")
             want = (self.sizes[k],) if rhs.ndim == 1 else (self.sizes[k], rhs.shape[1])
             if s.shape != want and not (rhs.ndim == 2 and s.shape == (self.sizes[k], 1)):
@@ -737,6 +738,8 @@ class TriangularSystem:
             raise ValueError(f"x has shape {x.shape}, expected {self.rhs.shape}")
         if self.structure is not None:
             return self.structure.apply(self, x, transpose)
+        if self.coupling_stack is not None and self.scale_stack is not None:
+            return self._apply_stacked(x, transpose)
         xs = self.split(x)
         out = [xk.copy() if d is None else d * xk for xk, d in zip(xs, B.diagonal)]
         for e in B.edges:
@@ -746,6 +749,46 @@ class TriangularSystem:
                 product = e.matrix @ xs[e.col]
                 out[e.row] -= product if e.scale is None else e.scale * product
         return self.backend.xp.concatenate(out)
+
+    def _apply_stacked(self, x: Any, transpose: bool) -> Any:
+        """:meth:`apply` of a chain given by its stacks: one batched product for all blocks.
+
+        Block rows ``out_k = d_k x_k - s_k M_j x_nbr`` (scaled form: ``d = 1``;
+        paper form: ``d = 1/s`` and no ``s`` on the coupling); the transpose
+        moves each coupling's term to its column block.
+        """
+        xp, nb = self.backend.xp, self.nblocks
+        X = xp.reshape(x, (nb, self.sizes[0]) + tuple(x.shape[1:]))
+        rows, cols = (slice(1, None), slice(0, -1)) if self.lower else (slice(0, -1),
+                                                                       slice(1, None))
+        scales, diagonal = self._coupling_scales, None
+        if self.form == "paper":
+            scales, diagonal = None, self._coupling_scales
+        out = X * 1 if diagonal is None else X / self._block_scales
+        inner = (lambda v: v[..., None]) if x.ndim == 1 else (lambda v: v)
+        outer = (lambda v: v[..., 0]) if x.ndim == 1 else (lambda v: v)
+        M = self.coupling_stack
+        if transpose:
+            source = X[rows] if scales is None else scales * X[rows]
+            out[cols] -= outer(xp.permute_dims(M, (0, 2, 1)) @ inner(source))
+        else:
+            product = outer(M @ inner(X[cols]))
+            out[rows] -= product if scales is None else scales * product
+        return xp.reshape(out, tuple(x.shape))
+
+    @functools.cached_property
+    def _coupling_scales(self) -> Any:
+        """The row scaling of each coupling of :attr:`scale_stack`'s chain, stacked like them."""
+        S = self.scale_stack
+        if self.lower:
+            return S
+        return self.backend.xp.concatenate([self.backend.xp.ones_like(S[:1]), S[:-1]])
+
+    @functools.cached_property
+    def _block_scales(self) -> Any:
+        """Every block's scaling (row 0's is one), ``(nb, n[, c])``: the paper form's ``1/d``."""
+        S = self.scale_stack
+        return self.backend.xp.concatenate([self.backend.xp.ones_like(S[:1]), S])
 
     def residual(self, x: Any) -> Any:
         """``c - A x``."""
@@ -775,6 +818,7 @@ class TriangularSystem:
     @functools.cached_property
     def operator(self) -> Any:
         """Matrix-free ``LinearOperator`` equal to :attr:`matrix` (samples stacked)."""
+        self._require_sparse_backend("operator")
         r = self.nrhs or 1
         n = self.size
 
@@ -800,6 +844,13 @@ class TriangularSystem:
                     else [M for _, _, M in self._edges])
         return any(self.backend.sparse.issparse(M) for M in matrices)
 
+    def _require_sparse_backend(self, what: str) -> None:
+        if self.backend.name == "torch":
+            raise TypeError(f"{what} is a scipy.sparse (cupyx on a GPU) object, which PyTorch "
+                            "tensors do not have; build the system from NumPy or CuPy arrays "
+                            "for it, or solve with a method that runs on PyTorch tensors "
+                            "(propop solvers lists them)")
+
     @functools.cached_property
     def matrix(self) -> Any:
         """The explicit sparse matrix: BSR where the blocks are dense, CSR otherwise.
@@ -807,6 +858,7 @@ class TriangularSystem:
         A batch gives the block diagonal of its ``r`` shifted systems, acting on
         the samples stacked one after another (``x.T.reshape(-1)``).
         """
+        self._require_sparse_backend("matrix")
         csr = self.csr
         dense = not self.sparse_couplings
         blocksize = math.gcd(*self.sizes)
@@ -817,6 +869,7 @@ class TriangularSystem:
     @functools.cached_property
     def csr(self) -> Any:
         """The explicit matrix of :attr:`matrix` as a CSR array, built once."""
+        self._require_sparse_backend("csr")
         xp = self.backend.xp
         parts = [_triplets(s, i * self.size) for i, s in enumerate(self.samples())]
         rows, cols, vals = (xp.concatenate([p[q] for p in parts]) for q in range(3))
@@ -828,6 +881,10 @@ _NOT_SHARED = ("{where} differs between samples, so each sample has its own matr
                "this needs one shared matrix; use a batched method ('batched-gmres', "
                "'batched-bicgstab'), or the batch-mean matrix (how='mean'; "
                "shared_diagonal='mean' in the block methods), an approximation")
+_TORCH_STACKS = ("PyTorch tensors make a system as a chain of one width given by its stacks: "
+                 "TriangularSystem(None, None, rhs, coupling_stack=(nb - 1, n, n), "
+                 "scale_stack=(nb - 1, n[, r]), ...); per-block couplings, edges and time "
+                 "structures take NumPy or CuPy arrays")
 _RHS_CACHES = ("rhs",)  # cached views that hold the right-hand side
 _COLUMN_CACHES = ("matrix", "csr", "operator")  # built for the number of samples
 

@@ -1,0 +1,89 @@
+"""PyTorch CPU tensors through the same solver code as NumPy (array API, array-api-compat).
+
+Stacked chains of one width (``coupling_stack``, ``scale_stack``) built from
+tensors are solved by the methods that declare ``"torch"`` and compared with the
+same system in NumPy, solved by substitution (the sequential reference).
+"""
+
+import numpy as np
+import pytest
+
+import propop as pp
+
+torch = pytest.importorskip("torch")
+
+METHODS = [s.name for s in pp.solvers.available() if "torch" in s.backends]
+EXACT = {s.name for s in pp.solvers.available() if s.exact}
+
+
+def chains(lower, r, dtype, depth=12, n=5, seed=0):
+    """The same chain as NumPy arrays and as PyTorch tensors."""
+    rng = np.random.default_rng(seed)
+    C = (rng.standard_normal((depth, n, n)) / np.sqrt(n)).astype(dtype)
+    S = rng.uniform(0.2, 1.0, (depth, n) + (() if r is None else (r,))).astype(dtype)
+    rhs = rng.standard_normal(((depth + 1) * n,) + (() if r is None else (r,))).astype(dtype)
+    kwargs = dict(lower=lower, sizes=(n,) * (depth + 1))
+    return (pp.TriangularSystem(None, None, rhs, coupling_stack=C, scale_stack=S, **kwargs),
+            pp.TriangularSystem(None, None, torch.from_numpy(rhs),
+                                coupling_stack=torch.from_numpy(C),
+                                scale_stack=torch.from_numpy(S), **kwargs))
+
+
+def test_the_dense_paths_run_on_torch():
+    assert {"substitution", "cyclic-reduction", "jacobi", "batched-gmres",
+            "batched-bicgstab"} <= set(METHODS)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("lower", [True, False])
+@pytest.mark.parametrize("r", [None, 3])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_torch_tensors_give_numpys_answer(method, lower, r, dtype):
+    numpy_system, torch_system = chains(lower, r, dtype)
+    assert torch_system.backend.name == "torch"
+    reference = pp.solve(numpy_system, "substitution").x
+    solution = pp.solve(torch_system, method, check=True)
+    x = solution.x
+    assert isinstance(x, torch.Tensor) and x.dtype == getattr(torch, dtype)
+    assert tuple(x.shape) == reference.shape
+    eps = np.finfo(dtype).eps
+    bound = 100 * eps if method in EXACT else 1e3 * max(1e-10, 100 * eps)
+    blocks = x.numpy().reshape(13, 5, -1) - reference.reshape(13, 5, -1)
+    scale = np.abs(reference.reshape(13, 5, -1)).max(axis=1)  # every block, every sample
+    assert (np.abs(blocks).max(axis=1) <= bound * np.maximum(scale, 1)).all()
+
+
+@pytest.mark.parametrize("lower", [True, False])
+@pytest.mark.parametrize("form", ["scaled", "paper"])
+def test_the_stacked_product_is_the_blockwise_one(lower, form):
+    """A x and A^T x of a stacked chain against the same chain given block by block."""
+    numpy_system, torch_system = chains(lower, 3, "float64")
+    listed = pp.TriangularSystem(list(numpy_system.coupling_stack),
+                                 [None] + list(numpy_system.scale_stack), numpy_system.rhs,
+                                 lower=lower, sizes=numpy_system.sizes)
+    if form == "paper":
+        listed, torch_system = listed.paper(), torch_system.paper()
+    x = np.random.default_rng(1).standard_normal(listed.rhs.shape)
+    for transpose in (False, True):
+        ours = torch_system.apply(torch.from_numpy(x), transpose=transpose).numpy()
+        np.testing.assert_allclose(ours, listed.apply(x, transpose=transpose), rtol=1e-13,
+                                   atol=1e-13)
+
+
+def test_torch_systems_say_what_they_take():
+    C = torch.ones((4, 3, 3), dtype=torch.float64)
+    rhs = torch.ones(15, dtype=torch.float64)
+    with pytest.raises(ValueError, match="coupling_stack"):
+        pp.TriangularSystem(list(C), None, rhs, lower=True, sizes=(3,) * 5)
+    system = pp.TriangularSystem(None, None, rhs, lower=True, sizes=(3,) * 5, coupling_stack=C,
+                                 scale_stack=torch.ones((4, 3), dtype=torch.float64))
+    with pytest.raises(TypeError, match="PyTorch tensors do not have"):
+        _ = system.matrix
+    other = next(s.name for s in pp.solvers.available() if "torch" not in s.backends)
+    with pytest.raises(ValueError, match="torch arrays"):
+        pp.solve(system, other)
+    bad = C.clone()
+    bad[2, 1, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"coupling_stack.*NaN or Inf.*\(2, 1, 0\)"):
+        pp.TriangularSystem(None, None, rhs, lower=True, sizes=(3,) * 5, coupling_stack=bad,
+                            scale_stack=torch.ones((4, 3), dtype=torch.float64))
