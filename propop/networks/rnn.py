@@ -270,8 +270,15 @@ class RNN:
 
 
 def over_time(M: Any, Z: Any) -> Any:
-    """``M @ Z[s]`` for every time step ``s`` as one product; ``Z`` is ``(tau, n, ...)``."""
+    """``M @ Z[s]`` for every time step ``s`` as one product; ``Z`` is ``(tau, n, ...)``.
+
+    A dense ``M`` broadcasts over the steps (one batched ``matmul``; one GEMM
+    ``Z M^T`` for vectors), with no transposed copy of ``Z``; a sparse one
+    multiplies the steps laid side by side.
+    """
     xp = backend.namespace(Z)
+    if not backend.is_sparse(M):
+        return M @ Z if Z.ndim == 3 else Z @ M.T
     tau, n = Z.shape[:2]
     flat = xp.moveaxis(Z, 0, 1).reshape(n, -1)
     return xp.moveaxis(xp.asarray(M @ flat).reshape((-1, tau) + Z.shape[2:]), 1, 0)
