@@ -11,13 +11,14 @@ Core code asks ``be = backend.of(*objects)`` and then calls ``be.xp``,
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 __all__ = ["Backend", "of", "namespace", "is_sparse", "is_real_floating", "matmul_into",
-           "indices", "eps", "to_host", "quiet"]
+           "matmul_writer", "indices", "eps", "to_host", "quiet"]
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,22 @@ def namespace(*arrays: Any) -> ModuleType:
 def is_sparse(matrix: Any) -> bool:
     """Whether ``matrix`` is a sparse array or matrix of its backend."""
     return bool(of(matrix).sparse.issparse(matrix))
+
+
+def matmul_writer(M: Any) -> Any:
+    """``write(x, out=y)`` storing ``M @ x`` in ``y``, resolved once for ``M``.
+
+    For loops that multiply by the same matrix at every step: a dense ``M`` is
+    the array module's ``matmul`` with ``M`` bound (written in place, no
+    dispatch per call), a sparse one a product then a copy.
+    """
+    if is_sparse(M):
+        def write(x: Any, out: Any) -> Any:
+            out[...] = M @ x
+            return out
+
+        return write
+    return functools.partial(of(M).xp.matmul, M)
 
 
 def is_real_floating(array: Any) -> bool:

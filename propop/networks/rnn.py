@@ -177,9 +177,9 @@ class RNN:
             write = f.writer(xp)
             ys[0][...] = inputs[0]
             write(ys[0], out=zs[0])
-            sparse = backend.is_sparse(Uk)
+            recur = backend.matmul_writer(Uk)
             for y_s, input_s, z_before, z_s in zip(ys[1:], list(inputs)[1:], zs, zs[1:]):
-                backend.matmul_into(y_s, Uk, z_before, sparse)
+                recur(z_before, out=y_s)
                 y_s += input_s
                 write(y_s, out=z_s)
             y.append(yk)
