@@ -17,7 +17,7 @@ cases = st.builds(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, derandomize=True)  # the same cases in every run
 @given(cases)
 def test_substitution_jacobi_and_matrix_agree_with_the_reference(case):
     net, trace, eps, v = case.problem()
@@ -31,7 +31,7 @@ def test_substitution_jacobi_and_matrix_agree_with_the_reference(case):
     assert relative_error(B.operator @ u, B.matrix @ u) < 1e-13
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None, derandomize=True)
 @given(cases)
 def test_forward_system_around_the_true_trace_is_exact(case):
     net, trace, _, _ = case.problem()
