@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ..solvers.chain import Counter, apply, product
 from ..solvers.convergence import Tolerance, finish, initial_guess
 from ..solvers.registry import register
 from ..solvers.solution import Solution
@@ -89,11 +90,25 @@ def _compose_over_ranks(d: DistributedSystem, Ag: Any, m: int) -> tuple[Any, int
         source = d.rank - step if d.rank - step >= 0 else MPI.PROC_NULL
         d.comm.Sendrecv(Ag, dest=dest, recvbuf=incoming, source=source)
         if source != MPI.PROC_NULL:  # F_p o F_q: A_p A_q, A_p g_q + g_p
-            A, g = Ag[:, :, :m], Ag[:, :, m]
-            Ag = np.concatenate([A @ incoming[:, :, :m],
-                                 (A @ incoming[:, :, m:]) + g[:, :, None]], axis=2)
+            Ag = _composed(Ag, incoming, m)
         step *= 2
     return Ag, levels
+
+
+def _composed(Ag: Any, incoming: Any, m: int) -> Any:
+    """``[A_p A_q | A_p g_q + g_p]`` per sample: one reduction step of the chain over ranks.
+
+    The cores and right-hand sides are a one-position :class:`~propop.solvers.chain.Chain`
+    level (``(1, r, m, m)`` and ``(1, r, m)``, unit scalings), combined by the
+    reduction's own kernels, :func:`~propop.solvers.chain.product` and
+    :func:`~propop.solvers.chain.apply`, as cyclic reduction combines neighbours.
+    """
+    counter, ones = Counter(), np.ones((1,) + Ag.shape[:2], dtype=Ag.dtype)
+    A, g = Ag[None, :, :, :m], Ag[None, :, :, m]
+    A_q, g_q = incoming[None, :, :, :m], incoming[None, :, :, m]
+    core = product(ones, A, ones, A_q, counter)
+    rhs = apply(ones, A, g_q, counter) + g
+    return np.concatenate([core[0], rhs[0][:, :, None]], axis=2)
 
 
 @register("mpi.cyclic-reduction", kind="direct", exact=True, backends=("numpy",),
