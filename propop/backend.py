@@ -18,7 +18,7 @@ from types import ModuleType
 from typing import Any
 
 __all__ = ["Backend", "of", "namespace", "is_sparse", "is_real_floating", "matmul_into",
-           "matmul_writer", "indices", "eps", "to_host", "quiet"]
+           "matmul_writer", "astype", "indices", "eps", "to_host", "quiet"]
 
 
 @dataclass(frozen=True)
@@ -177,6 +177,13 @@ def eps(dtype: Any) -> float:
     if getattr(dtype, "is_floating_point", None) is not None:  # a torch.dtype
         return float(importlib.import_module("torch").finfo(dtype).eps)
     return float(importlib.import_module("numpy").finfo(dtype).eps)
+
+
+def astype(array: Any, dtype: Any) -> Any:
+    """``array`` in ``dtype``, itself where it already is (NumPy, CuPy or PyTorch)."""
+    if array.dtype == dtype:
+        return array
+    return array.to(dtype) if _name_of(array) == "torch" else array.astype(dtype)
 
 
 def indices(values: Any, like: Any) -> Any:

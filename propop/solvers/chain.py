@@ -10,7 +10,9 @@ Blocks of unequal widths are zero-padded to the widest, which keeps every level 
 single batched ``matmul`` over stacked blocks and is exact. Stacks:
 
 - ``L``: ``(m, bl, n)``, ``bl`` is 1 (shared) or ``r``;
-- ``C``: ``(m, b, n, n)``, ``b`` is 1 (shared) or ``r``;
+- ``C``: ``(m - 1, b, n, n)``, the cores of positions ``1..m-1`` (position 0 has
+  none), ``b`` is 1 (shared) or ``r``; a stacked chain's are its couplings
+  themselves, a view;
 - ``G``: ``(m, r, n)``.
 
 Sparse couplings are densified here: no sparse cyclic reduction is implemented.
@@ -77,7 +79,7 @@ class Chain:
         n, m, dtype = max(system.sizes), len(rows), system.dtype
         r, bl = rows[0].G.shape[1], max(row.L.shape[1] for row in rows)
         L = xp.zeros((m, bl, n), dtype=dtype)
-        C = xp.zeros((m, 1, n, n), dtype=dtype)
+        C = xp.zeros((m, 1, n, n), dtype=dtype)  # row 0 (no core) dropped below
         G = xp.zeros((m, r, n), dtype=dtype)
         for i, row in enumerate(rows):
             size = row.G.shape[0]
@@ -86,8 +88,8 @@ class Chain:
             if row.M is not None:
                 M = row.M.toarray() if backend.is_sparse(row.M) else row.M
                 C[i, 0, : M.shape[0], : M.shape[1]] = M
-        return cls(L, C, G, [row.block for row in rows], tuple(system.sizes[row.block]
-                                                               for row in rows))
+        return cls(L, C[1:], G, [row.block for row in rows], tuple(system.sizes[row.block]
+                                                                   for row in rows))
 
     def rhs_of(self, system: Any) -> Any:
         """``G`` for ``system``'s right-hand side (same matrix): ``(m, r, n)``, chain order.
@@ -198,12 +200,12 @@ def _stacked(system: Any, shared_diagonal: str | None) -> Chain | None:
         S = S.mean(axis=2, keepdims=True)
     L = xp.ones((m, S.shape[2], n), dtype=dtype)  # samples before rows: contiguous cores
     L[1:] = xp.permute_dims(S, (0, 2, 1))
-    C = xp.zeros((m, 1, n, n), dtype=dtype)
-    if system.coupling_stack is not None:  # stacked once by the network
-        C[1:, 0] = system.coupling_stack[couplings]
+    if system.coupling_stack is not None:  # the network's stack itself: no copy
+        stack = backend.astype(system.coupling_stack, dtype)
+        C = (stack if system.lower else xp.flip(stack, axis=0))[:, None]
     else:
         matrices = system.blocks.coupling
-        C[1:, 0] = _stack_matrices(system.backend, [matrices[j] for j in couplings], n, dtype)
+        C = _stack_matrices(system.backend, [matrices[j] for j in couplings], n, dtype)[:, None]
     return Chain(L, C, xp.permute_dims(G, (0, 2, 1)), order, system.sizes)
 
 
@@ -251,16 +253,11 @@ def _columns(a: Any) -> Any:
 def product(L1: Any, C1: Any, L2: Any, C2: Any, counter: Counter) -> Any:
     """The core of ``diag(L1) C1 diag(L2) C2``, i.e. ``(C1 diag(L2)) C2``, per sample.
 
-    Its left scaling stays ``L1``. One batched ``matmul`` over all stacked pairs;
-    where ``C2`` is shared by the samples, the samples' rows are stacked into
-    one ``(b n, n) x (n, n)`` product per pair (larger, faster BLAS calls).
+    Its left scaling stays ``L1``. One batched ``matmul`` over all stacked pairs.
     """
     left = C1 * L2[:, :, None, :]
     p, b, n, _ = left.shape
-    if C2.shape[1] == 1 and b > 1:
-        out = (left.reshape(p, b * n, n) @ C2[:, 0]).reshape(p, b, n, n)
-    else:
-        out = left @ C2
+    out = left @ C2
     counter.flops += 2 * p * b * n**3 + p * b * n * n
     return out
 

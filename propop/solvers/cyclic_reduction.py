@@ -93,7 +93,7 @@ def _factor(chain: Chain, counter: Counter, xp: Any) -> list[tuple]:
     ``1..m-1`` (position 0 has none), and reduces to the chain of the even
     positions, ``A_k A_{k-1}`` for even ``k`` (eq. def_back_prop2_even's pairing).
     """
-    L, C = chain.L, chain.C[1:]
+    L, C = chain.L, chain.C
     levels: list[tuple] = []
     while C.shape[0] > 0:
         pairs = C.shape[0] // 2  # even positions 2..2 pairs, each with the one before
@@ -145,7 +145,7 @@ def _parallel_reduce(chain: Chain, counter: Counter, xp: Any) -> tuple[Any, int]
     ``C[i]`` is the core of block ``first + i``; the blocks below ``first`` are solved.
     """
     L, G = chain.L, chain.G
-    C, first = chain.C, 0
+    C, first = chain.C, 1
     m, shift, level = G.shape[0], 1, 0
     while shift < m:
         level += 1

@@ -48,8 +48,8 @@ def _chain(counter: Counter, system: Any, shared: bool) -> tuple[int, int, int]:
         if bl == 1 and per_sample:  # the batch mean
             counter.passing((m - 1) * n * item)
         counter.hold(m * n * bl * item)  # L
-        counter.hold(m * n * n * item)  # C
-        counter.passing((m - 1) * n * n * item)  # the stacked couplings
+        if system.coupling_stack is None:  # C gathered; a stack is read as it is
+            counter.hold((m - 1) * n * n * item)
         counter.release(S)
         return m, bl, r
     rows = sum(2 * k * r * item for k in system.sizes)  # each row's L and G, divided
@@ -62,12 +62,9 @@ def _chain(counter: Counter, system: Any, shared: bool) -> tuple[int, int, int]:
 
 def _apply(counter: Counter, p: int, bc: int, r: int, n: int, c: int, item: int) -> int:
     """:func:`.chain.apply` then ``+ G``: holds the result, ``p r n c`` entries."""
-    product = p * (max(bc, r) if c > 1 or bc > 1 else r) * n * c * item
-    counter.hold(product)  # C X
-    scaled = counter.hold(p * r * n * c * item)  # L * (C X)
+    product = counter.hold(p * (max(bc, r) if c > 1 or bc > 1 else r) * n * c * item)
+    out = counter.hold(p * r * n * c * item)  # (C X, scaled by L in place) + G
     counter.release(product)
-    out = counter.hold(p * r * n * c * item)  # + G
-    counter.release(scaled)
     return out
 
 

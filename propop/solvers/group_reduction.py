@@ -52,7 +52,7 @@ def reduce_over_groups(system: Any, reduce: Any, counter: Counter) -> tuple[Any,
         A[s, :, : len(local), :width_before] = Ys[:, local, :-1]
         g[s, :, : len(local)] = Ys[:, local, -1]
     ones = xp.ones((m, 1, n), dtype=system.dtype)
-    y, levels = reduce(Chain(ones, A, g, [f"group {s}" for s in range(m)], ()), counter)
+    y, levels = reduce(Chain(ones, A[1:], g, [f"group {s}" for s in range(m)], ()), counter)
     x = xp.zeros((system.size, r), dtype=system.dtype)
     for s, Ys in enumerate(Y):
         before = y[s - 1, :, : Ys.shape[2] - 1] if s > 0 else xp.zeros((r, 0), system.dtype)

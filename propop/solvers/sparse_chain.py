@@ -84,7 +84,7 @@ class SparseChain:
             G[k, :, :size] = self.G[k].T
             for i, core in enumerate(self.C[k]):
                 C[k, i, :size, : core.shape[1]] = core.toarray()
-        return Chain(L, C, G, self.order, self.sizes)
+        return Chain(L, C[1:], G, self.order, self.sizes)
 
 
 def _column(a: Any, i: int) -> Any:

@@ -59,7 +59,7 @@ def reduce_over_time(system: Any, reduce: Any, counter: Counter, within: str
     steps = slice(None, None, 1 if system.lower else -1)  # chain order over time
     xp = system.backend.xp
     ones = xp.ones((A.shape[0], 1, A.shape[2]), dtype=system.dtype)
-    y, time_levels = reduce(Chain(ones, A[steps], g[steps], _Steps(range(A.shape[0])[steps]),
+    y, time_levels = reduce(Chain(ones, A[steps][1:], g[steps], _Steps(range(A.shape[0])[steps]),
                                   ()), counter)
     del A, g
     previous = xp.zeros_like(y)  # chain order: the value each step reads
@@ -74,7 +74,7 @@ def _substitute(chain: Chain, counter: Counter) -> Any:
     """``x_k = diag(L_k) C_k x_{k-1} + G_k`` in chain order, one position at a time."""
     X = [chain.G[0]]
     for k in range(1, chain.G.shape[0]):
-        X.append(apply(chain.L[k: k + 1], chain.C[k: k + 1], X[-1][None], counter)[0]
+        X.append(apply(chain.L[k: k + 1], chain.C[k - 1: k], X[-1][None], counter)[0]
                  + chain.G[k])
     return backend.namespace(X[0]).stack(X)
 
@@ -173,7 +173,7 @@ class _LayerChain(Layout):
             for t in (t for t in self.across if t.row == k):
                 M, o = backend.dense(t.M), self.carried_offset[t.col]
                 G[i, :, :h, o: o + M.shape[1]] = M[None] if s is None else s[:, :, None] * M
-        return Chain(L, C, G, [f"block {k} of every step" for k in self.order[:m]], ())
+        return Chain(L, C[1:], G, [f"block {k} of every step" for k in self.order[:m]], ())
 
     def carried(self, Y: Any) -> tuple[Any, Any]:
         """``A = (D^{-1} G)`` and ``g = (D^{-1} c)`` on the carried rows, ``(tau, r, ...)``."""
