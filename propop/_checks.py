@@ -33,14 +33,15 @@ def real_array(a: Any, what: str, dtype: Any = None) -> Any:
         array = xp.asarray(a)
     except (ValueError, TypeError) as error:
         raise ValueError(f"{what} is not a rectangular array of numbers: {error}") from None
-    kind = array.dtype.kind
+    kind = backend.kind(array.dtype)
     if kind == "c":
         raise ValueError(f"{what} has complex dtype {array.dtype}; propop works in real "
                          "arithmetic: pass the real part explicitly if that is what you mean")
     if kind not in "fiub":
         raise ValueError(f"{what} has dtype {array.dtype}, expected real numbers")
-    target = dtype if dtype is not None else (array.dtype if kind == "f" else np.float64)
-    return array.astype(target, copy=False)
+    if dtype is not None:
+        return backend.astype(array, dtype)
+    return array if kind == "f" else backend.astype(array, xp.float64)
 
 
 def as_coupling(M: Any, what: str) -> Any:

@@ -106,7 +106,7 @@ class Activation:
         undefined = ~xp.isfinite(ratio)
         a = xp.where(undefined, xp.where(fy == 0, self.df(y), 0), ratio)
         beta = xp.where(undefined & (fy != 0), fy, 0)
-        return a.astype(y.dtype, copy=False), beta.astype(y.dtype, copy=False)
+        return backend.astype(a, y.dtype), backend.astype(beta, y.dtype)
 
     def newton(self, y: Any) -> tuple[Any, Any]:
         """Return ``(a, beta)`` of the tangent: ``a = f'(y)``, ``beta = f(y) - f'(y) y``."""
@@ -215,14 +215,14 @@ for _activation in (
     Activation(
         "relu",
         lambda y: _xp(y).maximum(y, 0),
-        lambda y: (y > 0).astype(y.dtype),
+        lambda y: backend.astype(y > 0, y.dtype),
         math.sqrt(2),
         "max(y, 0); f'(0) = 0 as in PyTorch",
     ),
     Activation(
         "leaky_relu",
         lambda y: _xp(y).where(y > 0, y, _LEAKY_SLOPE * y),
-        lambda y: _xp(y).where(y > 0, 1, _LEAKY_SLOPE).astype(y.dtype),
+        lambda y: _xp(y).where(y > 0, 1.0, _LEAKY_SLOPE * _xp(y).ones_like(y)),
         math.sqrt(2 / (1 + _LEAKY_SLOPE**2)),
         f"y if y > 0 else {_LEAKY_SLOPE} y",
     ),
@@ -234,7 +234,8 @@ for _activation in (
     Activation(
         "elu",
         lambda y: _xp(y).where(y > 0, y, _xp(y).expm1(_xp(y).minimum(y, 0))),
-        lambda y: _xp(y).where(y > 0, 1, _xp(y).exp(_xp(y).minimum(y, 0))).astype(y.dtype),
+        lambda y: backend.astype(_xp(y).where(y > 0, 1.0, _xp(y).exp(_xp(y).minimum(y, 0))),
+                                 y.dtype),
         1.0,
         "y if y > 0 else exp(y) - 1",
     ),

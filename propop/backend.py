@@ -18,7 +18,7 @@ from types import ModuleType
 from typing import Any
 
 __all__ = ["Backend", "of", "namespace", "is_sparse", "is_real_floating", "matmul_into",
-           "matmul_writer", "astype", "indices", "eps", "to_host", "quiet"]
+           "matmul_writer", "kind", "astype", "indices", "eps", "to_host", "quiet"]
 
 
 @dataclass(frozen=True)
@@ -149,6 +149,23 @@ def matmul_writer(M: Any) -> Any:
 
         return write
     return functools.partial(of(M).xp.matmul, M)
+
+
+def kind(dtype: Any) -> str:
+    """NumPy's one-letter kind of a NumPy, CuPy or PyTorch dtype.
+
+    ``"f"``, ``"c"``, ``"i"``, ``"u"`` or ``"b"``; ``"O"`` for anything else.
+    """
+    letter = getattr(dtype, "kind", None)
+    if letter is not None:
+        return letter
+    if getattr(dtype, "is_complex", False):
+        return "c"
+    if getattr(dtype, "is_floating_point", False):
+        return "f"
+    name = str(dtype)
+    return ("b" if name == "torch.bool" else "u" if name.startswith("torch.uint") else
+            "i" if name.startswith("torch.int") else "O")
 
 
 def is_real_floating(array: Any) -> bool:

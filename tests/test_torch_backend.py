@@ -87,3 +87,67 @@ def test_torch_systems_say_what_they_take():
     with pytest.raises(ValueError, match=r"coupling_stack.*NaN or Inf.*\(2, 1, 0\)"):
         pp.TriangularSystem(None, None, rhs, lower=True, sizes=(3,) * 5, coupling_stack=bad,
                             scale_stack=torch.ones((4, 3), dtype=torch.float64))
+
+
+def torch_net(net):
+    """The same network with its weights and biases as PyTorch tensors."""
+    return pp.FNN([torch.from_numpy(np.asarray(Wk)) for Wk in net.W],
+                  [torch.from_numpy(np.asarray(bk)) for bk in net.b],
+                  activation=[act.name for act in net.activations])
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("activation", pp.available_activations())
+@pytest.mark.parametrize("r", [None, 3])
+def test_a_network_of_tensors_backpropagates_like_autograd(method, activation, r):
+    """Every layer's dW and db, and dx, against PyTorch autograd (float64)."""
+    from reference import torch_gradients
+
+    net = pp.FNN.random([6] * 9, activation=activation, seed=2)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((6,) if r is None else (6, r))
+    t = rng.standard_normal(x.shape)
+    _, dW, db, dx = torch_gradients(net, x, t)
+    grads = pp.backprop(torch_net(net), torch.from_numpy(x), torch.from_numpy(t), method=method,
+                        check=True)
+    assert all(isinstance(g, torch.Tensor) for g in (*grads.W, *grads.b, grads.x))
+    bound = 1e-12 if method in EXACT else 1e-8
+    for k, (ours, theirs) in enumerate(zip(grads.W, dW)):
+        scale = max(np.abs(theirs).max(), 1e-300)
+        assert np.abs(ours.numpy() - theirs).max() <= bound * scale, f"layer {k}"
+    for k, (ours, theirs) in enumerate(zip(grads.b, db)):
+        scale = max(np.abs(theirs).max(), 1e-300)
+        assert np.abs(ours.numpy() - theirs).max() <= bound * scale, f"layer {k}: db"
+    assert np.abs(grads.x.numpy() - dx).max() <= bound * max(np.abs(dx).max(), 1e-300)
+
+
+@pytest.mark.parametrize("method", ["substitution", "cyclic-reduction"])
+def test_a_network_of_tensors_runs_forward_in_parallel(method):
+    """Newton's forward pass on tensors reaches the sequential forward pass of NumPy."""
+    net = pp.FNN.random([6] * 9, activation="tanh", seed=2)
+    x = np.random.default_rng(3).standard_normal((6, 2))
+    result = pp.forward(torch_net(net), torch.from_numpy(x), method=method)
+    assert isinstance(result.output, torch.Tensor)
+    np.testing.assert_allclose(result.output.numpy(), net.forward(x).output, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_float32_network_of_tensors_stays_float32(method):
+    net = pp.FNN.random([6] * 9, activation="tanh", seed=2, dtype="float32")
+    x = np.random.default_rng(3).standard_normal((6, 3)).astype("float32")
+    ours = pp.backprop(torch_net(net), torch.from_numpy(x), torch.from_numpy(x), method=method)
+    reference = pp.backprop(net, x, x, method="substitution")
+    assert all(g.dtype == torch.float32 for g in ours.W)
+    for k, (a, b) in enumerate(zip(ours.W, reference.W)):
+        assert np.abs(a.numpy() - b).max() <= 1e-4 * np.abs(b).max(), f"layer {k}"
+
+
+def test_tensor_inputs_pass_the_same_front_door():
+    net = pp.FNN([torch.ones((3, 3), dtype=torch.int64)] * 2)
+    assert all(Wk.dtype == torch.float64 for Wk in net.W) and net.backend.name == "torch"
+    with pytest.raises(ValueError, match=r"layer 1: W\[1\] has complex dtype"):
+        pp.FNN([torch.ones((3, 3)), torch.ones((3, 3), dtype=torch.complex64)])
+    bad = torch.ones((3, 3), dtype=torch.float64)
+    bad[1, 2] = float("inf")
+    with pytest.raises(ValueError, match=r"layer 0: W\[0\] contains NaN or Inf.*\(1, 2\)"):
+        pp.FNN([bad])

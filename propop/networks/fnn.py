@@ -45,9 +45,12 @@ def _as_biases(b: Sequence[Any] | None, weights: Sequence[Any], xp: Any) -> list
     return [real_array(bk, f"layer {k}: b[{k}]") for k, bk in enumerate(b)]
 
 
-def _float_dtype(arrays: Sequence[Any]) -> np.dtype:
-    dtype = np.result_type(*(a.dtype for a in arrays))
-    return dtype if dtype in (np.float32, np.float64) else np.dtype(np.float64)
+def _float_dtype(arrays: Sequence[Any]) -> Any:
+    """The common floating type of ``arrays``: float32 if all are, else float64."""
+    be = backend.of(*arrays)
+    if all(a.dtype == be.xp.float32 for a in arrays):
+        return arrays[0].dtype
+    return be.xp.float64 if be.name == "torch" else np.dtype(np.float64)
 
 
 class FNN:
@@ -81,8 +84,8 @@ class FNN:
         be = backend.of(*weights)
         biases = _as_biases(b, weights, be.xp)
         self.dtype = _float_dtype(weights + biases)
-        self.W = tuple(Wk.astype(self.dtype, copy=False) for Wk in weights)
-        self.b = tuple(bk.astype(self.dtype, copy=False) for bk in biases)
+        self.W = tuple(backend.astype(Wk, self.dtype) for Wk in weights)
+        self.b = tuple(backend.astype(bk, self.dtype) for bk in biases)
         self.activations = self._activations(activation)
         self.backend = be
         self._validate()
@@ -126,7 +129,7 @@ class FNN:
         if self.sparse or any(n_k != n for n_k in self.sizes):
             return {}
         W = self.backend.xp.stack(self.W)
-        return {"W": W, "WT": W.transpose(0, 2, 1)}
+        return {"W": W, "WT": self.backend.xp.permute_dims(W, (0, 2, 1))}
 
     @property
     def depth(self) -> int:
@@ -313,7 +316,7 @@ class FNN:
             Z = trace.stacked["z"][:-1] if trace.stacked else xp.stack(trace.z[:-1])
             if V.ndim == 2:
                 return Gradients(W=tuple(V[:, :, None] * Z[:, None, :]), b=tuple(V), x=v[0])
-            return Gradients(W=tuple(V @ Z.transpose(0, 2, 1)), b=tuple(V.sum(axis=2)),
+            return Gradients(W=tuple(V @ xp.permute_dims(Z, (0, 2, 1))), b=tuple(V.sum(axis=2)),
                              x=v[0])
         dW = tuple(_outer(Wk, vk, zk) for Wk, vk, zk in zip(self.W, v[1:], trace.z[:-1]))
         db = tuple(vk if vk.ndim == 1 else vk.sum(axis=1) for vk in v[1:])
