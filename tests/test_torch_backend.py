@@ -151,3 +151,10 @@ def test_tensor_inputs_pass_the_same_front_door():
     bad[1, 2] = float("inf")
     with pytest.raises(ValueError, match=r"layer 0: W\[0\] contains NaN or Inf.*\(1, 2\)"):
         pp.FNN([bad])
+
+
+def test_a_network_of_tensors_with_unequal_widths_says_what_it_needs():
+    net = torch_net(pp.FNN.random([6, 8, 4], activation="tanh", seed=0))
+    x = torch.ones((6, 2), dtype=torch.float64)
+    with pytest.raises(ValueError, match="an FNN of tensors builds when all its widths are equal"):
+        pp.backprop(net, x, torch.ones((4, 2), dtype=torch.float64))

@@ -883,8 +883,9 @@ _NOT_SHARED = ("{where} differs between samples, so each sample has its own matr
                "shared_diagonal='mean' in the block methods), an approximation")
 _TORCH_STACKS = ("PyTorch tensors make a system as a chain of one width given by its stacks: "
                  "TriangularSystem(None, None, rhs, coupling_stack=(nb - 1, n, n), "
-                 "scale_stack=(nb - 1, n[, r]), ...); per-block couplings, edges and time "
-                 "structures take NumPy or CuPy arrays")
+                 "scale_stack=(nb - 1, n[, r]), ...), which an FNN of tensors builds when all "
+                 "its widths are equal; per-block couplings (layers of different widths), "
+                 "edges and time structures take NumPy or CuPy arrays")
 _RHS_CACHES = ("rhs",)  # cached views that hold the right-hand side
 _COLUMN_CACHES = ("matrix", "csr", "operator")  # built for the number of samples
 
