@@ -126,7 +126,7 @@ def of(*objects: Any) -> Backend:
 
 
 def namespace(*arrays: Any) -> ModuleType:
-    """Return the array module (``numpy`` or ``cupy``) of the given arrays."""
+    """The array module of the arrays: ``numpy``, ``cupy`` or ``array_api_compat.torch``."""
     return of(*arrays).xp
 
 
@@ -143,11 +143,7 @@ def matmul_writer(M: Any) -> Any:
     dispatch per call), a sparse one a product then a copy.
     """
     if is_sparse(M):
-        def write(x: Any, out: Any) -> Any:
-            out[...] = M @ x
-            return out
-
-        return write
+        return lambda x, out: matmul_into(out, M, x, sparse=True)
     return functools.partial(of(M).xp.matmul, M)
 
 
