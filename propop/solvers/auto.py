@@ -210,7 +210,7 @@ def _prepare_auto(system: Any, *, candidates: tuple[str, ...] = CANDIDATES,
     return run
 
 
-@register("auto", kind="direct", exact=True, backends=("numpy", "cupy"),
+@register("auto", kind="direct", exact=True, backends=("numpy", "cupy", "torch"),
           prepare=_prepare_auto)
 def auto(system: Any, *, rtol: float | None = None, atol: float = 0.0, verify: bool = False,
          candidates: tuple[str, ...] = CANDIDATES) -> Solution:

@@ -398,8 +398,8 @@ def cyclic_reduction(system: Any, *, rtol: float | None = None, atol: float = 0.
         sparse=sparse, dense_threshold=dense_threshold, within=within, groups=groups)(system)
 
 
-@register("parallel-cyclic-reduction", kind="direct", exact=True, backends=("numpy", "cupy"),
-          requires=("chain",))
+@register("parallel-cyclic-reduction", kind="direct", exact=True,
+          backends=("numpy", "cupy", "torch"), requires=("chain",))
 def parallel_cyclic_reduction(system: Any, *, rtol: float | None = None, atol: float = 0.0,
                               verify: bool = False,
                               shared_diagonal: Literal["mean"] | None = None) -> Solution:
