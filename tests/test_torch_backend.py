@@ -158,3 +158,16 @@ def test_a_network_of_tensors_with_unequal_widths_says_what_it_needs():
     x = torch.ones((6, 2), dtype=torch.float64)
     with pytest.raises(ValueError, match="an FNN of tensors builds when all its widths are equal"):
         pp.backprop(net, x, torch.ones((4, 2), dtype=torch.float64))
+
+
+def test_an_rnn_of_tensors_runs_forward_and_says_its_systems_need_numpy():
+    rnn = pp.RNN.random([4, 4], activation="tanh", seed=0)
+    tensors = pp.RNN([torch.from_numpy(np.asarray(Wk)) for Wk in rnn.W],
+                     [torch.from_numpy(np.asarray(Uk)) for Uk in rnn.U],
+                     [torch.from_numpy(np.asarray(bk)) for bk in rnn.b])
+    xs = np.random.default_rng(0).standard_normal((20, 4, 2))
+    out = tensors.forward(torch.from_numpy(xs)).output
+    assert isinstance(out, torch.Tensor)
+    np.testing.assert_allclose(out.numpy(), rnn.forward(xs).output, rtol=1e-13, atol=1e-15)
+    with pytest.raises(ValueError, match="time structures take NumPy or CuPy arrays"):
+        pp.backprop(tensors, torch.from_numpy(xs), torch.from_numpy(xs))

@@ -80,9 +80,9 @@ class RNN:
         be = backend.of(*weights, *recurrent)
         biases = _as_biases(b, weights, be.xp)
         self.dtype = _float_dtype(weights + recurrent + biases)
-        self.W = tuple(Wk.astype(self.dtype, copy=False) for Wk in weights)
-        self.U = tuple(Uk.astype(self.dtype, copy=False) for Uk in recurrent)
-        self.b = tuple(bk.astype(self.dtype, copy=False) for bk in biases)
+        self.W = tuple(backend.astype(Wk, self.dtype) for Wk in weights)
+        self.U = tuple(backend.astype(Uk, self.dtype) for Uk in recurrent)
+        self.b = tuple(backend.astype(bk, self.dtype) for bk in biases)
         spec = activation
         self.activations = ((get_activation(spec),) * len(W) if isinstance(spec, (str, Activation))
                             else tuple(get_activation(a) for a in spec))
