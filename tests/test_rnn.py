@@ -119,9 +119,11 @@ def test_two_level_cyclic_reduction_levels_follow_the_formula(layers, tau, lower
     system = (pp.forward_system(rnn, xs, around=trace) if lower else
               pp.backward_system(rnn, trace, rnn.loss_gradient(trace, targets)))
     reference = pp.solve(system, "substitution").x
-    kept = layers + 1 if lower else layers  # a backward system's input layer comes after
-    for within, inner in [("cyclic-reduction", math.ceil(math.log2(kept))),
-                          ("substitution", kept - 1)]:
+    # the input layer is not reduced: a forward system's is solved first for all steps at
+    # once and folded into the first hidden layer (one product), a backward system's after
+    first = 1 if lower else 0
+    for within, inner in [("cyclic-reduction", math.ceil(math.log2(layers)) + first),
+                          ("substitution", layers - 1 + first)]:
         sol = pp.solve(system, "cyclic-reduction", within=within)
         outer = math.ceil(math.log2(tau)) if tau > 1 else 0
         assert sol.info["levels"] == {"layers": inner, "time": outer}

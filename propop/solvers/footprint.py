@@ -139,13 +139,17 @@ def time_cyclic_reduction(system: Any, within: str) -> int:
     """Peak bytes of the two-level reduction of an RNN system (:mod:`.time_reduction`)."""
     layout, counter = Layout(system), Counter()
     item, sizes, r = system.dtype.itemsize, layout.sizes, layout.r
-    tau, n, m, w = layout.tau, max(layout.sizes), layout.kept, layout.width
+    tau, n, m, w = layout.tau, max(layout.sizes), layout.kept - layout.first, layout.width
     b, c = tau * r, layout.width + 1
     scaled = [k for k, s in enumerate(system.periodic_scales(len(sizes))) if s is not None]
     # _LayerChain: right-hand sides and scalings per layer, (tau r, h) copies for a batch
     counter.hold(b * sum(sizes[k] for k in scaled) * item)  # periodic_scales (cached)
     if r > 1:
         counter.hold(b * (sum(sizes) + sum(sizes[k] for k in scaled)) * item)
+    leading = [k for k in layout.order[: layout.first] if k in layout.within]
+    counter.hold(b * sum(sizes[k] for k in leading) * item)  # solved first, kept
+    if layout.first:  # folded into the first reduced position's right-hand side
+        counter.passing(2 * b * sizes[layout.order[layout.first]] * item)
     G = m * b * n * c * item
     chain = counter.hold(m * b * n * item + m * n * n * item + G)
     counter.passing(b * n * n * item)  # s * U, a template scaled per sample

@@ -54,6 +54,7 @@ def reduce_over_time(system: Any, reduce: Any, counter: Counter, within: str
         Y, inner_levels = reduce(inner, counter)
     else:
         Y, inner_levels = _substitute(inner, counter), inner.G.shape[0] - 1
+    inner_levels += layers.first  # the leading positions: one product each, all steps at once
     del inner
     A, g = layers.carried(Y)
     steps = slice(None, None, 1 if system.lower else -1)  # chain order over time
@@ -110,6 +111,9 @@ class Layout:
         self.carried_layers = sorted({t.col for t in self.across})
         involved = set(self.carried_layers) | {t.row for t in self.across}
         self.kept = 1 + max((self.order.index(k) for k in involved), default=0)
+        # positions before the first the recurrence involves (a forward system's input
+        # layer) depend on their own step only: solved for all steps at once, not reduced
+        self.first = min((self.order.index(k) for k in involved), default=0)
         self.carried_offset, width = {}, 0
         for k in self.carried_layers:
             self.carried_offset[k], width = width, width + self.sizes[k]
@@ -140,9 +144,11 @@ class _LayerChain(Layout):
 
     Position ``i`` of the chain is layer ``order[i]``; its core is the ``W``
     template reading the previous position, its scaling the layer's ``f'`` (or
-    secant slope) per step and sample, and its right-hand side ``[G_s | c_s]``;
-    the positions after ``kept`` (the input layer of a backward system) follow
-    from the solution in one product each.
+    secant slope) per step and sample, and its right-hand side ``[G_s | c_s]``.
+    The positions before ``first`` (the input layer of a forward system) are
+    solved first, for all steps at once, and enter the right-hand side of
+    position ``first``; the positions after ``kept`` (the input layer of a
+    backward system) follow from the solution in one product each.
     """
 
     def __init__(self, system: Any) -> None:
@@ -155,16 +161,35 @@ class _LayerChain(Layout):
         self.rhs = [R[:, :, o: o + h].reshape(-1, h) for o, h in zip(offsets, self.sizes)]
         self.scale = [self._columns(a) for a in system.periodic_scales(per)]
 
+    def _follow(self, k: int, before: Any, counter: Counter) -> Any:
+        """Layer ``k`` of every step from the layer it reads within the step, ``before``."""
+        M = backend.dense(self.within[k].M)
+        product = before @ M.T
+        counter.flops += 2 * product.size * M.shape[1]
+        return (product if self.scale[k] is None else self.scale[k] * product) + self.rhs[k]
+
+    def _leading(self, counter: Counter) -> list:
+        """The positions before ``first``, every step at once (they read no other step)."""
+        values: list = []
+        for k in self.order[: self.first]:
+            values.append(self.rhs[k] if k not in self.within else
+                          self._follow(k, values[-1], counter))
+        return values
+
     def chain(self, counter: Counter) -> Chain:
-        """The padded chain of the first ``kept`` positions, ``c = width + 1`` columns."""
+        """The padded chain of positions ``first..kept-1``, ``c = width + 1`` columns."""
         system, xp = self.system, self.system.backend.xp
-        n, m, b = max(self.sizes), self.kept, self.tau * self.r
+        n, b = max(self.sizes), self.tau * self.r
+        positions = self.order[self.first: self.kept]
+        m = len(positions)
+        self.leading = self._leading(counter)
         L = xp.ones((m, b, n), dtype=system.dtype)
         C = xp.zeros((m, 1, n, n), dtype=system.dtype)
         G = xp.zeros((m, b, n, self.width + 1), dtype=system.dtype)
-        for i, k in enumerate(self.order[:m]):
+        for i, k in enumerate(positions):
             h, s = self.sizes[k], self.scale[k]
-            G[i, :, :h, -1] = self.rhs[k]
+            G[i, :, :h, -1] = self.rhs[k] if i or not self.first else self._follow(
+                k, self.leading[-1], counter)
             if s is not None:
                 L[i, :, :h] = s
             if k in self.within:
@@ -173,12 +198,13 @@ class _LayerChain(Layout):
             for t in (t for t in self.across if t.row == k):
                 M, o = backend.dense(t.M), self.carried_offset[t.col]
                 G[i, :, :h, o: o + M.shape[1]] = M[None] if s is None else s[:, :, None] * M
-        return Chain(L, C[1:], G, [f"block {k} of every step" for k in self.order[:m]], ())
+        return Chain(L, C[1:], G, [f"block {k} of every step" for k in positions], ())
 
     def carried(self, Y: Any) -> tuple[Any, Any]:
         """``A = (D^{-1} G)`` and ``g = (D^{-1} c)`` on the carried rows, ``(tau, r, ...)``."""
         xp = self.system.backend.xp
-        rows = [Y[self.order.index(k), :, : self.sizes[k]] for k in self.carried_layers]
+        rows = [Y[self.order.index(k) - self.first, :, : self.sizes[k]]
+                for k in self.carried_layers]
         Z = (rows[0] if len(rows) == 1 else xp.concatenate(rows, axis=1)).reshape(
             (self.tau, self.r, self.width, self.width + 1))
         return Z[..., :-1], Z[..., -1]
@@ -190,14 +216,14 @@ class _LayerChain(Layout):
         x: list[Any] = [None] * len(self.sizes)
         for i, k in enumerate(self.order):
             h = self.sizes[k]
-            if i < self.kept:
-                x[k] = Y[i, :, :h, -1] + (Y[i, :, :h, :-1] @ prev)[..., 0]
+            if i < self.first:
+                x[k] = self.leading[i]
+            elif i < self.kept:
+                j = i - self.first
+                x[k] = Y[j, :, :h, -1] + (Y[j, :, :h, :-1] @ prev)[..., 0]
                 counter.flops += 2 * prev.shape[0] * h * self.width
-                continue
-            M = backend.dense(self.within[k].M)
-            product = x[self.order[i - 1]] @ M.T
-            x[k] = (product if self.scale[k] is None else self.scale[k] * product) + self.rhs[k]
-            counter.flops += 2 * product.size * M.shape[1]
+            else:
+                x[k] = self._follow(k, x[self.order[i - 1]], counter)
         out = xp.concatenate(x, axis=1).reshape(self.tau, self.r, -1)
         return out.transpose(0, 2, 1).reshape(-1, self.r)
 
