@@ -8,9 +8,12 @@ themselves block bi-diagonal over layers and ``G_s`` holds the ``U`` couplings.
 The paper (end of section 3.1) solves it in ``O(log l log tau)`` steps; here:
 
 1. **Over layers** (``within``): ``Y_s = D_s^{-1} [G_s | c_s]`` for every step
-   and sample at once, by cyclic reduction over the ``l + 1`` layers
-   (``ceil(log2(l + 1))`` levels, the paper's inner reduction) or by
-   substitution (``l`` levels, less work). Time and samples are batch axes.
+   and sample at once, by cyclic reduction over the ``l`` hidden layers
+   (``ceil(log2 l)`` levels, the paper's inner reduction) or by substitution
+   (``l - 1`` levels, less work). Time and samples are batch axes. The input
+   layer is not reduced: a forward system's is known and enters the first
+   hidden layer's right-hand side (one product for all steps, one level more),
+   a backward system's follows from the solution.
 2. **Over time**: the carried layers (those the next step reads through ``U``)
    stacked into one dense block per step give the chain
    ``y_s = A_s y_{s -+ 1} + g_s``, ``A_s = (D_s^{-1} G_s)`` restricted to them;
@@ -19,7 +22,8 @@ The paper (end of section 3.1) solves it in ``O(log l log tau)`` steps; here:
 
 Because the reduction of a bi-diagonal chain never changes its diagonal blocks,
 ``D_s^{-1}`` is needed once, not at every time level: the depth is
-``ceil(log2(l + 1)) + ceil(log2 tau)``, within the paper's product bound.
+``ceil(log2 l) + ceil(log2 tau)`` (plus one for a forward system), within the
+paper's product bound.
 The price is the dense per-step blocks: ``O(tau r H^3)`` work for ``H`` carried
 features, against the sequential ``O(tau r H^2)``, so this pays off only for
 small widths and with parallel hardware.
