@@ -28,6 +28,12 @@ def real_array(a: Any, what: str, dtype: Any = None) -> Any:
     """
     if backend.is_sparse(a):
         raise ValueError(f"{what} is a sparse matrix; a dense array is expected here")
+    wants_tensor = getattr(dtype, "is_floating_point", None) is not None  # a torch.dtype
+    if dtype is not None and wants_tensor != (hasattr(a, "dtype") and
+                                              backend.of(a).name == "torch"):
+        raise ValueError(f"{what} is a {type(a).__module__}.{type(a).__name__}, but the arrays "
+                         f"it meets are {'PyTorch tensors' if wants_tensor else 'NumPy arrays'}"
+                         f": pass it as one ({'torch.as_tensor' if wants_tensor else '.numpy()'})")
     xp = backend.namespace(a) if hasattr(a, "dtype") else np
     try:
         array = xp.asarray(a)
@@ -56,7 +62,7 @@ def as_coupling(M: Any, what: str) -> Any:
     elif backend.is_sparse(M):
         if M.format == "csr" and M.has_canonical_format and M.dtype.kind == "f":
             return M
-    elif getattr(M, "dtype", None) is not None and M.dtype.kind == "f":
+    elif backend.kind(getattr(M, "dtype", None)) == "f":
         return M
     return canonical_matrix(M, what)
 

@@ -234,8 +234,7 @@ for _activation in (
     Activation(
         "elu",
         lambda y: _xp(y).where(y > 0, y, _xp(y).expm1(_xp(y).minimum(y, 0))),
-        lambda y: backend.astype(_xp(y).where(y > 0, 1.0, _xp(y).exp(_xp(y).minimum(y, 0))),
-                                 y.dtype),
+        lambda y: _xp(y).where(y > 0, 1.0, _xp(y).exp(_xp(y).minimum(y, 0))),
         1.0,
         "y if y > 0 else exp(y) - 1",
     ),

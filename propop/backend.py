@@ -121,7 +121,8 @@ def of(*objects: Any) -> Backend:
             return found
     names = {_name_of(obj) for obj in objects if obj is not None}
     if len(names) > 1:
-        raise TypeError("arrays live on different backends (NumPy and CuPy); move them to one")
+        raise TypeError(f"arrays live on different backends ({', '.join(sorted(names))}); "
+                        "move them to one")
     return _named(names.pop() if names else "numpy")
 
 
@@ -166,11 +167,7 @@ def kind(dtype: Any) -> str:
 
 def is_real_floating(array: Any) -> bool:
     """Whether ``array`` has a real floating dtype (NumPy, CuPy or PyTorch)."""
-    dtype = getattr(array, "dtype", None)
-    kind = getattr(dtype, "kind", None)
-    if kind is not None:
-        return kind == "f"
-    return bool(getattr(dtype, "is_floating_point", False)) and not dtype.is_complex
+    return kind(getattr(array, "dtype", None)) == "f"
 
 
 def matmul_into(out: Any, M: Any, x: Any, sparse: bool | None = None) -> Any:

@@ -171,3 +171,24 @@ def test_an_rnn_of_tensors_runs_forward_and_says_its_systems_need_numpy():
     np.testing.assert_allclose(out.numpy(), rnn.forward(xs).output, rtol=1e-13, atol=1e-15)
     with pytest.raises(ValueError, match="time structures take NumPy or CuPy arrays"):
         pp.backprop(tensors, torch.from_numpy(xs), torch.from_numpy(xs))
+
+
+def test_mixed_numpy_and_torch_inputs_are_named():
+    C, S, rhs = np.full((4, 3, 3), 0.1), np.ones((4, 3)), np.ones(15)
+    chain = dict(lower=True, sizes=(3,) * 5)
+    for stacks in (dict(coupling_stack=torch.from_numpy(C), scale_stack=S),
+                   dict(coupling_stack=C, scale_stack=torch.from_numpy(S))):
+        with pytest.raises(TypeError, match=r"different backends \(numpy, torch\)"):
+            pp.TriangularSystem(None, None, rhs, **stacks, **chain)
+    with pytest.raises(TypeError, match=r"different backends \(numpy, torch\)"):
+        pp.TriangularSystem(list(C), [None] + [torch.ones(3, dtype=torch.float64)] * 4, rhs,
+                            **chain)
+    net = pp.FNN.random([3] * 4, activation="tanh", seed=0)
+    tensors = torch_net(net)
+    one = torch.ones(3, dtype=torch.float64)
+    with pytest.raises(ValueError, match="x is a numpy.ndarray, but .* PyTorch tensors"):
+        pp.backprop(tensors, np.ones(3), one)
+    with pytest.raises(ValueError, match="target is a numpy.ndarray, but .* PyTorch tensors"):
+        pp.backprop(tensors, one, np.ones(3))
+    with pytest.raises(ValueError, match="x is a torch.Tensor, but .* NumPy arrays"):
+        pp.backprop(net, one, np.ones(3))

@@ -120,7 +120,7 @@ class FNN:
 
     @functools.cached_property
     def stacked(self) -> dict:
-        """``{"W": (l, n, n), "WT": (l, n, n)}``: the weights stacked once, or empty.
+        """``{"W": (l, n, n), "WT": (l, n, n), "b": (l, n)}``: stacked once, or empty.
 
         Where all are dense and square of one width; chains then reduce without
         gathering their couplings block by block.
@@ -128,8 +128,9 @@ class FNN:
         n = self.sizes[0]
         if self.sparse or any(n_k != n for n_k in self.sizes):
             return {}
-        W = self.backend.xp.stack(self.W)
-        return {"W": W, "WT": self.backend.xp.permute_dims(W, (0, 2, 1))}
+        xp = self.backend.xp
+        W = xp.stack(self.W)
+        return {"W": W, "WT": xp.permute_dims(W, (0, 2, 1)), "b": xp.stack(self.b)}
 
     @property
     def depth(self) -> int:
@@ -295,7 +296,7 @@ class FNN:
         if self.stacked:  # all layers in one batched product
             later = xp.stack(z[1:]) if isinstance(z, (list, tuple)) else z[1:]
             Z = xp.concatenate([x[None], later])
-            bias = xp.stack(self.b)
+            bias = self.stacked["b"]
             return _stacked_trace(x, self.stacked["W"] @ Z[:-1] + (
                 bias if x.ndim == 1 else bias[:, :, None]), Z)
         y = [Wk @ zk + column(bk, x) for Wk, bk, zk in zip(self.W, self.b, z[:-1])]

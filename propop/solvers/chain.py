@@ -217,16 +217,14 @@ def _coupling_scales(system: Any, couplings: list) -> Any:
     scaled form a lower chain's coupling ``j`` sits in row ``j + 1``, an upper
     chain's in row ``j``.
     """
-    xp, n, dtype = system.backend.xp, system.sizes[0], system.dtype
-    stack = system.scale_stack
-    if stack is None or system.form != "scaled":
+    xp = system.backend.xp
+    if system.scale_stack is None or system.form != "scaled":
         scales = system.blocks.scale  # a tuple made per access: once
-        return _stack_columns(xp, [scales[j] for j in couplings], n, dtype)
-    stack = stack[:, :, None] if stack.ndim == 2 else stack
-    if system.lower:
-        return stack
-    ones = xp.ones((1,) + tuple(stack.shape[1:]), dtype=dtype)
-    return xp.concatenate([xp.flip(stack[:-1], axis=0), ones])
+        return _stack_columns(xp, [scales[j] for j in couplings], system.sizes[0],
+                              system.dtype)
+    S = system._coupling_scales  # in coupling order: reversed for an upper chain
+    S = S if system.lower else xp.flip(S, axis=0)
+    return S[:, :, None] if S.ndim == 2 else S
 
 
 def _stack_matrices(be: backend.Backend, matrices: list, n: int, dtype: Any) -> Any:
@@ -276,7 +274,7 @@ def apply(L: Any, C: Any, X: Any, counter: Counter) -> Any:
         CX *= L[..., None]  # in place: the product is new, and scaling it is half the time
         return CX
     if C.shape[1] == 1 and r == 1:  # one vector per core: einsum reads strided cores
-        CX = xp.einsum("pij,pj->pi", C[:, 0], X[:, 0])[:, None, :]  # in place (3x matmul's)
+        CX = xp.einsum("pij,pj->pi", C[:, 0], X[:, 0])[:, None, :]  # 3x matmul's speed here
     elif C.shape[1] == 1:  # one shared core per block: a matrix-matrix product
         CX = xp.permute_dims(C[:, 0] @ xp.permute_dims(X, (0, 2, 1)), (0, 2, 1))
     else:

@@ -181,7 +181,11 @@ class _LayerChain(Layout):
         return values
 
     def chain(self, counter: Counter) -> Chain:
-        """The padded chain of positions ``first..kept-1``, ``c = width + 1`` columns."""
+        """The padded chain of positions ``first..kept-1``, ``c = width + 1`` columns.
+
+        Solves the positions before ``first`` on the way (:attr:`leading`, which
+        :meth:`solution` reads).
+        """
         system, xp = self.system, self.system.backend.xp
         n, b = max(self.sizes), self.tau * self.r
         positions = self.order[self.first: self.kept]

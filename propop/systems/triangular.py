@@ -280,7 +280,9 @@ class TriangularSystem:
         if row_scale is not None or (structure is None and scale_stack is None):
             self.__dict__["_row_scale"] = (tuple(row_scale) if row_scale is not None
                                            else (None,) * len(self.sizes))
-        self.backend = backend.of(rhs, *matrices)
+        scales = (self.scale_stack,) if scale_stack is not None else (
+            layer_scales if layer_scales is not None else row_scale or ())
+        self.backend = backend.of(rhs, *matrices, *scales)  # mixed backends are named
         self._validate()
         if form == "paper":
             self._require_paper_form()
@@ -480,10 +482,7 @@ class TriangularSystem:
     def _require_finite_scales(self) -> None:
         """One pass over all scalings; the per-block search only when one is bad."""
         xp = self.backend.xp
-        stacked = self._layer_scales if "_row_scale" not in self.__dict__ else self._row_scale
-        if self.scale_stack is not None:
-            stacked = (self.scale_stack,)
-        scales = [s for s in stacked if s is not None]
+        scales = [s for s in self._scalings if s is not None]
         if not scales or bool(xp.isfinite(scales[0] if len(scales) == 1 else xp.concatenate(
                 [s.reshape(-1) for s in scales])).all()):
             return
@@ -523,15 +522,15 @@ class TriangularSystem:
         if self.structure is not None and changes.get("structure", True) is not None:
             args.update(structure=self.structure, layer_scales=self._layer_scales,
                         row_scale=None if self._layer_scales is not None else self._row_scale)
-        else:  # the block view, unrolled if it was a structure
-            args.update(row_scale=self._row_scale, edges=self._edges)
-        if self.coupling_stack is not None and "edges" not in changes and \
-                self.structure is None:  # a chain keeps its stacked couplings
-            args.pop("edges")
-            args.update(coupling_stack=self.coupling_stack)
-        if self.scale_stack is not None and "row_scale" not in changes:
-            args.pop("row_scale")
-            args.update(scale_stack=self.scale_stack)
+        else:  # stacks stay stacked; a structure is unrolled into the block view
+            if self.coupling_stack is not None and "edges" not in changes:
+                args["coupling_stack"] = self.coupling_stack
+            else:
+                args["edges"] = self._edges
+            if self.scale_stack is not None and "row_scale" not in changes:
+                args["scale_stack"] = self.scale_stack
+            elif "scale_stack" not in changes:
+                args["row_scale"] = self._row_scale
         args.update(changes)
         if args.get("structure") is None:
             args.pop("layer_scales", None)
@@ -761,10 +760,9 @@ class TriangularSystem:
         X = xp.reshape(x, (nb, self.sizes[0]) + tuple(x.shape[1:]))
         rows, cols = (slice(1, None), slice(0, -1)) if self.lower else (slice(0, -1),
                                                                        slice(1, None))
-        scales, diagonal = self._coupling_scales, None
-        if self.form == "paper":
-            scales, diagonal = None, self._coupling_scales
-        out = X * 1 if diagonal is None else X / self._block_scales
+        paper = self.form == "paper"  # d = 1/s on the diagonal, unscaled couplings
+        scales = None if paper else self._coupling_scales
+        out = X / self._block_scales if paper else X * 1
         inner = (lambda v: v[..., None]) if x.ndim == 1 else (lambda v: v)
         outer = (lambda v: v[..., 0]) if x.ndim == 1 else (lambda v: v)
         M = self.coupling_stack
