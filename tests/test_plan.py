@@ -113,3 +113,20 @@ def test_a_prepared_solve_holds_no_python_object_per_block(method, vectors):
     """
     small, large = (_bytes_beyond_output(method, depth) for depth in (256, 2048))
     assert (large - small) / (2048 - 256) <= 8 * vectors, (small, large)
+
+
+def test_a_plan_keeps_the_matrix_work_of_its_first_solve():
+    """A method without a prepare step builds its blocks once per plan, not per solve."""
+    net, trace, eps, _ = Case((5, 6, 4, 3), r=2, activation="tanh").problem()
+    system = pp.backward_system(net, trace, eps)  # unequal widths: the per-block view
+    plan = pp.prepare(system, "jacobi")
+    rng = np.random.default_rng(4)
+    first = rng.standard_normal(system.rhs.shape)
+    plan.solve(first)
+    blocks = plan.system.__dict__.get("blocks")
+    assert blocks is not None
+    second = rng.standard_normal(system.rhs.shape)
+    ours = plan.solve(second)
+    assert plan.system.__dict__["blocks"] is blocks
+    reference = pp.solve(system.with_rhs(second), "substitution").x
+    assert np.abs(ours.x - reference).max() <= 1e-9 * np.abs(reference).max()
