@@ -11,7 +11,8 @@ gathered on every rank, so the result equals the single-process one.
   ``y_p = A_p y_{p-1} + g_p`` (its exported blocks as an affine function of its
   imported ones, from ``1 + imports`` local substitutions), the relations are
   composed across ranks by recursive doubling (``ceil(log2 P)`` ``Sendrecv``
-  steps, cyclic reduction over the ranks), then each rank solves its rows.
+  steps, cyclic reduction over the ranks), then each rank solves its rows: the
+  ranks are the segments of :mod:`propop.solvers.segments`.
 - ``mpi.jacobi``: Jacobi sweeps with one neighbour exchange each and the
   residual norms summed with ``Allreduce``.
 """
@@ -26,6 +27,7 @@ import numpy as np
 from ..solvers.chain import Counter, apply, product
 from ..solvers.convergence import Tolerance, finish, initial_guess
 from ..solvers.registry import register
+from ..solvers.segments import expand, relation
 from ..solvers.solution import Solution
 from .guard import COLLECTIVE
 from .system import DistributedSystem
@@ -56,10 +58,16 @@ def mpi_substitution(system: Any, *, comm: Any = None, rtol: float | None = None
                   info=_info(d))
 
 
-def _boundary_relation(d: DistributedSystem) -> tuple[Any, Any, Any, Any]:
-    """``(Yc, YG, A, g)``: the local solution is ``Yc + YG y_prev``, exports ``A y_prev + g``."""
+def _boundary_relation(d: DistributedSystem) -> tuple[Any, Any, int]:
+    """``(Y, Ag, m)``: the local solution ``Y [y_prev; 1]`` and the exports' ``[A | g]``.
+
+    ``Y = D^{-1} [G | c]`` per sample, ``(r, local entries, imports + 1)``, from
+    ``1 + imports`` local substitutions (a unit right-hand side per imported
+    entry, then the system's own); ``Ag`` holds its exported rows
+    (:func:`~propop.solvers.segments.relation`) padded to ``m`` entries,
+    ``(r, m, m + 1)``, one buffer per sample for the exchanges.
+    """
     xp = d.xp
-    Yc = d.solve_local(d.local.rhs)
     columns = []
     for k in d.imports:
         for i in range(d.sizes[k]):
@@ -67,15 +75,15 @@ def _boundary_relation(d: DistributedSystem) -> tuple[Any, Any, Any, Any]:
                     for j in d.imports}
             unit[k][i] = 1
             columns.append(d.solve_local(d.external_rhs(unit)))
-    batch = d.local.rhs.shape[1:]
-    YG = xp.stack(columns, axis=-1) if columns else xp.zeros(Yc.shape + (0,), dtype=d.dtype)
-    rows = d.boundary_entries(d.exports)
-    m, r = d.boundary, (batch[0] if batch else 1)
-    A = xp.zeros((r, m, m + 1), dtype=d.dtype)  # [A | g] in one buffer per sample
-    exported = YG[rows] if batch else YG[rows][:, None, :]  # (n_exp, r, n_imp)
-    A[:, : len(rows), : YG.shape[-1]] = exported.transpose(1, 0, 2)
-    A[:, : len(rows), m] = (Yc[rows] if batch else Yc[rows][:, None]).T
-    return Yc, YG, A, m
+    columns.append(d.solve_local(d.local.rhs))
+    Y = xp.stack(columns, axis=-1)  # (entries[, r], imports + 1)
+    Y = xp.permute_dims(Y[:, None] if Y.ndim == 2 else Y, (1, 0, 2))
+    A, g = relation(Y, d.boundary_entries(d.exports))
+    m = d.boundary
+    Ag = xp.zeros((Y.shape[0], m, m + 1), dtype=d.dtype)
+    Ag[:, : A.shape[1], : A.shape[2]] = A
+    Ag[:, : g.shape[1], m] = g
+    return Y, Ag, m
 
 
 def _compose_over_ranks(d: DistributedSystem, Ag: Any, m: int) -> tuple[Any, int]:
@@ -122,16 +130,13 @@ def mpi_cyclic_reduction(system: Any, *, comm: Any = None, rtol: float | None = 
     ``info["rank_levels"]`` gives the latter.
     """
     d = DistributedSystem(system, comm)
-    Yc, YG, Ag, m = _boundary_relation(d)
+    Y, Ag, m = _boundary_relation(d)
     Ag, rank_levels = _compose_over_ranks(d, Ag, m)
     y = np.ascontiguousarray(Ag[:, :, m])  # my exports, (r, m)
     y_prev = np.zeros_like(y)
     d.comm.Sendrecv(y, dest=d.next, recvbuf=y_prev, source=d.previous)
-    n_imp = YG.shape[-1]
-    if Yc.ndim == 1:
-        x_local = Yc + YG @ y_prev[0, :n_imp]
-    else:
-        x_local = Yc + np.einsum("nrk,rk->nr", YG, y_prev[:, :n_imp])
+    x = expand(Y, y_prev[:, : Y.shape[2] - 1], Counter())  # (r, local entries)
+    x_local = x[0] if d.local.rhs.ndim == 1 else x.T
     tol = Tolerance.of(system, rtol, atol) if verify else None
     local_levels = max(d.comm.allgather(len(d.blocks)))
     return finish(system, d.gather(x_local), tol=tol, levels=local_levels + rank_levels,

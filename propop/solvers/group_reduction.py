@@ -14,6 +14,8 @@ groups the system is block bi-diagonal, ``D_s x_s = c_s + G_s y_{s-1}``, with
    (``ceil(log2 groups)`` levels);
 3. ``x_s = D_s^{-1} c_s + D_s^{-1} G_s y_{s-1}``.
 
+Stages 2 and 3 are :mod:`.segments`', shared with the RNN's reduction over time.
+
 The group matrices are dense and per sample: meant for narrow layers and few,
 long chains of groups, like the reduction over time.
 """
@@ -22,7 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .chain import Chain, Counter
+from .chain import Counter
+from .segments import across, expand, relation
 
 __all__ = ["reduce_over_groups", "read_by"]
 
@@ -47,16 +50,13 @@ def reduce_over_groups(system: Any, reduce: Any, counter: Counter) -> tuple[Any,
     A = xp.zeros((m, r, n, n), dtype=system.dtype)
     g = xp.zeros((m, r, n), dtype=system.dtype)
     for s, Ys in enumerate(Y):
-        local = _positions(xp, rows[s], carried[s])
-        width_before = Ys.shape[2] - 1
-        A[s, :, : len(local), :width_before] = Ys[:, local, :-1]
-        g[s, :, : len(local)] = Ys[:, local, -1]
-    ones = xp.ones((m, 1, n), dtype=system.dtype)
-    y, levels = reduce(Chain(ones, A[1:], g, [f"group {s}" for s in range(m)], ()), counter)
+        A_s, g_s = relation(Ys, _positions(xp, rows[s], carried[s]))
+        A[s, :, : A_s.shape[1], : A_s.shape[2]] = A_s
+        g[s, :, : g_s.shape[1]] = g_s
+    previous, levels = across(A, g, reduce, counter, [f"group {s}" for s in range(m)])
     x = xp.zeros((system.size, r), dtype=system.dtype)
     for s, Ys in enumerate(Y):
-        before = y[s - 1, :, : Ys.shape[2] - 1] if s > 0 else xp.zeros((r, 0), system.dtype)
-        x[rows[s]] = (Ys[..., -1] + (Ys[..., :-1] @ before[..., None])[..., 0]).T
+        x[rows[s]] = expand(Ys, previous[s, :, : Ys.shape[2] - 1], counter).T
     within = max(len(group) for group in groups)
     info = {"levels": {"within": within, "groups": levels}, "groups": len(groups)}
     return (x[:, 0] if system.nrhs is None else x), within + levels, info

@@ -20,6 +20,9 @@ The paper (end of section 3.1) solves it in ``O(log l log tau)`` steps; here:
    odd-even cyclic reduction solves it in ``ceil(log2 tau)`` levels.
 3. ``x_s = D_s^{-1} c_s + D_s^{-1} G_s y_{s -+ 1}``: one batched product.
 
+Stages 2 and 3 are :mod:`.segments`', shared with the groups of a graph and the
+ranks of an MPI run.
+
 Because the reduction of a bi-diagonal chain never changes its diagonal blocks,
 ``D_s^{-1}`` is needed once, not at every time level: the depth is
 ``ceil(log2 l) + ceil(log2 tau)`` (plus one for a forward system), within the
@@ -36,6 +39,7 @@ from typing import Any
 
 from .. import backend
 from .chain import Chain, Counter, apply
+from .segments import across, expand, relation
 
 __all__ = ["reduce_over_time", "WITHIN", "Layout"]
 
@@ -62,17 +66,13 @@ def reduce_over_time(system: Any, reduce: Any, counter: Counter, within: str
     del inner
     A, g = layers.carried(Y)
     steps = slice(None, None, 1 if system.lower else -1)  # chain order over time
-    xp = system.backend.xp
-    ones = xp.ones((A.shape[0], 1, A.shape[2]), dtype=system.dtype)
-    y, time_levels = reduce(Chain(ones, A[steps][1:], g[steps], _Steps(range(A.shape[0])[steps]),
-                                  ()), counter)
+    previous, time_levels = across(A[steps], g[steps], reduce, counter,
+                                   _Steps(range(A.shape[0])[steps]))
     del A, g
-    previous = xp.zeros_like(y)  # chain order: the value each step reads
-    previous[1:] = y[:-1]
     x = layers.solution(Y, previous[steps], counter)
     levels = {"layers": inner_levels, "time": time_levels}
     return (x[:, 0] if system.nrhs is None else x), inner_levels + time_levels, {
-        "levels": levels, "within": within, "carried": y.shape[2]}
+        "levels": levels, "within": within, "carried": layers.width}
 
 
 def _substitute(chain: Chain, counter: Counter) -> Any:
@@ -215,21 +215,19 @@ class _LayerChain(Layout):
                 for k in self.carried_layers]
         Z = (rows[0] if len(rows) == 1 else xp.concatenate(rows, axis=1)).reshape(
             (self.tau, self.r, self.width, self.width + 1))
-        return Z[..., :-1], Z[..., -1]
+        return relation(Z, slice(None))
 
     def solution(self, Y: Any, previous: Any, counter: Counter) -> Any:
         """``x = D^{-1} c + D^{-1} G y_prev`` in the system's layout ``(tau H, r)``."""
         xp = self.system.backend.xp
-        prev = previous.reshape(-1, self.width)[:, :, None]  # (b, width, 1)
+        prev = previous.reshape(-1, self.width)  # (b, width)
         x: list[Any] = [None] * len(self.sizes)
         for i, k in enumerate(self.order):
             h = self.sizes[k]
             if i < self.first:
                 x[k] = self.leading[i]
             elif i < self.kept:
-                j = i - self.first
-                x[k] = Y[j, :, :h, -1] + (Y[j, :, :h, :-1] @ prev)[..., 0]
-                counter.flops += 2 * prev.shape[0] * h * self.width
+                x[k] = expand(Y[i - self.first, :, :h], prev, counter)
             else:
                 x[k] = self._follow(k, x[self.order[i - 1]], counter)
         out = xp.concatenate(x, axis=1).reshape(self.tau, self.r, -1)

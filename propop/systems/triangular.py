@@ -30,6 +30,7 @@ from typing import Any
 
 from .. import backend
 from .._checks import as_coupling, require_finite
+from .edge_groups import EdgeGroups
 
 __all__ = ["TriangularSystem", "Blocks", "Edge", "Step", "FORMS"]
 
@@ -730,7 +731,6 @@ class TriangularSystem:
         With a :attr:`structure`, one product per repeated coupling for all
         time steps at once.
         """
-        B = self.blocks
         if x.shape != self.rhs.shape and not (
                 self.nrhs is not None and x.ndim == 2 and x.shape[0] == self.size
                 and self._scaled_once):
@@ -739,15 +739,31 @@ class TriangularSystem:
             return self.structure.apply(self, x, transpose)
         if self.coupling_stack is not None and self.scale_stack is not None:
             return self._apply_stacked(x, transpose)
-        xs = self.split(x)
-        out = [xk.copy() if d is None else d * xk for xk, d in zip(xs, B.diagonal)]
-        for e in B.edges:
-            if transpose:
-                out[e.col] -= e.matrix.T @ (xs[e.row] if e.scale is None else e.scale * xs[e.row])
-            else:
-                product = e.matrix @ xs[e.col]
-                out[e.row] -= product if e.scale is None else e.scale * product
-        return self.backend.xp.concatenate(out)
+        D = self._diagonal
+        out = x * 1 if D is None else (D[:, 0] if x.ndim == 1 else D) * x
+        groups = self._transposed_groups if transpose else self._forward_groups
+        return groups.subtract_from(out, x)
+
+    @functools.cached_property
+    def _forward_groups(self) -> EdgeGroups:
+        """The couplings grouped by shape for :meth:`apply` (built once)."""
+        return EdgeGroups(self.blocks, self.offsets, self.backend, transpose=False)
+
+    @functools.cached_property
+    def _transposed_groups(self) -> EdgeGroups:
+        """The couplings grouped by shape for :meth:`apply` with ``transpose``."""
+        return EdgeGroups(self.blocks, self.offsets, self.backend, transpose=True)
+
+    @functools.cached_property
+    def _diagonal(self) -> Any:
+        """The diagonal of this form as one ``(N, c)`` array; ``None`` if it is the identity."""
+        diagonal, xp = self.blocks.diagonal, self.backend.xp
+        if all(d is None for d in diagonal):
+            return None
+        c = max(1 if d is None or d.ndim == 1 else d.shape[1] for d in diagonal)
+        return xp.concatenate([xp.ones((n, c), dtype=self.dtype) if d is None else
+                               xp.broadcast_to(xp.reshape(d, (n, -1)), (n, c))
+                               for n, d in zip(self.sizes, diagonal)])
 
     def _apply_stacked(self, x: Any, transpose: bool) -> Any:
         """:meth:`apply` of a chain given by its stacks: one batched product for all blocks.
