@@ -231,12 +231,17 @@ class FNN:
         Z[0] = x
         biases = self.b if x.ndim == 1 else self._bias_columns
         zs = list(Z)  # views, made in C
-        writers = {f: f.writer(xp) for f in set(self.activations)}
-        for Wk, bk, f, y, z, z_next in zip(self.W, biases, self.activations, Y, zs, zs[1:]):
+        for Wk, bk, write, y, z, z_next in zip(self.W, biases, self._writers, Y, zs, zs[1:]):
             xp.matmul(Wk, z, out=y)
             y += bk
-            writers[f](y, out=z_next)
+            write(y, out=z_next)
         return _stacked_trace(x, Y, Z)
+
+    @functools.cached_property
+    def _writers(self) -> tuple:
+        """Each layer's in-place activation (:meth:`Activation.writer`), made once."""
+        writers = {f: f.writer(self.backend.xp) for f in set(self.activations)}
+        return tuple(writers[f] for f in self.activations)
 
     @functools.cached_property
     def _bias_columns(self) -> tuple:
