@@ -1,0 +1,27 @@
+"""Layers with Jacobians, the pieces of a :class:`~propop.Graph` (the Jacobian form).
+
+Every layer maps flat inputs (``(n,)`` or ``(n, r)``, features in PyTorch's C order
+``(channels, height, width)``, samples as columns) to a flat output, and belongs to
+one of two kinds, which decide how it enters a triangular system:
+
+- **linear** (:class:`Linear`): ``z = sum_i J_i x_i + bias`` with Jacobians ``J_i``
+  shared by all samples: :class:`Dense`, :class:`Conv1d`, :class:`Conv2d`,
+  :class:`AvgPool2d`, :class:`Add`, :class:`Concat`. Their blocks hold the
+  gradient with respect to their output, and they give parameter gradients.
+- **diagonal** (:class:`Diagonal`): ``z = A (d(x) * x)`` near ``x``, a shared matrix
+  ``A`` after a per-sample diagonal: :class:`Activation` (``A = I``,
+  ``d = f'``) and :class:`MaxPool2d` (``A`` sums each window, ``d`` marks its
+  maximum). Their blocks hold the input-side quantity, so the per-sample part is
+  the row scaling of the paper's scaled form and no per-sample matrix is ever built.
+
+:meth:`Layer.jacobian` returns the full Jacobian for one sample (a ``scipy.sparse``
+array) for checks and experiments. Convolutions and pooling build their sparse
+Jacobians once, from index arrays.
+"""
+
+from .base import Diagonal, Layer, Linear
+from .dense import Activation, Add, Concat, Dense
+from .spatial import AvgPool2d, Conv1d, Conv2d, MaxPool2d
+
+__all__ = ["Layer", "Linear", "Diagonal", "Dense", "Conv1d", "Conv2d", "AvgPool2d",
+           "MaxPool2d", "Add", "Concat", "Activation"]

@@ -1,0 +1,113 @@
+"""The layer protocol: :class:`Layer`, its two kinds :class:`Linear` and :class:`Diagonal`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from .._checks import canonical_matrix, real_array, require_finite
+
+__all__ = ["Layer", "Linear", "Diagonal"]
+
+
+class Layer:
+    """The protocol: sizes, the forward map, and the Jacobian for one sample."""
+
+    linear = True
+
+    def output_size(self, sizes: Sequence[int]) -> int:
+        """The output size for inputs of ``sizes``; ``ValueError`` if they do not fit."""
+        raise NotImplementedError
+
+    def forward(self, inputs: Sequence[Any]) -> Any:
+        """The output for ``inputs`` (one array per input)."""
+        raise NotImplementedError
+
+    def jacobian(self, inputs: Sequence[Any]) -> list:
+        """``dz/dx_i`` at ``inputs`` (one sample each), one sparse array per input."""
+        raise NotImplementedError
+
+
+class Linear(Layer):
+    """``z = sum_i J_i x_i + bias`` with shared ``J_i``."""
+
+    bias: Any = None
+
+    def jacobians(self, sizes: Sequence[int]) -> list:
+        """The shared ``J_i`` for inputs of ``sizes``."""
+        raise NotImplementedError
+
+    def forward(self, inputs: Sequence[Any]) -> Any:
+        """The output for ``inputs``."""
+        out = sum(J @ x for J, x in zip(self.jacobians([len(x) for x in inputs]), inputs))
+        if self.bias is None:
+            return out
+        return out + (self.bias if out.ndim == 1 else self.bias[:, None])
+
+    def jacobian(self, inputs: Sequence[Any]) -> list:
+        """``dz/dx_i`` for one sample, one sparse array per input."""
+        return [sp.csr_array(J) for J in self.jacobians([len(x) for x in inputs])]
+
+    def parameters(self) -> dict:
+        """Trainable arrays by name (none by default)."""
+        return {}
+
+    def gradients(self, inputs: Sequence[Any], grad: Any) -> dict:
+        """``dE/dparameter`` from the inputs and ``grad = dE/dz``, summed over samples."""
+        return {}
+
+    def set_parameter(self, name: str, value: Any) -> None:
+        """Replace parameter ``name`` (a key of :meth:`parameters`), e.g. in training."""
+        raise ValueError(f"{self!r} has no parameter {name!r}")
+
+
+class Diagonal(Layer):
+    """``z = A (d(x) * x)`` locally: one input, a per-sample diagonal, a shared ``A``."""
+
+    linear = False
+
+    def selection(self, size: int) -> Any:
+        """The shared ``A`` for an input of ``size`` (``None``: the identity)."""
+        return None
+
+    def slope(self, x: Any) -> Any:
+        """``d(x)`` with ``dz/dx = A diag(d(x))``."""
+        raise NotImplementedError
+
+    def linearize(self, x: Any, linearization: str) -> tuple[Any, Any]:
+        """``(a, beta)`` with ``z ~ A (a * x + beta)`` near ``x``."""
+        raise NotImplementedError
+
+    def forward(self, inputs: Sequence[Any]) -> Any:
+        """The output for ``inputs``."""
+        (x,) = inputs
+        a, beta = self.linearize(x, "secant")
+        t = a * x + beta
+        A = self.selection(len(x))
+        return t if A is None else A @ t
+
+    def jacobian(self, inputs: Sequence[Any]) -> list:
+        """``dz/dx_i`` for one sample, one sparse array per input."""
+        (x,) = inputs
+        A = self.selection(len(x))
+        D = sp.diags_array(np.asarray(self.slope(x)))
+        return [sp.csr_array(D if A is None else A @ D)]
+
+
+def _weight(a: Any, what: str, ndim: int = 2) -> Any:
+    """A parameter as a finite float64 array (``ndim`` dimensions; matrices may be sparse)."""
+    a = canonical_matrix(a, what, np.float64) if ndim == 2 else real_array(a, what, np.float64)
+    if a.ndim != ndim:
+        raise ValueError(f"{what} has {a.ndim} dimensions, expected {ndim}")
+    require_finite(a, what)
+    return a
+
+
+def _one_input(layer: Layer, sizes: Sequence[int]) -> None:
+    if len(sizes) != 1:
+        raise ValueError(f"{layer!r} takes one input, got {len(sizes)}")
+
+
