@@ -31,12 +31,23 @@ def from_torch(module: Any, input_shape: Any = None) -> Any:
     return convert(module, input_shape)
 
 
+def state_dict(network: Any) -> Any:
+    """A network's parameters under PyTorch's names (:func:`propop.torch_interop.state_dict`).
+
+    ``module.load_state_dict(pp.state_dict(net), strict=False)`` writes them back
+    into the module ``net`` came from. Needs PyTorch.
+    """
+    from .torch_interop import state_dict as convert
+
+    return convert(network)
+
+
 __all__ = [
     "FNN", "RNN", "Graph", "Trace", "Gradients", "RNNGradients", "GraphGradients", "layers",
     "Activation", "register_activation", "get_activation", "available_activations",
     "loss_gradient", "loss_value",
     "TriangularSystem", "Blocks", "backward_system", "forward_system",
     "solve", "prepare", "Plan", "solvers", "Solution", "Status", "ConvergenceError",
-    "backprop", "forward", "from_torch", "train", "History", "data", "sparsity",
+    "backprop", "forward", "from_torch", "state_dict", "train", "History", "data", "sparsity",
     "memory", "MemoryBudgetError",
 ]

@@ -205,6 +205,23 @@ def _gelu_df(y: Any) -> Any:
     return s + 2 * y * s * t * _GELU_C * (1 + 3 * _GELU_K * y * y)
 
 
+def _gelu_erf(y: Any) -> Any:
+    """``y Phi(y) = 0.5 y (1 + erf(y / sqrt(2)))``: PyTorch's default ``nn.GELU()``."""
+    return 0.5 * y * (1 + backend.erf(y / math.sqrt(2)))
+
+
+def _gelu_erf_df(y: Any) -> Any:
+    """``Phi(y) + y phi(y)``."""
+    phi = _xp(y).exp(-0.5 * y * y) / math.sqrt(2 * math.pi)
+    return 0.5 * (1 + backend.erf(y / math.sqrt(2))) + y * phi
+
+
+def _silu_df(y: Any) -> Any:
+    """``s (1 + y (1 - s))``, ``s = sigmoid(y)``."""
+    s = _sigmoid(y)
+    return s * (1 + y * _sigmoid(-y))
+
+
 def _softplus(y: Any) -> Any:
     xp = _xp(y)
     return xp.log1p(xp.exp(-abs(y))) + xp.maximum(y, 0)
@@ -240,5 +257,11 @@ for _activation in (
     ),
     Activation("gelu", _gelu, _gelu_df, 1.0,
                "GELU, tanh approximation (PyTorch approximate='tanh')"),
+    Activation("gelu_erf", _gelu_erf, _gelu_erf_df, 1.0,
+               "GELU, exact: y Phi(y) (PyTorch's default nn.GELU())"),
+    Activation("silu", lambda y: y * _sigmoid(y), _silu_df, 1.0, "y sigmoid(y) (SiLU, swish)"),
+    Activation("exp", lambda y: _xp(y).exp(y), lambda y: _xp(y).exp(y), 1.0,
+               "exp(y) (a softmax's last step)", df_of_output=lambda z: z * 1,
+               elementwise="exp"),
 ):
     register_activation(_activation)

@@ -18,7 +18,7 @@ from types import ModuleType
 from typing import Any
 
 __all__ = ["Backend", "of", "namespace", "is_sparse", "is_real_floating", "matmul_into",
-           "matmul_writer", "kind", "astype", "indices", "eps", "to_host", "quiet"]
+           "matmul_writer", "kind", "astype", "indices", "eps", "to_host", "quiet", "erf"]
 
 
 @dataclass(frozen=True)
@@ -215,6 +215,17 @@ def to_host(array: Any) -> Any:
     if name == "torch":
         return array.detach().cpu().numpy()
     return array.get() if name == "cupy" else array
+
+
+def erf(x: Any) -> Any:
+    """The error function, elementwise, from the special functions of ``x``'s backend."""
+    name = _name_of(x)
+    if name == "torch":
+        import torch
+
+        return torch.special.erf(x)
+    module = "cupyx.scipy.special" if name == "cupy" else "scipy.special"
+    return importlib.import_module(module).erf(x)
 
 
 def quiet(xp: ModuleType) -> contextlib.AbstractContextManager:

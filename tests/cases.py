@@ -11,7 +11,8 @@ import numpy as np
 
 import propop as pp
 
-ACTIVATIONS = ("identity", "relu", "leaky_relu", "tanh", "sigmoid", "softplus", "elu", "gelu")
+ACTIVATIONS = ("identity", "relu", "leaky_relu", "tanh", "sigmoid", "softplus", "elu", "gelu",
+               "gelu_erf", "silu")  # hidden-layer activations; "exp" (a softmax's) overflows
 
 
 @dataclass(frozen=True)

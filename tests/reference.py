@@ -17,6 +17,9 @@ TORCH_ACTIVATIONS = {
     "softplus": F.softplus,
     "elu": F.elu,
     "gelu": lambda y: F.gelu(y, approximate="tanh"),
+    "gelu_erf": F.gelu,
+    "silu": F.silu,
+    "exp": torch.exp,
 }
 
 

@@ -354,29 +354,31 @@ class PlainSequential(torch.nn.Sequential):
     """A subclass that keeps Sequential's forward: imported as one."""
 
 
-def test_from_torch_refuses_what_it_cannot_know_and_takes_plain_subclasses():
+def test_from_torch_traces_what_subclasses_compute_and_names_what_it_cannot():
+    """A subclass's own forward() is traced, not assumed to be its base class's."""
     from propop.torch_interop import Residual
 
     class OddResidual(Residual):
         def forward(self, x):
             return x - self.body(x)
 
-    cases = [(OddSequential(torch.nn.Linear(3, 2)), "OddSequential at the top overrides"),
-             (torch.nn.Sequential(OddLinear(3, 2)), "OddLinear at 0 overrides forward()"),
-             (torch.nn.Sequential(OddResidual(torch.nn.Linear(3, 3))), "OddResidual at 0")]
+    x = np.random.default_rng(0).standard_normal((3, 2))
+    for module in (OddSequential(torch.nn.Linear(3, 2)),
+                   torch.nn.Sequential(OddResidual(torch.nn.Linear(3, 3))),
+                   PlainSequential(torch.nn.Linear(3, 2), torch.nn.Tanh())):
+        module = module.double()
+        graph = pp.from_torch(module)
+        expected = module(torch.tensor(x.T)).detach().numpy().T
+        np.testing.assert_allclose(graph.output_values(graph.forward(x))[0], expected,
+                                   rtol=1e-14, atol=1e-14)
+    with pytest.raises(ValueError, match=r"node 'clamp' .*test_hostile.py:\d+: return super"
+                                         r"\(\).forward\(x\).clamp\(max=0.1\): unsupported method"):
+        pp.from_torch(torch.nn.Sequential(OddLinear(3, 2)).double())
     hooked = torch.nn.Sequential(torch.nn.Linear(3, 2))
     hooked[0].register_forward_hook(lambda module, inputs, output: output * 2)
-    cases.append((hooked, "Linear at 0 has forward hooks"))
-    for module, words in cases:
-        with pytest.raises(ValueError, match="overrides forward|has forward hooks") as raised:
-            pp.from_torch(module.double())
-        named(raised.value, words)
-    plain = PlainSequential(torch.nn.Linear(3, 2), torch.nn.Tanh()).double()
-    graph = pp.from_torch(plain)
-    x = np.random.default_rng(0).standard_normal((3, 2))
-    expected = plain(torch.tensor(x.T)).detach().numpy().T
-    np.testing.assert_allclose(graph.output_values(graph.forward(x))[0], expected,
-                               atol=1e-14)
+    with pytest.raises(ValueError, match="Linear at 0 has forward hooks") as raised:
+        pp.from_torch(hooked.double())
+    named(raised.value, "Linear at 0 has forward hooks")
 
 
 TRAINING = [

@@ -97,7 +97,7 @@ def torch_net(net):
 
 
 @pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("activation", pp.available_activations())
+@pytest.mark.parametrize("activation", [a for a in pp.available_activations() if a != "exp"])
 @pytest.mark.parametrize("r", [None, 3])
 def test_a_network_of_tensors_backpropagates_like_autograd(method, activation, r):
     """Every layer's dW and db, and dx, against PyTorch autograd (float64)."""

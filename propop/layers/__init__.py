@@ -6,12 +6,14 @@ one of two kinds, which decide how it enters a triangular system:
 
 - **linear** (:class:`Linear`): ``z = sum_i J_i x_i + bias`` with Jacobians ``J_i``
   shared by all samples: :class:`Dense`, :class:`Conv1d`, :class:`Conv2d`,
-  :class:`AvgPool2d`, :class:`Add`, :class:`Concat`. Their blocks hold the
+  :class:`AvgPool2d`, :class:`Add`, :class:`Concat`, :class:`LinearMap`,
+  :class:`BatchNorm` (evaluation mode), :class:`Windows`. Their blocks hold the
   gradient with respect to their output, and they give parameter gradients.
 - **diagonal** (:class:`Diagonal`): ``z = A (d(x) * x)`` near ``x``, a shared matrix
   ``A`` after a per-sample diagonal: :class:`Activation` (``A = I``,
-  ``d = f'``) and :class:`MaxPool2d` (``A`` sums each window, ``d`` marks its
-  maximum). Their blocks hold the input-side quantity, so the per-sample part is
+  ``d = f'``), :class:`WindowMaximum` and :class:`MaxPool2d` (``A`` sums each
+  window, ``d`` marks its maximum) and :class:`LogSumExp` (``A`` sums each group,
+  ``d`` is the softmax). Their blocks hold the input-side quantity, so the per-sample part is
   the row scaling of the paper's scaled form and no per-sample matrix is ever built.
 
 :meth:`Layer.jacobian` returns the full Jacobian for one sample (a ``scipy.sparse``
@@ -20,8 +22,9 @@ Jacobians once, from index arrays.
 """
 
 from .base import Diagonal, Layer, Linear
-from .dense import Activation, Add, Concat, Dense
-from .spatial import AvgPool2d, Conv1d, Conv2d, MaxPool2d
+from .dense import Activation, Add, BatchNorm, Concat, Dense, LinearMap, LogSumExp, softmax_over
+from .spatial import AvgPool2d, Conv1d, Conv2d, MaxPool2d, WindowMaximum, Windows, max_pool
 
 __all__ = ["Layer", "Linear", "Diagonal", "Dense", "Conv1d", "Conv2d", "AvgPool2d",
-           "MaxPool2d", "Add", "Concat", "Activation"]
+           "MaxPool2d", "WindowMaximum", "Windows", "max_pool", "Add", "Concat", "LinearMap",
+           "BatchNorm", "LogSumExp", "softmax_over", "Activation"]

@@ -106,8 +106,11 @@ def _weight(a: Any, what: str, ndim: int = 2) -> Any:
     return a
 
 
-def _one_input(layer: Layer, sizes: Sequence[int]) -> None:
+def _one_input(layer: Layer, sizes: Sequence[int], size: int | None = None) -> None:
+    """``ValueError`` unless ``sizes`` is one input (of ``size`` entries, if given)."""
     if len(sizes) != 1:
         raise ValueError(f"{layer!r} takes one input, got {len(sizes)}")
+    if size is not None and sizes[0] != size:
+        raise ValueError(f"{layer!r} takes an input of size {size}, got {sizes[0]}")
 
 

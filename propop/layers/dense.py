@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,7 +13,8 @@ from ..activations import Activation as _Function
 from ..activations import get_activation
 from .base import Diagonal, Linear, _one_input, _weight
 
-__all__ = ["Activation", "Dense", "Add", "Concat"]
+__all__ = ["Activation", "Dense", "Add", "Concat", "LinearMap", "BatchNorm", "LogSumExp",
+           "softmax_over"]
 
 
 class Activation(Diagonal):
@@ -92,41 +94,262 @@ class Dense(Linear):
 
 
 class Add(Linear):
-    """The sum of its inputs (a residual connection)."""
+    """The sum of its inputs (a residual connection), each times its weight (default 1).
+
+    ``Add(weights=(1, -1))`` is a difference.
+    """
+
+    def __init__(self, weights: Sequence[float] | None = None) -> None:
+        self.weights = None if weights is None else tuple(float(w) for w in weights)
 
     def __repr__(self) -> str:
-        return "Add()"
+        return "Add()" if self.weights is None else f"Add(weights={self.weights})"
 
     def output_size(self, sizes: Sequence[int]) -> int:
         """The output size; ``ValueError`` if the inputs do not fit."""
         if len(sizes) < 1 or len(set(sizes)) != 1:
             raise ValueError(f"Add needs inputs of one size, got sizes {list(sizes)}")
+        if self.weights is not None and len(self.weights) != len(sizes):
+            raise ValueError(f"Add with {len(self.weights)} weights takes {len(self.weights)} "
+                             f"inputs, got {len(sizes)}")
         return sizes[0]
 
     def jacobians(self, sizes: Sequence[int]) -> list:
         """The shared Jacobians ``J_i``."""
-        return [sp.eye_array(n, format="csr") for n in sizes]
+        weights = self.weights or (1.0,) * len(sizes)
+        return [w * sp.eye_array(n, format="csr") for w, n in zip(weights, sizes)]
 
 
 class Concat(Linear):
-    """Its inputs stacked (DenseNet-style concatenation), in the order given."""
+    """Its inputs stacked (DenseNet-style concatenation), in the order given.
+
+    By default the flat inputs one after another (``torch.cat`` along the first
+    feature dimension, channels). With ``shapes`` (each input's shape without
+    the batch) and ``dim`` (an index into them), ``torch.cat`` along that
+    dimension, whose flat output interleaves the inputs.
+    """
+
+    def __init__(self, dim: int | None = None, shapes: Sequence[Sequence[int]] | None = None
+                 ) -> None:
+        self.dim = dim
+        self.shapes = None if shapes is None else [tuple(int(n) for n in s) for s in shapes]
 
     def __repr__(self) -> str:
-        return "Concat()"
+        return "Concat()" if self.dim is None else f"Concat(dim={self.dim})"
 
     def output_size(self, sizes: Sequence[int]) -> int:
         """The output size; ``ValueError`` if the inputs do not fit."""
         if len(sizes) < 1:
             raise ValueError("Concat needs at least one input")
+        if self.shapes is not None and [int(np.prod(s)) for s in self.shapes] != list(sizes):
+            raise ValueError(f"Concat of shapes {self.shapes} takes inputs of sizes "
+                             f"{[int(np.prod(s)) for s in self.shapes]}, got {list(sizes)}")
         return int(sum(sizes))
 
     def jacobians(self, sizes: Sequence[int]) -> list:
         """The shared Jacobians ``J_i``."""
-        total, start, out = int(sum(sizes)), 0, []
-        for n in sizes:
-            out.append(sp.csr_array((np.ones(n), (np.arange(start, start + n), np.arange(n))),
-                                    shape=(total, n)))
-            start += n
+        total, out = int(sum(sizes)), []
+        for n, rows in zip(sizes, self._positions(sizes)):
+            out.append(sp.csr_array((np.ones(n), (rows, np.arange(n))), shape=(total, n)))
+        return out
+
+    def _positions(self, sizes: Sequence[int]) -> list:
+        """Where each input's entries land in the flat output."""
+        starts = np.cumsum([0] + list(sizes))
+        if self.dim is None or self.shapes is None:
+            return [np.arange(a, b) for a, b in zip(starts, starts[1:])]
+        d = self.dim
+        shape = list(self.shapes[0])
+        shape[d] = sum(s[d] for s in self.shapes)
+        out, offset = [], 0
+        for s in self.shapes:
+            index = np.indices(s).reshape(len(s), -1)
+            index[d] += offset
+            out.append(np.ravel_multi_index(tuple(index), shape))
+            offset += s[d]
         return out
 
 
+class LinearMap(Linear):
+    """``z = sum_i M_i x_i + bias`` with given shared matrices and no parameters.
+
+    For what a traced model computes with constants: ``c * x``, ``x + c``, a
+    difference, a softmax's centring (:class:`LogSumExp`).
+    """
+
+    def __init__(self, matrices: Sequence[Any], bias: Any = None, name: str = "LinearMap"
+                 ) -> None:
+        self.matrices = [sp.csr_array(M) if sp.issparse(M) else _weight(M, f"{name}: M")
+                         for M in matrices]
+        self.bias = None if bias is None else _weight(bias, f"{name}: bias", ndim=1)
+        self.name = name
+
+    def __repr__(self) -> str:
+        sizes = [M.shape[1] for M in self.matrices]
+        return f"{self.name}({' + '.join(map(str, sizes))} -> {self.matrices[0].shape[0]})"
+
+    def output_size(self, sizes: Sequence[int]) -> int:
+        """The output size; ``ValueError`` if the inputs do not fit."""
+        expected = [M.shape[1] for M in self.matrices]
+        if list(sizes) != expected:
+            raise ValueError(f"{self!r} takes inputs of sizes {expected}, got {list(sizes)}")
+        return self.matrices[0].shape[0]
+
+    def jacobians(self, sizes: Sequence[int]) -> list:
+        """The shared Jacobians ``J_i``."""
+        return list(self.matrices)
+
+
+class BatchNorm(Linear):
+    """Batch normalisation in evaluation mode (``torch.nn.BatchNorm1d/2d`` after ``eval()``).
+
+    ``z = weight_c (x - mean_c) / sqrt(var_c + eps) + bias_c`` for channel ``c``
+    of a ``(C, ...)`` input: an affine map with the running statistics fixed.
+    ``weight`` and ``bias`` are its parameters (``None``: ``affine=False``).
+    """
+
+    def __init__(self, mean: Any, var: Any, *, eps: float, input_shape: Sequence[int],
+                 weight: Any = None, bias: Any = None) -> None:
+        self.mean, self.var = _weight(mean, "BatchNorm: mean", 1), _weight(var, "BatchNorm: var", 1)
+        self.eps, self.input_shape = float(eps), tuple(int(n) for n in input_shape)
+        self.weight = None if weight is None else _weight(weight, "BatchNorm: weight", 1)
+        self.b = None if bias is None else _weight(bias, "BatchNorm: bias", 1)
+        if self.input_shape[0] != self.mean.shape[0]:
+            raise ValueError(f"BatchNorm of {self.mean.shape[0]} channels needs an input "
+                             f"shape (C, ...) with C = {self.mean.shape[0]}, got "
+                             f"{self.input_shape}")
+
+    def __repr__(self) -> str:
+        return f"BatchNorm({self.input_shape})"
+
+    @property
+    def _spread(self) -> int:
+        return int(np.prod(self.input_shape[1:]))
+
+    @property
+    def _inverse_std(self) -> Any:
+        return 1 / np.sqrt(self.var + self.eps)
+
+    @property
+    def scale(self) -> Any:
+        """The slope of every feature, ``weight / sqrt(var + eps)`` per channel, repeated."""
+        w = self._inverse_std if self.weight is None else self.weight * self._inverse_std
+        return np.repeat(w, self._spread)
+
+    @property
+    def bias(self) -> Any:
+        """The offset of every feature, ``bias - mean * weight / sqrt(var + eps)``."""
+        w = self._inverse_std if self.weight is None else self.weight * self._inverse_std
+        b = -self.mean * w + (0 if self.b is None else self.b)
+        return np.repeat(b, self._spread)
+
+    def output_size(self, sizes: Sequence[int]) -> int:
+        """The output size; ``ValueError`` if the inputs do not fit."""
+        _one_input(self, sizes, int(np.prod(self.input_shape)))
+        return sizes[0]
+
+    def jacobians(self, sizes: Sequence[int]) -> list:
+        """The shared Jacobians ``J_i``: the diagonal of :attr:`scale`."""
+        return [sp.diags_array(self.scale, format="csr")]
+
+    def parameters(self) -> dict:
+        """Trainable arrays by name: ``weight`` and ``bias`` (as PyTorch's)."""
+        return {} if self.weight is None else {"weight": self.weight, "bias": self.b}
+
+    def set_parameter(self, name: str, value: Any) -> None:
+        """Replace ``weight`` or ``bias``."""
+        if name not in self.parameters():
+            super().set_parameter(name, value)
+        value = _weight(value, f"BatchNorm: {name}", 1)
+        setattr(self, "weight" if name == "weight" else "b", value)
+
+    def gradients(self, inputs: Sequence[Any], grad: Any) -> dict:
+        """``dE/dweight = sum grad * x_hat``, ``dE/dbias = sum grad``, per channel."""
+        if self.weight is None:
+            return {}
+        x = inputs[0] if inputs[0].ndim == 2 else inputs[0][:, None]
+        g = (grad if grad.ndim == 2 else grad[:, None]).reshape(self.mean.shape[0], -1,
+                                                                 x.shape[1])
+        x_hat = (x.reshape(g.shape) - self.mean[:, None, None]) * self._inverse_std[:, None, None]
+        return {"weight": (g * x_hat).sum(axis=(1, 2)), "bias": g.sum(axis=(1, 2))}
+
+
+class LogSumExp(Diagonal):
+    """``z_g = log sum_{i in g} exp(x_i)`` over groups of entries: a softmax's normaliser.
+
+    ``groups[i]`` is entry ``i``'s group. ``dz/dx = A diag(softmax(x))``, ``A``
+    summing each group, so with :class:`LinearMap` (``x - A^T z``, the log-softmax)
+    and the ``exp`` activation it builds ``torch.softmax`` exactly
+    (:func:`softmax_over`).
+    """
+
+    def __init__(self, groups: Any) -> None:
+        self.groups = np.asarray(groups, dtype=np.int64).reshape(-1)
+        self.count = int(self.groups.max()) + 1 if self.groups.size else 0
+
+    def __repr__(self) -> str:
+        return f"LogSumExp({self.groups.size} -> {self.count})"
+
+    def output_size(self, sizes: Sequence[int]) -> int:
+        """The output size; ``ValueError`` if the inputs do not fit."""
+        _one_input(self, sizes, self.groups.size)
+        return self.count
+
+    def selection(self, size: int) -> Any:
+        """The shared ``A`` that sums each group."""
+        return self._sums
+
+    @functools.cached_property
+    def _sums(self) -> Any:
+        n = self.groups.size
+        return sp.csr_array((np.ones(n), (self.groups, np.arange(n))), shape=(self.count, n))
+
+    def _parts(self, x: Any) -> tuple[Any, Any]:
+        """``(softmax(x), log-sum-exp per entry's group)``, stable (each group's max removed)."""
+        columns = x if x.ndim == 2 else x[:, None]
+        top = np.full((self.count, columns.shape[1]), -np.inf)
+        np.maximum.at(top, self.groups, columns)
+        e = np.exp(columns - top[self.groups])
+        total = self._sums @ e
+        s = e / total[self.groups]
+        lse = (np.log(total) + top)[self.groups]
+        return (s, lse) if x.ndim == 2 else (s[:, 0], lse[:, 0])
+
+    def forward(self, inputs: Sequence[Any]) -> Any:
+        """The output for ``inputs``."""
+        (x,) = inputs
+        columns = x if x.ndim == 2 else x[:, None]
+        lse = self._parts(columns)[1]
+        out = np.zeros((self.count, columns.shape[1]))
+        out[self.groups] = lse
+        return out if x.ndim == 2 else out[:, 0]
+
+    def slope(self, x: Any) -> Any:
+        """``d(x) = softmax(x)`` within each group."""
+        return self._parts(x)[0]
+
+    def linearize(self, x: Any, linearization: str) -> tuple[Any, Any]:
+        """The tangent, exact at ``x``: ``a = softmax(x)``, ``A beta = lse(x) - a . x``."""
+        s, lse = self._parts(x)
+        return s, s * (lse - x)
+
+
+def softmax_over(shape: Sequence[int], dim: int, log: bool = False) -> list[tuple[str, Any]]:
+    """The layers of ``torch.softmax`` (``log``: ``log_softmax``) over ``dim`` of ``shape``.
+
+    ``shape`` is one sample's, ``dim`` an index into it. Returns ``[(suffix,
+    layer, reads)]`` with ``reads`` the inputs by suffix (``None``: the node's input):
+    ``.lse`` (:class:`LogSumExp`), ``.log`` (``x - lse``) and, for the softmax,
+    the ``exp`` activation (suffix ``""``).
+    """
+    shape = tuple(int(n) for n in shape)
+    index = np.indices(shape).reshape(len(shape), -1)
+    rest = [n for i, n in enumerate(shape) if i != dim]
+    groups = np.ravel_multi_index(tuple(np.delete(index, dim, axis=0)), rest) if rest \
+        else np.zeros(index.shape[1], dtype=np.int64)
+    lse = LogSumExp(groups)
+    n = groups.size
+    center = LinearMap([sp.eye_array(n, format="csr"), -lse.selection(n).T.tocsr()],
+                       name="LogSoftmax")
+    layers = [(".lse", lse, [None]), ("" if log else ".log", center, [None, ".lse"])]
+    return layers if log else layers + [("", Activation("exp"), [".log"])]

@@ -12,29 +12,34 @@ import scipy.sparse as sp
 from .. import backend
 from .base import Diagonal, Linear, _one_input, _weight
 
-__all__ = ["Conv1d", "Conv2d", "AvgPool2d", "MaxPool2d"]
+__all__ = ["Conv1d", "Conv2d", "AvgPool2d", "MaxPool2d", "WindowMaximum", "Windows", "max_pool"]
 
 
 class Conv2d(Linear):
     """2-D convolution (cross-correlation, as ``torch.nn.Conv2d``), zero padding.
 
-    ``W`` has shape ``(out_channels, in_channels, kh, kw)``; inputs are
-    ``(C, H, W)`` flattened. The Jacobian is an explicit sparse matrix built once.
+    ``W`` has shape ``(out_channels, in_channels / groups, kh, kw)``; inputs are
+    ``(C, H, W)`` flattened. Output channel ``o`` reads the input channels of its
+    group, ``o // (out_channels / groups)``; kernel entries are ``dilation``
+    apart. The Jacobian is an explicit sparse matrix built once.
     """
 
     def __init__(self, W: Any, b: Any = None, *, input_shape: Sequence[int],
-                 stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0) -> None:
+                 stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
+                 dilation: int | Sequence[int] = 1, groups: int = 1) -> None:
         self.W = _weight(W, f"{type(self).__name__}: W", ndim=4)
         self.b = None if b is None else _weight(b, f"{type(self).__name__}: b", ndim=1)
         self.input_shape = tuple(int(s) for s in input_shape)
-        self.stride, self.padding = _pair(stride), _pair(padding)
-        if self.W.ndim != 4 or len(self.input_shape) != 3 or \
-                self.input_shape[0] != self.W.shape[1]:
-            raise ValueError(f"W of shape {self.W.shape} needs (out, in, kh, kw) and an "
-                             f"input_shape (C, H, W) with C = in; got {self.input_shape}")
-        self.output_shape = (self.W.shape[0],) + _out_hw(self.input_shape[1:],
-                                                         self.W.shape[2:], self.stride,
-                                                         self.padding)
+        self.stride, self.padding, self.dilation = _pair(stride), _pair(padding), _pair(dilation)
+        self.groups = int(groups)
+        out, per_group = self.W.shape[:2]
+        if len(self.input_shape) != 3 or self.groups < 1 or out % self.groups or \
+                self.input_shape[0] != per_group * self.groups:
+            raise ValueError(f"W of shape {self.W.shape} needs (out, in / groups, kh, kw), "
+                             f"out divisible by groups = {self.groups}, and an input_shape "
+                             f"(C, H, W) with C = in; got {self.input_shape}")
+        self.output_shape = (out,) + _out_hw(self.input_shape[1:], self.W.shape[2:],
+                                             self.stride, self.padding, self.dilation)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.input_shape} -> {self.output_shape})"
@@ -53,9 +58,17 @@ class Conv2d(Linear):
         return int(np.prod(self.output_shape))
 
     @functools.cached_property
-    def _columns(self) -> tuple[Any, Any]:
-        """im2col: input index per (channel, kernel offset) x output position; -1 is padding."""
-        return _im2col(self.input_shape, self.W.shape[2:], self.stride, self.padding)
+    def _columns(self) -> Any:
+        """im2col of one group: input index per (channel, kernel offset) x output position.
+
+        ``-1`` marks padding; group ``g`` adds :meth:`_group_offset` ``g``.
+        """
+        return _im2col((self.W.shape[1],) + self.input_shape[1:], self.W.shape[2:],
+                       self.stride, self.padding, self.dilation)
+
+    def _group_offset(self, group: Any) -> Any:
+        """Where the input channels of ``group`` start in the flat input."""
+        return group * self.W.shape[1] * int(np.prod(self.input_shape[1:]))
 
     def jacobians(self, sizes: Sequence[int]) -> list:
         """The shared Jacobians ``J_i``."""
@@ -63,13 +76,14 @@ class Conv2d(Linear):
 
     @functools.cached_property
     def _jacobian(self) -> Any:
-        index = self._columns  # (C kh kw, P)
+        index = self._columns  # (C_g kh kw, P)
         out, ckk = self.W.shape[0], index.shape[0]
         positions = index.shape[1]
         o, k, p = np.meshgrid(np.arange(out), np.arange(ckk), np.arange(positions),
                               indexing="ij")
         cols = index[k, p]
         keep = cols >= 0
+        cols = cols + self._group_offset(o // (out // self.groups))
         data = self.W.reshape(out, ckk)[o, k][keep]
         rows = (o * positions + p)[keep]
         shape = (out * positions, int(np.prod(self.input_shape)))
@@ -95,26 +109,32 @@ class Conv2d(Linear):
         g = grad if grad.ndim == 2 else grad[:, None]
         index = self._columns
         padded = np.concatenate([x, np.zeros((1, x.shape[1]), dtype=x.dtype)])
-        patches = padded[index]  # (C kh kw, P, r); index -1 reads the zero row
         G = g.reshape(self.W.shape[0], index.shape[1], -1)
-        dW = np.einsum("opr,kpr->ok", G, patches).reshape(self.W.shape)
-        out = {"W": dW}
+        per = self.W.shape[0] // self.groups
+        dW = np.empty((self.W.shape[0], index.shape[0]))
+        for group in range(self.groups):
+            shifted = np.where(index >= 0, index + self._group_offset(group), -1)
+            patches = padded[shifted]  # (C_g kh kw, P, r); index -1 reads the zero row
+            outs = slice(group * per, (group + 1) * per)
+            dW[outs] = np.einsum("opr,kpr->ok", G[outs], patches)
+        out = {"W": dW.reshape(self.W.shape)}
         if self.b is not None:
             out["b"] = G.sum(axis=(1, 2))
         return out
 
 
 class Conv1d(Conv2d):
-    """1-D convolution as ``torch.nn.Conv1d``: ``W`` ``(out, in, k)``, inputs ``(C, L)``."""
+    """1-D convolution (``torch.nn.Conv1d``): ``W`` ``(out, in / groups, k)``, input ``(C, L)``."""
 
     def __init__(self, W: Any, b: Any = None, *, input_shape: Sequence[int],
-                 stride: int = 1, padding: int = 0) -> None:
+                 stride: int = 1, padding: int = 0, dilation: int = 1, groups: int = 1) -> None:
         W = _weight(W, "Conv1d: W", ndim=3)
         if len(input_shape) != 2:
             raise ValueError(f"Conv1d needs W of shape (out, in, k) and input_shape (C, L); "
                              f"got {W.shape} and {tuple(input_shape)}")
         super().__init__(W[:, :, None, :], b, input_shape=(input_shape[0], 1, input_shape[1]),
-                         stride=(1, int(stride)), padding=(0, int(padding)))
+                         stride=(1, int(stride)), padding=(0, int(padding)),
+                         dilation=(1, int(dilation)), groups=groups)
         self.kernel_1d = W
 
     def parameters(self) -> dict:
@@ -146,6 +166,9 @@ class AvgPool2d(Linear):
         self.output_shape = (self.input_shape[0],) + _out_hw(self.input_shape[1:], self.kernel,
                                                              self.stride, self.padding)
 
+    def __repr__(self) -> str:
+        return f"AvgPool2d({self.input_shape} -> {self.output_shape})"
+
     def output_size(self, sizes: Sequence[int]) -> int:
         """The output size; ``ValueError`` if the inputs do not fit."""
         return _pool_size(self, sizes)
@@ -160,51 +183,55 @@ class AvgPool2d(Linear):
                               1.0 / (self.kernel[0] * self.kernel[1]))
 
 
-class MaxPool2d(Diagonal):
-    """Max pooling as ``torch.nn.MaxPool2d`` with non-overlapping windows (stride = kernel).
+class WindowMaximum(Diagonal):
+    """The maximum of each window of its input, ``z_w = max_{i in window w} x_i``.
 
-    ``z = A (mask * x)``: ``A`` sums each window, ``mask`` marks each window's
-    maximum per sample (the first one on ties).
+    ``windows`` is ``(w, k)``: the input indices of each window, ``-1`` where a
+    window reaches into padding (never its maximum). ``z = A (mask * x)``: ``A``
+    sums each window, ``mask`` marks each window's maximum per sample (the first
+    one on ties, as PyTorch). That needs every entry in at most one window;
+    overlapping windows are first copied apart by :class:`Windows`
+    (:func:`max_pool`).
     """
 
-    def __init__(self, kernel_size: int | Sequence[int], stride: Any = None, padding: Any = 0,
-                 *, input_shape: Sequence[int]) -> None:
-        self.input_shape = tuple(int(s) for s in input_shape)
-        self.kernel = _pair(kernel_size)
-        self.stride = self.kernel if stride is None else _pair(stride)
-        if self.stride != self.kernel or _pair(padding) != (0, 0):
-            raise ValueError(f"MaxPool2d supports non-overlapping windows only (stride = "
-                             f"kernel_size, padding 0); got kernel {self.kernel}, stride "
-                             f"{self.stride}, padding {_pair(padding)}")
-        self.padding = (0, 0)
-        self.output_shape = (self.input_shape[0],) + _out_hw(self.input_shape[1:], self.kernel,
-                                                             self.stride, self.padding)
+    def __init__(self, windows: Any, input_size: int) -> None:
+        self.windows = np.asarray(windows, dtype=np.int64)
+        self.input_size = int(input_size)
+        valid = self.windows[self.windows >= 0]
+        if self.windows.ndim != 2 or valid.size and valid.max() >= self.input_size:
+            raise ValueError(f"windows must be (w, k) indices below the input size "
+                             f"{self.input_size}, got shape {self.windows.shape}")
+        if np.unique(valid).size != valid.size:
+            raise ValueError("WindowMaximum needs windows that do not overlap; copy "
+                             "overlapping windows apart with Windows first (see max_pool)")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.input_size} -> {self.windows.shape[0]})"
 
     def output_size(self, sizes: Sequence[int]) -> int:
         """The output size; ``ValueError`` if the inputs do not fit."""
-        return _pool_size(self, sizes)
+        _one_input(self, sizes, self.input_size)
+        return self.windows.shape[0]
 
     @functools.cached_property
-    def _windows(self) -> Any:
-        """Input indices of every window, ``(windows, kh kw)``."""
-        index = _im2col((1,) + self.input_shape[1:], self.kernel, self.stride, self.padding)
-        plane = int(np.prod(self.input_shape[1:]))
-        channels = np.arange(self.input_shape[0])[:, None, None] * plane
-        return (index.T[None] + channels).reshape(-1, index.shape[0])
+    def _selection(self) -> Any:
+        w, valid = np.nonzero(self.windows >= 0)
+        return sp.csr_array((np.ones(w.size), (w, self.windows[w, valid])),
+                            shape=(self.windows.shape[0], self.input_size))
 
     def selection(self, size: int) -> Any:
         """The shared ``A`` that sums each window."""
-        return _window_matrix(self.input_shape, self.kernel, self.stride, self.padding, 1.0)
+        return self._selection
 
     def slope(self, x: Any) -> Any:
-        """``d(x)`` with ``dz/dx = A diag(d(x))``."""
+        """``d(x)`` with ``dz/dx = A diag(d(x))``: one at each window's maximum."""
         xp = backend.namespace(x)
         columns = x if x.ndim == 2 else x[:, None]
-        windows = xp.asarray(self._windows)
-        best = xp.argmax(columns[windows], axis=1)  # (windows, r)
+        windows = xp.asarray(self.windows)
+        values = xp.where((windows >= 0)[..., None], columns[windows], -xp.inf)
+        best = windows[xp.arange(windows.shape[0])[:, None], xp.argmax(values, axis=1)]
         mask = xp.zeros_like(columns)
-        mask[windows[xp.arange(windows.shape[0])[:, None], best],
-             xp.arange(columns.shape[1])[None, :]] = 1
+        mask[best, xp.arange(columns.shape[1])[None, :]] = 1
         return mask if x.ndim == 2 else mask[:, 0]
 
     def linearize(self, x: Any, linearization: str) -> tuple[Any, Any]:
@@ -212,13 +239,99 @@ class MaxPool2d(Diagonal):
         return self.slope(x), backend.namespace(x).zeros_like(x)  # exact: piecewise linear
 
 
+class MaxPool2d(WindowMaximum):
+    """Max pooling as ``torch.nn.MaxPool2d`` with windows that do not overlap.
+
+    ``stride`` equal to ``kernel_size`` (the default) and ``dilation`` 1;
+    padding never wins. :func:`max_pool` handles any windows.
+    """
+
+    def __init__(self, kernel_size: int | Sequence[int], stride: Any = None, padding: Any = 0,
+                 *, input_shape: Sequence[int]) -> None:
+        self.input_shape = tuple(int(s) for s in input_shape)
+        self.kernel = _pair(kernel_size)
+        self.stride = self.kernel if stride is None else _pair(stride)
+        self.padding = _pair(padding)
+        if self.stride != self.kernel:
+            raise ValueError(f"MaxPool2d supports non-overlapping windows only (stride = "
+                             f"kernel_size); got kernel {self.kernel}, stride {self.stride}: "
+                             "use max_pool for overlapping ones")
+        self.output_shape = (self.input_shape[0],) + _out_hw(self.input_shape[1:], self.kernel,
+                                                             self.stride, self.padding)
+        super().__init__(_pool_windows(self.input_shape, self.kernel, self.stride, self.padding,
+                                       (1, 1)), int(np.prod(self.input_shape)))
+
+    def __repr__(self) -> str:
+        return f"MaxPool2d({self.input_shape} -> {self.output_shape})"
+
+
+class Windows(Linear):
+    """Entries gathered by index, ``z_j = x_{index_j}`` (``0`` where ``index_j = -1``).
+
+    Copies overlapping pooling windows apart (:func:`max_pool`).
+    """
+
+    def __init__(self, index: Any, input_size: int) -> None:
+        self.index = np.asarray(index, dtype=np.int64).reshape(-1)
+        self.input_size = int(input_size)
+
+    def __repr__(self) -> str:
+        return f"Windows({self.input_size} -> {self.index.size})"
+
+    def output_size(self, sizes: Sequence[int]) -> int:
+        """The output size; ``ValueError`` if the inputs do not fit."""
+        _one_input(self, sizes, self.input_size)
+        return self.index.size
+
+    @functools.cached_property
+    def _jacobian(self) -> Any:
+        rows = np.nonzero(self.index >= 0)[0]
+        return sp.csr_array((np.ones(rows.size), (rows, self.index[rows])),
+                            shape=(self.index.size, self.input_size))
+
+    def jacobians(self, sizes: Sequence[int]) -> list:
+        """The shared Jacobians ``J_i``."""
+        return [self._jacobian]
+
+
+def max_pool(kernel_size: int | Sequence[int], stride: Any = None, padding: Any = 0,
+             dilation: Any = 1, *, input_shape: Sequence[int]) -> list[tuple[str, Any]]:
+    """The layers of ``torch.nn.MaxPool2d`` on ``(C, H, W)`` inputs: ``[(suffix, layer)]``.
+
+    Windows that do not overlap: one :class:`WindowMaximum` node (suffix ``""``).
+    Overlapping ones: :class:`Windows` (suffix ``".windows"``) copies every window's
+    entries apart, window by window, then :class:`WindowMaximum` takes each maximum.
+    Either way the output is ``(C, oh, ow)`` flattened.
+    """
+    shape, kernel = tuple(int(s) for s in input_shape), _pair(kernel_size)
+    stride = kernel if stride is None else _pair(stride)
+    windows = _pool_windows(shape, kernel, stride, _pair(padding), _pair(dilation))
+    size = int(np.prod(shape))
+    valid = windows[windows >= 0]
+    if np.unique(valid).size == valid.size:
+        return [("", WindowMaximum(windows, size))]
+    apart = np.where(windows >= 0, np.arange(windows.size).reshape(windows.shape), -1)
+    return [(".windows", Windows(windows, size)), ("", WindowMaximum(apart, windows.size))]
+
+
+def _pool_windows(input_shape: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
+                  padding: Sequence[int], dilation: Sequence[int]) -> Any:
+    """Input indices of every pooling window, ``(C oh ow, kh kw)`` in output order; -1 padding."""
+    index = _im2col((1,) + tuple(input_shape[1:]), kernel, stride, padding, dilation)
+    plane = int(np.prod(input_shape[1:]))
+    channels = np.arange(input_shape[0])[:, None, None] * plane
+    windows = index.T[None] + channels
+    return np.where(index.T[None] >= 0, windows, -1).reshape(-1, index.shape[0])
+
+
 def _pair(value: int | Sequence[int]) -> tuple[int, int]:
     return (int(value), int(value)) if np.isscalar(value) else tuple(int(v) for v in value)
 
 
 def _out_hw(hw: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
-            padding: Sequence[int]) -> tuple[int, int]:
-    out = tuple((n + 2 * p - k) // s + 1 for n, k, s, p in zip(hw, kernel, stride, padding))
+            padding: Sequence[int], dilation: Sequence[int] = (1, 1)) -> tuple[int, int]:
+    out = tuple((n + 2 * p - d * (k - 1) - 1) // s + 1
+                for n, k, s, p, d in zip(hw, kernel, stride, padding, dilation))
     if min(out) < 1:
         raise ValueError(f"kernel {tuple(kernel)} does not fit an input of {tuple(hw)} with "
                          f"padding {tuple(padding)}")
@@ -226,16 +339,16 @@ def _out_hw(hw: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
 
 
 def _im2col(input_shape: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
-            padding: Sequence[int]) -> Any:
+            padding: Sequence[int], dilation: Sequence[int] = (1, 1)) -> Any:
     """Flat input index of (channel, kernel row, kernel col) x output position; -1 in padding."""
     C, H, W = input_shape
     kh, kw = kernel
-    oh, ow = _out_hw((H, W), kernel, stride, padding)
+    oh, ow = _out_hw((H, W), kernel, stride, padding, dilation)
     c, i, j = np.meshgrid(np.arange(C), np.arange(kh), np.arange(kw), indexing="ij")
     r = np.arange(oh)[:, None] * stride[0] - padding[0]
     q = np.arange(ow)[None, :] * stride[1] - padding[1]
-    rows = i.reshape(-1, 1, 1) + r[None]  # (C kh kw, oh, 1)
-    cols = j.reshape(-1, 1, 1) + q[None]  # (C kh kw, 1, ow)
+    rows = dilation[0] * i.reshape(-1, 1, 1) + r[None]  # (C kh kw, oh, 1)
+    cols = dilation[1] * j.reshape(-1, 1, 1) + q[None]  # (C kh kw, 1, ow)
     inside = (rows >= 0) & (rows < H) & (cols >= 0) & (cols < W)
     flat = c.reshape(-1, 1, 1) * H * W + rows * W + cols
     return np.where(inside, flat, -1).reshape(C * kh * kw, oh * ow)

@@ -87,6 +87,17 @@ class Graph:
         for name, layer, inputs in _topological(list(nodes)):
             self.add(name, layer, inputs)
 
+    def __repr__(self) -> str:
+        """One line per node: name, layer, the nodes it reads, output size (as ``nn.Module``)."""
+        rows = [(n, repr(self.layers[n]), ", ".join(self.inputs[n]), self._size[n])
+                for n in self._order[1:]]
+        width = [max([len(r[i]) for r in rows] + [4]) for i in range(3)]
+        lines = [f"Graph(input {self.input_size}, {len(rows)} nodes, outputs "
+                 f"{list(self.outputs)})"]
+        lines += [f"  {n:<{width[0]}}  {layer:<{width[1]}}  <- {reads:<{width[2]}}  {size}"
+                  for n, layer, reads, size in rows]
+        return "\n".join(lines)
+
     @classmethod
     def residual_mlp(cls, width: int, blocks: int, activation: str = "tanh",
                      seed: int | None = 0) -> Graph:

@@ -1,0 +1,564 @@
+"""PyTorch modules as propop graphs by symbolic tracing (``torch.fx``; optional: torch).
+
+``torch.fx`` traces the module's ``forward()`` into a graph of operations, and
+``ShapeProp`` runs it once on an example batch to give every value its shape.
+Each operation becomes zero or more :mod:`~propop.layers` nodes of a
+:class:`~propop.Graph`:
+
+- modules: ``Linear``; ``Conv1d``/``Conv2d`` (stride, padding, dilation, groups);
+  ``AvgPool1d/2d``, ``MaxPool1d/2d`` (overlapping windows too, :func:`~propop.layers.max_pool`),
+  ``AdaptiveAvgPool2d`` (output sizes dividing the input); ``BatchNorm1d/2d`` in
+  evaluation mode (an affine map); ``Dropout`` in evaluation mode, ``Identity``,
+  ``Flatten``, ``Unflatten`` (nothing to compute); the activations below, as modules;
+- functions and methods: ``+``, ``-`` (of two tensors, or with a constant), ``*`` and
+  ``/`` by a constant, negation, ``torch.cat``, ``flatten``/``reshape``/``view``/
+  ``squeeze``/``unsqueeze``/``contiguous`` (keeping the batch dimension), ``F.linear``
+  with the module's own parameters, ``F.dropout`` in evaluation mode,
+  ``F.avg_pool2d``/``F.max_pool2d``;
+- activations: ReLU, LeakyReLU (slope 0.01), Tanh, Sigmoid, ELU (alpha 1), SiLU,
+  GELU (exact, and ``approximate="tanh"``), ``exp``, Softmax and LogSoftmax over any
+  dimension (:func:`~propop.layers.softmax_over`).
+
+Values are flat per sample in PyTorch's C order, samples as columns, so a
+reshape that keeps the batch dimension is free. Graph nodes carry the traced
+names: a module's qualified name (``"layer1.0.conv1"``), otherwise the traced
+node's (``"add_1"``); an operation that takes several nodes adds suffixes
+(``"pool.windows"``, ``"softmax.lse"``). Anything else raises a ``ValueError``
+naming the traced node and the line of ``forward()`` it comes from.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+from torch.fx.passes.shape_prop import ShapeProp
+
+from . import layers as L
+from .networks.graph import INPUT, Graph
+
+__all__ = ["trace", "to_numpy", "ACTIVATIONS"]
+
+ACTIVATIONS = {nn.ReLU: "relu", nn.Tanh: "tanh", nn.Sigmoid: "sigmoid", nn.SiLU: "silu",
+               nn.ELU: "elu", nn.LeakyReLU: "leaky_relu", nn.GELU: "gelu_erf"}
+_FUNCTIONS = {torch.relu: "relu", F.relu: "relu", torch.tanh: "tanh", F.tanh: "tanh",
+              torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid", F.silu: "silu", F.elu: "elu",
+              F.leaky_relu: "leaky_relu", F.gelu: "gelu_erf", torch.exp: "exp"}
+_METHODS = {"relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "exp": "exp"}
+_SETTINGS = {"elu": ("alpha", 1.0), "leaky_relu": ("negative_slope", 0.01)}
+_RESHAPES = {"view", "reshape", "flatten", "squeeze", "unsqueeze", "contiguous", "unflatten"}
+_IDENTITY_MODULES = (nn.Identity, nn.Flatten, nn.Unflatten)
+
+
+@dataclass(frozen=True)
+class Value:
+    """A traced tensor as a graph node: its node name and one sample's shape."""
+
+    node: str
+    shape: tuple
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+
+class _Parameter:
+    """A module attribute read by ``get_attr`` (``F.linear``'s weight, say)."""
+
+    def __init__(self, target: str, tensor: torch.Tensor) -> None:
+        self.target, self.tensor = target, tensor
+
+
+def trace(module: nn.Module, example: torch.Tensor) -> tuple[Graph, dict]:
+    """The graph of ``module`` traced on ``example`` (a batch), and where its weights came from.
+
+    Returns ``(graph, origins)``; ``origins[node]`` is ``(module path, {propop name:
+    torch name})`` for every node holding a module's parameters.
+    """
+    tracer = fx.Tracer()
+    tracer.record_stack_traces = True
+    graph_module = fx.GraphModule(module, tracer.trace(module))
+    ShapeProp(graph_module).propagate(example)
+    return _Translator(graph_module).run()
+
+
+class _Translator:
+    """Walks the traced nodes in order, adding propop nodes to one :class:`Graph`."""
+
+    def __init__(self, graph_module: fx.GraphModule) -> None:
+        self.module = graph_module
+        self.values: dict[fx.Node, Any] = {}
+        self.graph: Graph | None = None
+        self.origins: dict[str, tuple] = {}
+        self.used: set[str] = set()
+
+    def run(self) -> tuple[Graph, dict]:
+        outputs: list[str] = []
+        for node in self.module.graph.nodes:
+            try:
+                if node.op == "output":
+                    outputs = self._outputs(node)
+                else:
+                    self.values[node] = getattr(self, f"_{node.op}")(node)
+            except _UnsupportedError as why:
+                raise ValueError(f"from_torch: {_where(node)}: {why}") from None
+        assert self.graph is not None
+        self.graph._outputs = tuple(outputs)
+        return self.graph, self.origins
+
+    # -- the kinds of traced node -----------------------------------------------------
+    def _placeholder(self, node: fx.Node) -> Value:
+        if self.graph is not None:
+            raise _UnsupportedError("a second input; propop graphs take one input tensor")
+        shape = _shape(node)
+        self.graph = Graph(int(np.prod(shape)))
+        return Value(INPUT, shape)
+
+    def _get_attr(self, node: fx.Node) -> _Parameter:
+        return _Parameter(node.target, _attribute(self.module, node.target))
+
+    def _call_module(self, node: fx.Node) -> Any:
+        module = self.module.get_submodule(node.target)
+        if module._forward_hooks or module._forward_pre_hooks:
+            raise _UnsupportedError(f"{type(module).__name__} has forward hooks, which may change "
+                               "what it computes: remove them before from_torch")
+        (x,) = self._tensors(node.args[:1])
+        name = self._name(node.target, node)
+        for kind, convert in _MODULES:
+            if isinstance(module, kind):
+                return convert(self, module, x, name, node)
+        raise _UnsupportedError(f"unsupported module {type(module).__name__}"
+                           + (" (recurrent modules are imported on their own: "
+                              "pp.from_torch(the RNN, GRU or LSTM))"
+                              if isinstance(module, nn.RNNBase) else "")
+                           + f"; supported: {_supported()}")
+
+    def _call_function(self, node: fx.Node) -> Any:
+        target = node.target
+        if target in _FUNCTIONS:
+            return self._activation(_FUNCTIONS[target], node, node.kwargs)
+        handler = _FUNCTION_HANDLERS.get(target)
+        if handler is None:
+            raise _UnsupportedError(f"unsupported function {_callable_name(target)}")
+        return handler(self, node)
+
+    def _call_method(self, node: fx.Node) -> Any:
+        name = node.target
+        if name in ("size", "dim"):
+            return None  # a shape: read by reshapes, which take theirs from the trace
+        if name in _RESHAPES:
+            return self._reshape(node)
+        if name in _METHODS:
+            return self._activation(_METHODS[name], node, node.kwargs)
+        if name in ("softmax", "log_softmax"):
+            return self._softmax(node, log=name == "log_softmax")
+        if name in ("add", "sub", "mul", "div"):
+            return self._arithmetic(node, _OPERATORS[name])
+        raise _UnsupportedError(f"unsupported method .{name}()")
+
+    def _outputs(self, node: fx.Node) -> list[str]:
+        returned = node.args[0]
+        values = returned if isinstance(returned, (tuple, list)) else [returned]
+        return [v.node for v in self._tensors(values)]
+
+    # -- adding nodes -----------------------------------------------------------------
+    def _name(self, wanted: str, node: fx.Node) -> str:
+        """``wanted`` the first time, the traced node's unique name after (a reused module)."""
+        name = wanted if wanted not in self.used else node.name
+        self.used.add(name)
+        return name
+
+    def _add(self, name: str, layer: Any, inputs: Sequence[Value], shape: tuple) -> Value:
+        self.graph.add(name, layer, [v.node for v in inputs])
+        return Value(name, tuple(shape))
+
+    def _tensors(self, args: Sequence[Any]) -> list[Value]:
+        out = []
+        for a in args:
+            value = self.values.get(a) if isinstance(a, fx.Node) else a
+            if not isinstance(value, Value):
+                raise _UnsupportedError(f"expected a tensor, got {a!r}")
+            out.append(value)
+        return out
+
+    def _activation(self, name: str, node: fx.Node, options: dict) -> Value:
+        (x,) = self._tensors(node.args[:1])
+        if name == "gelu_erf" and options.get("approximate", "none") == "tanh":
+            name = "gelu"
+        elif name == "gelu_erf" and options.get("approximate", "none") != "none":
+            raise _UnsupportedError(f"GELU approximate={options['approximate']!r}")
+        if name in _SETTINGS:
+            key, default = _SETTINGS[name]
+            given = node.args[1] if len(node.args) > 1 else options.get(key, default)
+            if given != default:
+                raise _UnsupportedError(f"{name} needs {key}={default!r}, got {given!r}")
+        return self._add(self._name(node.name, node), L.Activation(name), [x], x.shape)
+
+    def _reshape(self, node: fx.Node) -> Value:
+        (x,) = self._tensors(node.args[:1])
+        meta = node.meta["tensor_meta"]
+        if meta.shape[0] != self._batch:
+            raise _UnsupportedError(f"reshapes the batch dimension ({self._batch} -> "
+                               f"{meta.shape[0]}); propop keeps samples apart")
+        return Value(x.node, tuple(meta.shape[1:]))
+
+    @property
+    def _batch(self) -> int:
+        first = next(iter(self.module.graph.nodes))
+        return int(first.meta["tensor_meta"].shape[0])
+
+    def _arithmetic(self, node: fx.Node, op: str) -> Value:
+        """``a + b``, ``a - b``, ``a * c``, ``a / c``, ``-a`` with tensors or constants."""
+        args = [self.values.get(a, a) if isinstance(a, fx.Node) else a for a in node.args]
+        alpha = node.kwargs.get("alpha", 1)
+        tensors = [a for a in args if isinstance(a, Value)]
+        numbers = [a for a in args if isinstance(a, (int, float))]
+        name = self._name(node.name, node)
+        shape = _shape(node)
+        if len(tensors) == 2 and op in ("add", "sub"):
+            if tensors[0].shape != tensors[1].shape:
+                raise _UnsupportedError(f"{op} of shapes {tensors[0].shape} and {tensors[1].shape} "
+                                   "(broadcasting is not supported)")
+            sign = alpha if op == "add" else -alpha
+            return self._add(name, L.Add(None if sign == 1 else (1, sign)), tensors, shape)
+        if len(tensors) != 1 or len(numbers) != len(args) - 1:
+            raise _UnsupportedError(f"{op} of {len(tensors)} tensors and {len(numbers)} constants; "
+                               "supported: a sum or difference of two tensors of one shape, "
+                               "or one tensor with constants")
+        (x,), c = tensors, (numbers[0] if numbers else 0.0)
+        first = isinstance(args[0], Value)
+        slope, shift = {"add": (1.0, alpha * c), "sub": ((1.0, -alpha * c) if first else
+                                                        (-alpha, c)),
+                        "mul": (c, 0.0), "div": (1.0 / c if first and c else None, 0.0),
+                        "neg": (-1.0, 0.0)}[op]
+        if slope is None or op == "div" and c == 0:
+            raise _UnsupportedError("a division by a tensor or by zero")
+        bias = None if shift == 0 else np.full(x.size, float(shift))
+        layer = L.LinearMap([float(slope) * sp.eye_array(x.size, format="csr")], bias,
+                            name=f"Constant{op.title()}")
+        return self._add(name, layer, [x], shape)
+
+    def _softmax(self, node: fx.Node, log: bool) -> Value:
+        (x,) = self._tensors(node.args[:1])
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        if dim is None:
+            raise _UnsupportedError("softmax needs dim")
+        return self._expand(self._name(node.name, node), x,
+                            L.softmax_over(x.shape, _feature_dim(dim, x), log), x.shape)
+
+    def _index(self, node: fx.Node) -> Value | None:
+        """``x[:, ...]`` keeping the batch: a selection (:class:`~propop.layers.Windows`).
+
+        Indexing a shape (``x.size()[0]``) gives no tensor.
+        """
+        source, index = node.args
+        x = self.values.get(source) if isinstance(source, fx.Node) else None
+        if not isinstance(x, Value):
+            return None
+        index = index if isinstance(index, tuple) else (index,)
+        if not index or index[0] != slice(None) or any(
+                isinstance(i, fx.Node) or hasattr(i, "shape") for i in index):
+            raise _UnsupportedError("indexing that does not keep the batch dimension whole "
+                                    "(x[:, ...] with slices and integers is supported)")
+        chosen = np.arange(x.size).reshape(x.shape)[index[1:]]
+        return self._add(self._name(node.name, node), L.Windows(chosen, x.size), [x],
+                         _shape(node))
+
+    def _expand(self, name: str, x: Value, parts: list, shape: tuple) -> Value:
+        """Add the nodes ``[(suffix, layer, reads)]`` that one operation becomes."""
+        made = {None: x}
+        for suffix, layer, reads in parts:
+            made[suffix] = self._add(name + suffix, layer, [made[r] for r in reads], ())
+        return Value(name, tuple(shape))
+
+    def _concatenate(self, node: fx.Node) -> Value:
+        tensors = self._tensors(node.args[0])
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+        d = _feature_dim(dim, tensors[0])
+        layer = L.Concat() if d == 0 else L.Concat(dim=d, shapes=[t.shape for t in tensors])
+        return self._add(self._name(node.name, node), layer, tensors, _shape(node))
+
+
+    def _pool(self, name: str, x: Value, one_d: bool, maximum: bool, options: dict,
+              shape: tuple) -> Value:
+        """A pooling node (two for overlapping max pooling) on ``(C, H, W)`` or ``(C, L)``."""
+        if options.pop("ceil_mode"):
+            raise _UnsupportedError("ceil_mode=True")
+        if not maximum and (not options.pop("count_include_pad")
+                            or options.pop("divisor_override") is not None):
+            raise _UnsupportedError("average pooling needs count_include_pad=True and no "
+                               "divisor_override")
+        if len(x.shape) != (2 if one_d else 3):
+            raise _UnsupportedError(f"pooling on an input of shape {x.shape}")
+        plane = (x.shape[0], 1, x.shape[1]) if one_d else x.shape
+        if one_d:  # (C, L) as (C, 1, L): one row
+            options = {k: None if v is None else (0 if k == "padding" else 1,
+                                                  v if np.isscalar(v) else v[0])
+                       for k, v in options.items()}
+        if maximum:
+            parts = L.max_pool(input_shape=plane, **options)
+            return self._expand(name, x, [(s, layer, [None if i == 0 else parts[0][0]])
+                                          for i, (s, layer) in enumerate(parts)], shape)
+        return self._add(name, L.AvgPool2d(input_shape=plane, **options), [x], shape)
+
+
+class _UnsupportedError(Exception):
+    """What the translator cannot import, turned into a ``ValueError`` naming the node."""
+
+
+# -- modules ------------------------------------------------------------------------------
+def to_numpy(t: torch.Tensor | None) -> Any:
+    """A tensor as a float64 NumPy array of its own (``None`` stays ``None``)."""
+    return None if t is None else t.detach().to(torch.float64).cpu().numpy().copy()
+
+
+def _linear(self: _Translator, module: nn.Linear, x: Value, name: str, node: fx.Node) -> Value:
+    if len(x.shape) != 1:
+        raise _UnsupportedError(f"Linear on an input of shape {x.shape}: propop applies Linear to "
+                           "(batch, features) inputs")
+    self.origins[name] = (node.target, {"W": "weight", "b": "bias"})
+    return self._add(name, L.Dense(to_numpy(module.weight), to_numpy(module.bias)), [x],
+                     (module.out_features,))
+
+
+def _convolution(self: _Translator, module: Any, x: Value, name: str, node: fx.Node) -> Value:
+    one_d = isinstance(module, nn.Conv1d)
+    if module.padding_mode != "zeros":
+        raise _UnsupportedError(f"padding_mode={module.padding_mode!r} (zeros only)")
+    if len(x.shape) != (2 if one_d else 3):
+        raise _UnsupportedError(f"{type(module).__name__} on an input of shape {x.shape}")
+    padding = _padding(module)
+    W, b = to_numpy(module.weight), to_numpy(module.bias)
+    options = dict(stride=module.stride, padding=padding, dilation=module.dilation,
+                   groups=module.groups)
+    if one_d:
+        options = {k: (v[0] if isinstance(v, tuple) else v) for k, v in options.items()}
+        layer = L.Conv1d(W, b, input_shape=x.shape, **options)
+    else:
+        layer = L.Conv2d(W, b, input_shape=x.shape, **options)
+    self.origins[name] = (node.target, {"W": "weight", "b": "bias"})
+    return self._add(name, layer, [x], _shape(node))
+
+
+def _padding(module: Any) -> Any:
+    """Numeric padding; ``"same"`` only where it is symmetric."""
+    if module.padding == "valid":
+        return 0
+    if module.padding != "same":
+        return module.padding
+    total = [d * (k - 1) for d, k in zip(module.dilation, module.kernel_size)]
+    if any(t % 2 for t in total):
+        raise _UnsupportedError("padding='same' with an even (dilated) kernel pads unevenly")
+    return tuple(t // 2 for t in total)
+
+
+def _pooling(self: _Translator, module: Any, x: Value, name: str, node: fx.Node) -> Value:
+    one_d = isinstance(module, (nn.AvgPool1d, nn.MaxPool1d))
+    options = {k: getattr(module, k) for k in ("kernel_size", "stride", "padding")}
+    options["ceil_mode"] = module.ceil_mode
+    if isinstance(module, nn.MaxPool1d | nn.MaxPool2d):
+        options["dilation"] = module.dilation
+    else:
+        options["count_include_pad"] = module.count_include_pad
+        options["divisor_override"] = getattr(module, "divisor_override", None)
+    return self._pool(name, x, one_d, isinstance(module, nn.MaxPool1d | nn.MaxPool2d),
+                      options, _shape(node))
+
+
+def _adaptive_average(self: _Translator, module: nn.AdaptiveAvgPool2d, x: Value, name: str,
+                      node: fx.Node) -> Value:
+    out = _shape(node)[1:]
+    if len(x.shape) != 3 or any(n % o for n, o in zip(x.shape[1:], out)):
+        raise _UnsupportedError(f"AdaptiveAvgPool2d from {x.shape[1:]} to {out}: the output sizes "
+                           "must divide the input's")
+    kernel = tuple(n // o for n, o in zip(x.shape[1:], out))
+    return self._pool(name, x, False, False, dict(kernel_size=kernel, stride=kernel, padding=0,
+                                                  ceil_mode=False, count_include_pad=True,
+                                                  divisor_override=None), _shape(node))
+
+
+def _batch_norm(self: _Translator, module: Any, x: Value, name: str, node: fx.Node) -> Value:
+    if module.training or module.running_mean is None:
+        raise _UnsupportedError(f"{type(module).__name__} in training mode (or without running "
+                           "statistics): call module.eval() first, propop imports the affine "
+                           "map of evaluation mode")
+    layer = L.BatchNorm(to_numpy(module.running_mean), to_numpy(module.running_var),
+                        eps=module.eps, input_shape=x.shape, weight=to_numpy(module.weight),
+                        bias=to_numpy(module.bias))
+    if module.affine:
+        self.origins[name] = (node.target, {"weight": "weight", "bias": "bias"})
+    return self._add(name, layer, [x], x.shape)
+
+
+def _dropout(self: _Translator, module: Any, x: Value, name: str, node: fx.Node) -> Value:
+    if module.training:
+        raise _UnsupportedError(f"{type(module).__name__} in training mode: call module.eval() "
+                           "first (in evaluation mode it is the identity)")
+    return x
+
+
+def _identity(self: _Translator, module: Any, x: Value, name: str, node: fx.Node) -> Value:
+    return Value(x.node, _shape(node))
+
+
+def _activation_module(self: _Translator, module: Any, x: Value, name: str, node: fx.Node
+                       ) -> Value:
+    kind = ACTIVATIONS[type(module)]
+    options = {k: getattr(module, k) for k in ("approximate", "alpha", "negative_slope")
+               if hasattr(module, k)}
+    layer_name = {"elu": "alpha", "leaky_relu": "negative_slope"}.get(kind)
+    if layer_name and options[layer_name] != _SETTINGS[kind][1]:
+        raise _UnsupportedError(f"{type(module).__name__} needs {layer_name}="
+                           f"{_SETTINGS[kind][1]!r}, got {options[layer_name]!r}")
+    if kind == "gelu_erf" and options["approximate"] == "tanh":
+        kind = "gelu"
+    return self._add(name, L.Activation(kind), [x], x.shape)
+
+
+def _softmax_module(self: _Translator, module: Any, x: Value, name: str, node: fx.Node
+                    ) -> Value:
+    if module.dim is None:
+        raise _UnsupportedError(f"{type(module).__name__} needs dim")
+    log = isinstance(module, nn.LogSoftmax)
+    return self._expand(name, x, L.softmax_over(x.shape, _feature_dim(module.dim, x), log),
+                        x.shape)
+
+
+_MODULES: list[tuple[Any, Callable]] = [
+    (nn.Linear, _linear), (nn.Conv1d | nn.Conv2d, _convolution),
+    (nn.AvgPool1d | nn.AvgPool2d | nn.MaxPool1d | nn.MaxPool2d, _pooling),
+    (nn.AdaptiveAvgPool2d, _adaptive_average),
+    (nn.BatchNorm1d | nn.BatchNorm2d, _batch_norm),
+    (nn.Dropout | nn.Dropout1d | nn.Dropout2d, _dropout),
+    (_IDENTITY_MODULES, _identity), (tuple(ACTIVATIONS), _activation_module),
+    (nn.Softmax | nn.LogSoftmax, _softmax_module),
+]
+
+
+def _supported() -> str:
+    names = ["Linear", "Conv1d", "Conv2d", "AvgPool1d", "AvgPool2d", "MaxPool1d", "MaxPool2d",
+             "AdaptiveAvgPool2d", "BatchNorm1d", "BatchNorm2d (eval)", "Dropout (eval)",
+             "Identity", "Flatten", "Unflatten", "Softmax", "LogSoftmax"]
+    return ", ".join(names + [k.__name__ for k in ACTIVATIONS])
+
+
+# -- functions ------------------------------------------------------------------------------
+_OPERATORS = {"add": "add", "sub": "sub", "mul": "mul", "div": "div"}
+
+
+def _f_linear(self: _Translator, node: fx.Node) -> Value:
+    x, weight = self._tensors(node.args[:1])[0], node.args[1]
+    bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
+    W, b = (self.values.get(a) if isinstance(a, fx.Node) else a for a in (weight, bias))
+    if not isinstance(W, _Parameter) or not (b is None or isinstance(b, _Parameter)):
+        raise _UnsupportedError("F.linear with weights that are not a module's parameters")
+    path = W.target.rpartition(".")[0]
+    name = self._name(path or node.name, node)
+    self.origins[name] = (path, {"W": W.target.rpartition(".")[2]} | (
+        {} if b is None else {"b": b.target.rpartition(".")[2]}))
+    layer = L.Dense(to_numpy(W.tensor), None if b is None else to_numpy(b.tensor))
+    return self._add(name, layer, [x], _shape(node))
+
+
+def _f_dropout(self: _Translator, node: fx.Node) -> Value:
+    training = node.args[2] if len(node.args) > 2 else node.kwargs.get("training", True)
+    if training:
+        raise _UnsupportedError("F.dropout with training=True: pass training=self.training and "
+                           "call module.eval() first")
+    return self._tensors(node.args[:1])[0]
+
+
+def _f_pool(maximum: bool) -> Callable:
+    def convert(self: _Translator, node: fx.Node) -> Value:
+        (x,) = self._tensors(node.args[:1])
+        names = ["kernel_size", "stride", "padding"] + (["dilation"] if maximum else [])
+        options = dict(zip(names, node.args[1:])) | {k: v for k, v in node.kwargs.items()}
+        options.setdefault("stride", None)
+        options.setdefault("padding", 0)
+        options.setdefault("ceil_mode", False)
+        if maximum:
+            options.setdefault("dilation", 1)
+            if options.pop("return_indices", False):
+                raise _UnsupportedError("return_indices=True")
+        else:
+            options.setdefault("count_include_pad", True)
+            options.setdefault("divisor_override", None)
+        if options["stride"] is None or options["stride"] == []:
+            options["stride"] = options["kernel_size"]
+        return self._pool(self._name(node.name, node), x, False, maximum, options, _shape(node))
+
+    return convert
+
+
+def _softmax_function(log: bool) -> Callable:
+    return lambda self, node: self._softmax(node, log)
+
+
+def _arithmetic_function(op: str) -> Callable:
+    return lambda self, node: self._arithmetic(node, op)
+
+
+_FUNCTION_HANDLERS: dict[Any, Callable] = {
+    operator.add: _arithmetic_function("add"), torch.add: _arithmetic_function("add"),
+    operator.sub: _arithmetic_function("sub"), torch.sub: _arithmetic_function("sub"),
+    operator.mul: _arithmetic_function("mul"), torch.mul: _arithmetic_function("mul"),
+    operator.truediv: _arithmetic_function("div"), torch.div: _arithmetic_function("div"),
+    operator.neg: _arithmetic_function("neg"), torch.neg: _arithmetic_function("neg"),
+    torch.cat: _Translator._concatenate, torch.concat: _Translator._concatenate,
+    torch.flatten: _Translator._reshape, torch.reshape: _Translator._reshape,
+    F.linear: _f_linear, F.dropout: _f_dropout,
+    F.max_pool2d: _f_pool(True), F.avg_pool2d: _f_pool(False),
+    F.softmax: _softmax_function(False), torch.softmax: _softmax_function(False),
+    F.log_softmax: _softmax_function(True), torch.log_softmax: _softmax_function(True),
+    operator.getitem: _Translator._index,
+}
+
+
+
+# -- helpers --------------------------------------------------------------------------------
+def _shape(node: fx.Node) -> tuple:
+    """One sample's shape of a traced tensor (its batch dimension dropped)."""
+    meta = node.meta.get("tensor_meta")
+    if meta is None or not hasattr(meta, "shape"):
+        raise _UnsupportedError("the operation does not give one tensor")
+    return tuple(int(n) for n in meta.shape[1:])
+
+
+def _feature_dim(dim: int, x: Value) -> int:
+    """A torch dimension of the batch (``dim`` counts the batch) as an index into ``x.shape``."""
+    d = dim if dim >= 0 else dim + len(x.shape) + 1
+    if d == 0 or not 0 < d <= len(x.shape):
+        raise _UnsupportedError(f"dim={dim} for a batch of shape (batch, *{x.shape}): propop "
+                           "keeps samples apart, so dim 0 is not a feature dimension")
+    return d - 1
+
+
+def _attribute(module: nn.Module, target: str) -> torch.Tensor:
+    owner, _, name = target.rpartition(".")
+    return getattr(module.get_submodule(owner) if owner else module, name)
+
+
+def _callable_name(target: Any) -> str:
+    module = getattr(target, "__module__", None) or ""
+    return f"{module}.{getattr(target, '__name__', repr(target))}".lstrip(".")
+
+
+def _where(node: fx.Node) -> str:
+    """``node 'add_1' (call_function add) at model.py:12: h = h + ...``."""
+    target = node.target if isinstance(node.target, str) else _callable_name(node.target)
+    where = f"node {node.name!r} ({node.op} {target})"
+    for line, following in zip((node.stack_trace or "").splitlines(),
+                                (node.stack_trace or "").splitlines()[1:]):
+        if line.strip().startswith("File ") and "/torch/" not in line:
+            file, _, rest = line.strip()[5:].partition(", line ")
+            number = rest.partition(",")[0]
+            return f"{where} at {file.strip(chr(34))}:{number}: {following.strip()}"
+    return where
+

@@ -1,0 +1,280 @@
+"""from_torch by tracing: every node's value and gradient against PyTorch's, node by node."""
+
+import numpy as np
+import pytest
+
+import propop as pp
+from cases import relative_error
+from reference import torch
+
+nn = torch.nn
+F = torch.nn.functional
+fx = torch.fx
+
+METHODS = ["substitution", "level-scheduled", "batched-gmres"]
+TORCH_NAMES = {"W": "weight", "b": "bias", "weight": "weight", "bias": "bias"}
+
+
+def recorded(module, x):
+    """Every traced tensor of ``module(x)`` by fx node (retaining its gradient), and autograd's.
+
+    The loss is ``1/2 ||output||^2``; returns ``(values, dx, parameter gradients)``.
+    """
+    module.zero_grad()
+    values = {}
+
+    class Recorder(fx.Interpreter):
+        def run_node(self, node):
+            out = super().run_node(node)
+            if isinstance(out, torch.Tensor) and out.requires_grad:
+                out.retain_grad()
+                values[node] = out
+            return out
+
+    X = torch.tensor(x, requires_grad=True)
+    out = Recorder(fx.symbolic_trace(module)).run(X)
+    (0.5 * (out**2).sum()).backward()
+    grads = {name: p.grad.numpy() for name, p in module.named_parameters()}
+    return values, X.grad.numpy(), grads
+
+
+def node_name(node, seen):
+    """The propop node an fx node becomes (a module's path the first time)."""
+    name = node.target if node.op == "call_module" and node.target not in seen else node.name
+    seen.add(name)
+    return name
+
+
+def check_node_by_node(module, x, input_shape=None, methods=METHODS, tol=1e-12):
+    """Forward values of every node, backward blocks of every linear node, and gradients."""
+    module = module.double()
+    graph = pp.from_torch(module, input_shape)
+    values, dx, params = recorded(module, x)
+    r = x.shape[0]
+    flat = x.reshape(r, -1).T
+    trace = graph.forward(flat)
+    seen, compared = set(), []
+    for node, tensor in values.items():
+        name = node_name(node, seen)
+        if name in graph.order and node.op != "placeholder":
+            k = graph.order.index(name)
+            expected = tensor.detach().numpy().reshape(r, -1).T
+            assert relative_error(trace.z[k], expected) < tol, name
+            compared.append((name, tensor))
+    target = np.zeros((graph.sizes[graph.order.index(graph.outputs[0])], r))
+    eps = graph.loss_gradient(trace, target)
+    system = pp.backward_system(graph, trace, eps)
+    for method in methods:
+        sol = pp.solve(system, method, rtol=1e-13 if method != "substitution" else None)
+        blocks = graph.unstack(system, sol.x)
+        for name, tensor in compared:
+            if graph.is_linear(name) and tensor.grad is not None:
+                expected = tensor.grad.numpy().reshape(r, -1).T
+                assert relative_error(blocks[graph.order.index(name)], expected) < 1e-10, \
+                    (method, name)
+        g = pp.backprop(graph, flat, target, method=method)
+        assert relative_error(g.x, dx.reshape(r, -1).T) < 1e-10, method
+        ours = {f"{graph.origins[node][0]}.{TORCH_NAMES[k]}".lstrip("."): v
+                for node, grads in g.parameters.items() for k, v in grads.items()}
+        assert set(ours) == set(params), method
+        for name, value in params.items():
+            assert relative_error(ours[name], value) < 1e-10, (method, name)
+    return graph, len(compared)
+
+
+class ResidualMLP(nn.Module):
+    """Residual blocks written in forward() as PyTorch users write them."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc0 = nn.Linear(5, 6)
+        self.fc1, self.fc2 = nn.Linear(6, 6), nn.Linear(6, 6)
+        self.fc3, self.fc4 = nn.Linear(6, 6), nn.Linear(6, 6)
+        self.drop = nn.Dropout(0.3)
+        self.act = nn.GELU()
+        self.head = nn.Linear(12, 4)
+
+    def forward(self, x):
+        h = F.silu(self.fc0(x))
+        h = h + self.fc2(F.relu(self.fc1(h)))
+        h = h - 0.5 * self.drop(self.fc4(self.act(self.fc3(h))))
+        h = torch.cat([F.gelu(h, approximate="tanh"), torch.tanh(h) / 3], dim=1)
+        return torch.softmax(self.head(h), dim=-1) * 2.0 + 1.0
+
+
+class ConvNet(nn.Module):
+    """Dilated grouped convolutions, batch norm, overlapping pooling and a view."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(2, 4, 3, padding=2, dilation=2, groups=2)
+        self.bn1 = nn.BatchNorm2d(4)
+        self.pool = nn.MaxPool2d(3, stride=2, padding=1)
+        self.conv2 = nn.Conv2d(4, 6, 3, stride=1, padding="same", groups=2)
+        self.avg = nn.AvgPool2d(3, stride=1, padding=1)
+        self.gap = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(6, 3)
+        self.out = nn.LogSoftmax(dim=1)
+
+    def forward(self, x):
+        h = self.pool(F.relu(self.bn1(self.conv1(x))))
+        h = F.max_pool2d(torch.sigmoid(self.avg(self.conv2(h))), 2)
+        h = self.gap(h)
+        return self.out(self.fc(h.view(h.size(0), -1)))
+
+
+class Conv1dNet(nn.Module):
+    """1-D: groups and dilation, batch norm, overlapping max pooling, cat along the length."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv1d(2, 4, 3, dilation=2, groups=2, padding=1)
+        self.b = nn.Conv1d(2, 4, 2, stride=2)
+        self.bn = nn.BatchNorm1d(4)
+        self.pool = nn.MaxPool1d(3, stride=1, padding=1)
+        self.mean = nn.AvgPool1d(2)
+        self.fc = nn.Linear(4 * 4, 3)
+
+    def forward(self, x):
+        h = torch.cat([self.a(x), self.b(x)], dim=2)  # lengths 7 and 4: interleaved rows
+        h = self.pool(F.elu(self.bn(h)))
+        h = F.softmax(h, dim=1)  # over channels, at every position
+        return self.fc(torch.flatten(self.mean(h[:, :, 1:-1:1]), 1))  # a slice: a selection
+
+
+def randomised(module):
+    """Batch-norm statistics that are not the defaults; evaluation mode."""
+    torch.manual_seed(3)
+    for m in module.modules():
+        if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
+            with torch.no_grad():
+                m.running_mean.uniform_(-1, 1)
+                m.running_var.uniform_(0.5, 2.0)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.5, 0.5)
+    return module.eval()
+
+
+def test_residual_blocks_written_in_forward_match_torch_node_by_node():
+    torch.manual_seed(0)
+    module = randomised(ResidualMLP())
+    x = np.random.default_rng(0).standard_normal((4, 5))
+    graph, compared = check_node_by_node(module, x)
+    assert compared >= 15
+    assert any(name.endswith(".lse") for name in graph.order)  # the softmax's normaliser
+    assert "drop" not in graph.order  # dropout in evaluation mode is the identity
+
+
+def test_conv_net_with_dilation_groups_batchnorm_and_overlapping_pools_matches_torch():
+    torch.manual_seed(1)
+    module = randomised(ConvNet())
+    x = np.random.default_rng(1).standard_normal((3, 2, 9, 9))
+    graph, compared = check_node_by_node(module, x, (2, 9, 9))
+    assert compared >= 10
+    assert "pool.windows" in graph.order  # overlapping windows copied apart first
+
+
+def test_conv1d_net_with_interleaving_cat_and_channel_softmax_matches_torch():
+    torch.manual_seed(2)
+    module = randomised(Conv1dNet())
+    x = np.random.default_rng(2).standard_normal((3, 2, 9))
+    check_node_by_node(module, x, (2, 9), methods=["substitution"])
+
+
+def test_a_torch_module_round_trips_through_state_dict():
+    torch.manual_seed(4)
+    module = randomised(ConvNet()).double()
+    graph = pp.from_torch(module, (2, 9, 9))
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    loaded = module.load_state_dict(pp.state_dict(graph), strict=False)
+    assert set(loaded.missing_keys) == {"bn1.running_mean", "bn1.running_var"}  # buffers
+    for name, value in module.state_dict().items():
+        assert torch.equal(value, before[name]), name  # unchanged weights come back exactly
+    rng = np.random.default_rng(5)
+    for node, (_, names) in graph.origins.items():
+        for ours in names:
+            value = graph.layers[node].parameters()[ours]
+            graph.layers[node].set_parameter(ours, rng.standard_normal(np.shape(value)))
+    module.load_state_dict(pp.state_dict(graph), strict=False)
+    x = rng.standard_normal((2, 2, 9, 9))
+    ours = graph.output_values(graph.forward(x.reshape(2, -1).T))[0]
+    with torch.no_grad():
+        theirs = module(torch.tensor(x)).numpy().T
+    assert relative_error(ours, theirs) < 1e-13
+
+
+def test_an_rnn_round_trips_through_state_dict():
+    torch.manual_seed(6)
+    module = nn.RNN(3, 4, num_layers=2).double()
+    rnn = pp.from_torch(module)
+    other = nn.RNN(3, 4, num_layers=2).double()
+    other.load_state_dict(pp.state_dict(rnn))
+    xs = torch.randn(5, 2, 3, dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.allclose(other(xs)[0], module(xs)[0], rtol=1e-14, atol=1e-14)
+
+
+def test_the_graph_repr_lists_every_node():
+    module = randomised(ConvNet())
+    text = repr(pp.from_torch(module.double(), (2, 9, 9)))
+    assert text.startswith("Graph(input 162, ")
+    for piece in ("conv1", "Conv2d((2, 9, 9) -> (4, 9, 9))", "BatchNorm((4, 9, 9))",
+                  "pool.windows", "WindowMaximum", "<- conv1", "out.lse", "LogSumExp"):
+        assert piece in text, piece
+    assert "object at" not in text
+
+
+class Squares(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return h * h
+
+
+class Sines(nn.Module):
+    def forward(self, x):
+        return torch.sin(x)
+
+
+class BatchMixer(nn.Module):
+    def forward(self, x):
+        return x.reshape(1, -1)
+
+
+class Softmax0(nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, dim=0)
+
+
+@pytest.mark.parametrize(("module", "words"), [
+    (Squares(), r"node 'mul' \(call_function _operator.mul\) at .*test_torch_trace.py:\d+: "
+                r"return h \* h: mul of 2 tensors"),
+    (Sines(), r"node 'sin' .*test_torch_trace.py:\d+: return torch.sin\(x\): unsupported "
+              r"function torch.sin"),
+    (BatchMixer(), r"node 'reshape' .*reshapes the batch dimension"),
+    (Softmax0(), r"dim=0 for a batch of shape"),
+    (nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)),
+     r"\(call_module 1\): BatchNorm1d in training mode.*eval\(\)"),
+    (nn.Sequential(nn.Linear(3, 3), nn.Dropout()), r"Dropout in training mode.*eval\(\)"),
+    (nn.Sequential(nn.Linear(3, 3), nn.LSTM(3, 3)), r"unsupported module LSTM \(recurrent"),
+    (nn.Sequential(nn.Linear(3, 3), nn.LeakyReLU(0.2)), r"negative_slope=0.01.*got 0.2"),
+    (nn.Sequential(nn.Linear(3, 3), nn.GELU(approximate="none"), nn.Softplus()),
+     r"unsupported module Softplus; supported: Linear"),
+])
+def test_what_cannot_be_imported_is_named_with_its_node_and_line(module, words):
+    with pytest.raises(ValueError, match=words):
+        pp.from_torch(module.double(), input_shape=(3,))
+
+
+def test_hooks_and_missing_input_shapes_are_named():
+    hooked = nn.Sequential(nn.Linear(3, 2), nn.Sequential(nn.Tanh()))
+    hooked[1].register_forward_hook(lambda module, inputs, output: output * 2)
+    with pytest.raises(ValueError, match="Sequential at 1 has forward hooks"):
+        pp.from_torch(hooked)
+    with pytest.raises(ValueError, match="input_shape is needed: ConvNet"):
+        pp.from_torch(ConvNet())
+    with pytest.raises(ValueError, match="GRU is not supported yet"):
+        pp.from_torch(nn.GRU(2, 2))
