@@ -100,7 +100,7 @@ class Chain:
         rhs = system.rhs if system.nrhs is not None else system.rhs[:, None]
         if len(set(system.sizes)) == 1:
             G = rhs.reshape(len(self.order), n, -1)[self.order]
-            if system.form == "paper":
+            if system.form == "paper" and not system.unscaled_stack:
                 diagonal = system.blocks.diagonal
                 G = G / _stack_columns(xp, [diagonal[k] for k in self.order], n, G.dtype)
             return xp.permute_dims(G, (0, 2, 1))
@@ -189,7 +189,7 @@ def _stacked(system: Any, shared_diagonal: str | None) -> Chain | None:
     G = rhs.reshape(m, n, -1)[order]
     couplings = list(range(m - 1)) if system.lower else list(range(m - 2, -1, -1))
     S = _coupling_scales(system, couplings)
-    if system.form == "paper":  # divided by the diagonal: the scaled form's rows
+    if system.form == "paper" and not system.unscaled_stack:  # divided by the diagonal
         D = _stack_columns(xp, [system.blocks.diagonal[k] for k in order], n, dtype)
         if D is None or S is None:
             return None
@@ -202,7 +202,8 @@ def _stacked(system: Any, shared_diagonal: str | None) -> Chain | None:
     L[1:] = xp.permute_dims(S, (0, 2, 1))
     if system.coupling_stack is not None:  # the network's stack itself: no copy
         stack = backend.astype(system.coupling_stack, dtype)
-        C = (stack if system.lower else xp.flip(stack, axis=0))[:, None]
+        C = stack if system.lower else xp.flip(stack, axis=0)
+        C = C if system.per_sample_couplings else C[:, None]
     else:
         matrices = system.blocks.coupling
         C = _stack_matrices(system.backend, [matrices[j] for j in couplings], n, dtype)[:, None]
@@ -218,6 +219,8 @@ def _coupling_scales(system: Any, couplings: list) -> Any:
     chain's in row ``j``.
     """
     xp = system.backend.xp
+    if system.unscaled_stack:
+        return xp.ones((len(couplings), system.sizes[0], 1), dtype=system.dtype)
     if system.scale_stack is None or system.form != "scaled":
         scales = system.blocks.scale  # a tuple made per access: once
         return _stack_columns(xp, [scales[j] for j in couplings], system.sizes[0],

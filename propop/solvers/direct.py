@@ -58,12 +58,16 @@ def level_scheduled(system: Any, *, rtol: float | None = None,
     level still run one after another; ``info["level_sizes"]`` gives the
     parallelism each level offers.
     """
-    levels = system.blocks.levels
-    x = _substitute(system, [step for level in levels for step in level],
-                    _rhs_blocks(system)[0])
+    if system.coupling_stack is not None:  # a chain: one block per level
+        x, sizes = _substitute_stacked(system, _rhs_blocks(system)[0]), [1] * system.nblocks
+    else:
+        levels = system.blocks.levels
+        x = _substitute(system, [step for level in levels for step in level],
+                        _rhs_blocks(system)[0])
+        sizes = [len(level) for level in levels]
     tol = Tolerance.of(system, rtol, atol) if verify else None
-    return finish(system, x, tol=tol, levels=len(levels), verify=verify,
-                  info={"level_sizes": [len(level) for level in levels]})
+    return finish(system, x, tol=tol, levels=len(sizes), verify=verify,
+                  info={"level_sizes": sizes})
 
 
 def _rhs_blocks(system: Any) -> tuple[Any, float]:
@@ -113,10 +117,15 @@ def _substitute_stacked(system: Any, nonzero: Any) -> Any:
     lower = system.lower
     first = 0 if lower else nb - 1
     X[first] = C[first]
+    per_sample = system.per_sample_couplings  # M[j] is (r, n, n): columns as a batch axis
     with backend.quiet(xp):  # overflow is reported by finish()
         for k in (range(1, nb) if lower else range(nb - 2, -1, -1)):
-            x = X[k]
-            xp.matmul(M[k - 1] if lower else M[k], X[k - 1] if lower else X[k + 1], out=x)
+            x, core, source = X[k], M[k - 1] if lower else M[k], X[k - 1] if lower else X[k + 1]
+            if per_sample:
+                columns = (core @ xp.matrix_transpose(source)[..., None])[..., 0]  # (r, n)
+                x[...] = xp.matrix_transpose(columns)
+            else:
+                xp.matmul(core, source, out=x)
             scale = (S[k - 1] if k else None) if S is not None else system._row_scale[k]
             if scale is not None:
                 x *= scale

@@ -203,10 +203,17 @@ def groups(system: Any) -> int:
     return counter.peak_bytes
 
 
+def _couplings(system: Any) -> tuple[int, int]:
+    """How many couplings one sample has, and their stored entries (a stack not unrolled)."""
+    if system.coupling_stack is not None:
+        C = system.coupling_stack
+        return C.shape[0], C.shape[0] * C.shape[-2] * C.shape[-1]
+    return len(system._edges), sum(int(getattr(M, "nnz", M.size)) for _, _, M in system._edges)
+
+
 def _entries(system: Any) -> int:
     """Stored entries of the explicit matrix of all samples."""
-    nnz = system.size + sum(int(getattr(M, "nnz", M.size)) for _, _, M in system._edges)
-    return nnz * (system.nrhs or 1)
+    return (system.size + _couplings(system)[1]) * (system.nrhs or 1)
 
 
 def krylov_basis(system: Any, restart: int, columns: int | None = None) -> int:
@@ -225,6 +232,6 @@ def explicit_matrix(system: Any) -> int:
     """
     if "csr" in vars(system):
         return 21 * _entries(system) + 2 * system.size * (system.nrhs or 1) * 8  # measured
-    arrays = (len(system._edges) + system.nblocks) * (system.nrhs or 1)  # 3 per block, edge
+    arrays = (_couplings(system)[0] + system.nblocks) * (system.nrhs or 1)  # 3 per block, edge
     return (48 * _entries(system) + 2 * system.size * (system.nrhs or 1) * 8
             + 3 * ARRAY * arrays)

@@ -242,7 +242,7 @@ class TriangularSystem:
                  scale_stack: Any = None) -> None:
         if form not in FORMS:
             raise ValueError(f"unknown form {form!r}; choose one of {FORMS}")
-        if backend.of(rhs).name == "torch" and (coupling_stack is None or scale_stack is None):
+        if backend.of(rhs).name == "torch" and coupling_stack is None:
             raise ValueError(_TORCH_STACKS)
         self.sizes = tuple(map(int, sizes))
         self.lower = bool(lower)
@@ -301,8 +301,21 @@ class TriangularSystem:
     def _edges(self) -> tuple:
         """``(row, col, matrix)`` per coupling; a structure's or a stack's made when asked for."""
         if self.structure is None:
+            if self.per_sample_couplings:
+                raise ValueError(_PER_SAMPLE)
             return _chain_edges(self.lower, self.coupling_stack)
         return tuple(self.structure.edges())
+
+    @property
+    def unscaled_stack(self) -> bool:
+        """A chain given by its couplings alone: unit diagonal and no row scalings."""
+        return (self.coupling_stack is not None and self.scale_stack is None
+                and all(s is None for s in self._row_scale))
+
+    @property
+    def per_sample_couplings(self) -> bool:
+        """Whether each sample has its own couplings: a ``(nb - 1, r, n, n)`` stack."""
+        return self.coupling_stack is not None and self.coupling_stack.ndim == 4
 
     @functools.cached_property
     def _row_scale(self) -> tuple:
@@ -400,19 +413,24 @@ class TriangularSystem:
         require_finite(rhs, "rhs")
 
     def _checked_stack(self, stack: Any, what: str, columns: tuple) -> Any:
-        """``stack`` checked once as an array: ``(nb - 1, n, n)`` couplings or scalings.
+        """``stack`` checked once: couplings ``(nb - 1[, r], n, n)``, scalings ``(nb - 1, n[, c])``.
 
         ``columns`` are the allowed trailing sizes of a scaling (``None``: no axis).
         """
         if stack is None:
             return None
         nb, n = len(self.sizes), self.sizes[0]
-        trailing = tuple(getattr(stack, "shape", ())[2:]) or (None,)
+        shape = tuple(getattr(stack, "shape", ()))
+        want_r = True
+        if not columns and len(shape) == 4 and self._scaled_rhs.ndim == 2:  # per sample
+            shape, want_r = shape[:1] + shape[2:], shape[1] == self._scaled_rhs.shape[1]
+        trailing = shape[2:] or (None,)
         want = (nb - 1, n) + (n,) * (not columns)
-        fits = tuple(getattr(stack, "shape", ())[:2 + (not columns)]) == want and (
+        fits = want_r and shape[:2 + (not columns)] == want and (
             len(trailing) == 1 and (trailing[0] in columns or not columns))
         if set(self.sizes) != {n} or not fits or not backend.is_real_floating(stack):
-            shapes = " or ".join(str(want + ((c,) if c else ())) for c in columns) or want
+            shapes = " or ".join(str(want + ((c,) if c else ())) for c in columns) or (
+                f"{want} or, per sample, ({nb - 1}, r, {n}, {n})")
             raise ValueError(f"{what} must be a real floating array of shape {shapes} for "
                              f"{nb} blocks of one width, got {getattr(stack, 'shape', None)} "
                              f"and block sizes {sorted(set(self.sizes))}")
@@ -577,6 +595,9 @@ class TriangularSystem:
             layers = [None if s is None else s[:, :, i if s.shape[2] > 1 else 0]
                       for s in self._layer_scales]
             return self._with(layer_scales=layers, rhs=self._scaled_rhs[:, i])
+        if self.per_sample_couplings:  # its couplings, shared by its one column
+            return self._with(coupling_stack=self.coupling_stack[:, i],
+                              rhs=self._scaled_rhs[:, i])
         scales = [None if s is None else s[:, i if s.shape[1] > 1 else 0]
                   for s in self._row_scale]
         return self._with(row_scale=scales, rhs=self._scaled_rhs[:, i])
@@ -591,13 +612,20 @@ class TriangularSystem:
     @functools.cached_property
     def shares_matrix(self) -> bool:
         """Whether every sample of a batch has the same matrix (equal scaling columns)."""
+        if self.per_sample_couplings:
+            C = self.coupling_stack
+            return bool(self.backend.xp.all(C == C[:, :1])) and self._scaled_once_scalings
         return self.nrhs is None or all(
             s is None or s.shape[-1] == 1 or bool(self.backend.xp.all(s == s[..., :1]))
             for s in self._scalings)
 
     @property
     def _scaled_once(self) -> bool:
-        """Whether every scaling is stored once for all columns (``None`` or ``(n_k, 1)``)."""
+        """Whether the matrix is stored once for all columns (scalings ``None`` or ``(n_k, 1)``)."""
+        return not self.per_sample_couplings and self._scaled_once_scalings
+
+    @property
+    def _scaled_once_scalings(self) -> bool:
         return self.nrhs is None or all(s is None or s.shape[-1] == 1 for s in self._scalings)
 
     def shared(self, how: str = "exact") -> TriangularSystem:
@@ -616,6 +644,11 @@ class TriangularSystem:
         if self._scaled_once:
             return self
         xp = self.backend.xp
+        if self.per_sample_couplings:
+            C = self.coupling_stack
+            if how == "exact" and not self.shares_matrix:
+                raise ValueError(_NOT_SHARED.format(where="a coupling"))
+            return self._with(coupling_stack=C[:, 0] if how == "exact" else C.mean(axis=1))
         if self._layer_scales is not None:  # stacked over time: one layer at a time
             if how == "exact" and not self.shares_matrix:
                 raise ValueError(_NOT_SHARED.format(where="a layer's scaling"))
@@ -737,7 +770,8 @@ class TriangularSystem:
             raise ValueError(f"x has shape {x.shape}, expected {self.rhs.shape}")
         if self.structure is not None:
             return self.structure.apply(self, x, transpose)
-        if self.coupling_stack is not None and self.scale_stack is not None:
+        if self.coupling_stack is not None and (self.scale_stack is not None
+                                                or self.unscaled_stack):
             return self._apply_stacked(x, transpose)
         D = self._diagonal
         out = x * 1 if D is None else (D[:, 0] if x.ndim == 1 else D) * x
@@ -776,15 +810,18 @@ class TriangularSystem:
         X = xp.reshape(x, (nb, self.sizes[0]) + tuple(x.shape[1:]))
         rows, cols = (slice(1, None), slice(0, -1)) if self.lower else (slice(0, -1),
                                                                        slice(1, None))
-        paper = self.form == "paper"  # d = 1/s on the diagonal, unscaled couplings
-        scales = None if paper else self._coupling_scales
+        paper = self.form == "paper" and self.scale_stack is not None  # d = 1/s, unscaled M
+        scales = None if paper or self.scale_stack is None else self._coupling_scales
         out = X / self._block_scales if paper else X * 1
         inner = (lambda v: v[..., None]) if x.ndim == 1 else (lambda v: v)
         outer = (lambda v: v[..., 0]) if x.ndim == 1 else (lambda v: v)
         M = self.coupling_stack
+        if self.per_sample_couplings:  # columns as a batch axis: (nb - 1, r, n, 1)
+            inner = lambda v: xp.permute_dims(v, (0, 2, 1))[..., None]  # noqa: E731
+            outer = lambda v: xp.permute_dims(v[..., 0], (0, 2, 1))  # noqa: E731
         if transpose:
             source = X[rows] if scales is None else scales * X[rows]
-            out[cols] -= outer(xp.permute_dims(M, (0, 2, 1)) @ inner(source))
+            out[cols] -= outer(xp.matrix_transpose(M) @ inner(source))
         else:
             product = outer(M @ inner(X[cols]))
             out[rows] -= product if scales is None else scales * product
@@ -900,6 +937,11 @@ _TORCH_STACKS = ("PyTorch tensors make a system as a chain of one width given by
                  "scale_stack=(nb - 1, n[, r]), ...), which an FNN of tensors builds when all "
                  "its widths are equal; per-block couplings (layers of different widths), "
                  "edges and time structures take NumPy or CuPy arrays")
+_PER_SAMPLE = ("each sample of this system has its own couplings (a per-sample "
+               "coupling_stack), so it has no shared edges or blocks: solve it with a method "
+               "for stacked chains (substitution, cyclic-reduction, parallel-cyclic-reduction, "
+               "jacobi, batched-gmres, batched-bicgstab, the scipy.* methods), or take one "
+               "sample's system with sample(i)")
 _RHS_CACHES = ("rhs",)  # cached views that hold the right-hand side
 _COLUMN_CACHES = ("matrix", "csr", "operator")  # built for the number of samples
 
