@@ -75,7 +75,7 @@ def test_what_needs_a_shared_matrix_or_edges_says_so():
     with pytest.raises(ValueError, match="a coupling differs between samples"):
         pp.solve(system, "block-gmres")
     with pytest.raises(ValueError, match="its own couplings .*sample\\(i\\)"):
-        system.blocks
+        _ = system.blocks
     with pytest.raises(ValueError, match=r"\(10, 3, 3\) or, per sample, \(10, r, 3, 3\)"):
         pp.TriangularSystem(None, None, rhs, lower=True, sizes=[N] * NB,
                             coupling_stack=C[:, :2])
