@@ -10,7 +10,8 @@ from . import data, layers, memory, solvers, sparsity
 from .activations import Activation, available_activations, get_activation, register_activation
 from .losses import loss_gradient, loss_value
 from .memory import MemoryBudgetError
-from .networks import FNN, RNN, Gradients, Graph, GraphGradients, RNNGradients, Trace
+from .networks import (FNN, GRU, LSTM, RNN, Gradients, Graph, GraphGradients, Recurrence,
+                       RecurrenceGradients, RNNGradients, Trace)
 from .propagation import backprop, forward
 from .solvers import ConvergenceError, Plan, Solution, Status, prepare, solve
 from .training import History, train
@@ -44,6 +45,7 @@ def state_dict(network: Any) -> Any:
 
 __all__ = [
     "FNN", "RNN", "Graph", "Trace", "Gradients", "RNNGradients", "GraphGradients", "layers",
+    "Recurrence", "RecurrenceGradients", "GRU", "LSTM",
     "Activation", "register_activation", "get_activation", "available_activations",
     "loss_gradient", "loss_value",
     "TriangularSystem", "Blocks", "backward_system", "forward_system",

@@ -123,6 +123,8 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     trace = around if around is not None else net.trace_from_states(x, None)
     residual = getattr(net, "nonlinear_residual", None) or (
         lambda t: _nonlinear_residual(net, t))
+    deviation = getattr(net, "input_deviation", None) or (  # the input block's error
+        lambda states, x: _relative(states[0], x))
     residuals, solutions, changes = [residual(trace)], [], [float("inf")]
     measure = residuals if stop == "residual" else changes
     with bar(progress, maxiter, f"{linearization} forward") as shown:
@@ -137,7 +139,7 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
             solutions.append(solution)
             states = net.unstack(system, solution.x)
             previous, trace = trace, net.trace_from_states(x, states)
-            residuals.append(max(residual(trace), _relative(states[0], x)))
+            residuals.append(max(residual(trace), deviation(states, x)))
             changes.append(_change(previous, trace))
             shown.update()
             shown.set_postfix_str(f"residual {residuals[-1]:.1e}")

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .networks.graph import Graph
+from .networks.gated import GRU, LSTM
+from .networks.recurrence import Recurrence
 from .networks.rnn import RNN
 from .torch_trace import to_numpy, trace
 
@@ -41,30 +42,32 @@ class Residual(nn.Module):
         return x + self.body(x)
 
 
-def from_torch(module: nn.Module, input_shape: Sequence[int] | None = None) -> Graph | RNN:
-    """A :class:`~propop.Graph` (or :class:`~propop.RNN`) with ``module``'s weights.
+def from_torch(module: nn.Module, input_shape: Sequence[int] | None = None) -> Any:
+    """A propop network with ``module``'s weights: a Graph, RNN, GRU or LSTM.
 
     Parameters
     ----------
     module : torch.nn.Module
         Any module whose traced operations :mod:`propop.torch_trace` supports
         (``BatchNorm`` and ``Dropout`` in evaluation mode: call ``module.eval()``),
-        or an ``nn.RNN``.
+        or an ``nn.RNN``, ``nn.GRU`` or ``nn.LSTM`` (unidirectional).
     input_shape : sequence of int, optional
         The shape of one input sample, ``(C, H, W)`` or ``(C, L)``; needed unless
         the module starts with ``nn.Linear`` (then its input size).
 
     Returns
     -------
-    Graph or RNN
+    Graph, RNN, GRU or LSTM
         A graph's ``origins[node]`` says which module's parameters a node holds.
     """
     _refuse_hooks(module)
     if isinstance(module, nn.RNN):
         return _rnn(module)
+    if isinstance(module, (nn.GRU, nn.LSTM)):
+        return (GRU if isinstance(module, nn.GRU) else LSTM).from_torch(module)
     if isinstance(module, nn.RNNBase):
-        raise ValueError(f"from_torch: {type(module).__name__} is not supported yet; nn.RNN "
-                         "is (propop.RNN)")
+        raise ValueError(f"from_torch: {type(module).__name__} is not supported; nn.RNN, "
+                         "nn.GRU and nn.LSTM are")
     shape = tuple(int(n) for n in input_shape) if input_shape is not None \
         else _first_linear_input(module)
     dtype = next((p.dtype for p in module.parameters()), torch.float64)
@@ -74,7 +77,7 @@ def from_torch(module: nn.Module, input_shape: Sequence[int] | None = None) -> G
     return graph
 
 
-def state_dict(network: Graph | RNN) -> OrderedDict:
+def state_dict(network: Any) -> OrderedDict:
     """The network's parameters as float64 tensors under the PyTorch module's names.
 
     For a network from :func:`from_torch`: ``module.load_state_dict(pp.state_dict(net),
@@ -83,6 +86,8 @@ def state_dict(network: Graph | RNN) -> OrderedDict:
     to ``bias_ih_l{k}`` and ``bias_hh_l{k}`` becomes zero: the same sums.
     """
     out: OrderedDict = OrderedDict()
+    if isinstance(network, Recurrence):  # GRU, LSTM: PyTorch's names already
+        return OrderedDict((k, v.clone()) for k, v in network.parameters.items())
     if isinstance(network, RNN):
         for k, (W, U, b) in enumerate(zip(network.W, network.U, network.b)):
             out[f"weight_ih_l{k}"], out[f"weight_hh_l{k}"] = _tensor(W), _tensor(U)

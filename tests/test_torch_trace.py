@@ -276,5 +276,5 @@ def test_hooks_and_missing_input_shapes_are_named():
         pp.from_torch(hooked)
     with pytest.raises(ValueError, match="input_shape is needed: ConvNet"):
         pp.from_torch(ConvNet())
-    with pytest.raises(ValueError, match="GRU is not supported yet"):
-        pp.from_torch(nn.GRU(2, 2))
+    with pytest.raises(ValueError, match="bidirectional=True"):
+        pp.from_torch(nn.GRU(2, 2, bidirectional=True))

@@ -1,0 +1,136 @@
+"""GRU and LSTM cells as ``torch.nn.GRU`` and ``torch.nn.LSTM`` compute them (optional: torch).
+
+Each is a :class:`~propop.networks.recurrence.Recurrence` whose state is every
+layer's state stacked (an LSTM's layer holds ``[h; c]``), whose step runs the
+layers in order at one time step, and whose output is the top layer's ``h``.
+Parameters carry PyTorch's names (``weight_ih_l0``, ``bias_hh_l1``, ...), so
+``pp.state_dict`` and ``load_state_dict`` move them both ways. Equations
+(PyTorch's documentation):
+
+- GRU: ``r = s(W_ir x + b_ir + W_hr h + b_hr)``, ``z = s(W_iz x + b_iz + W_hz h + b_hz)``,
+  ``n = tanh(W_in x + b_in + r * (W_hn h + b_hn))``, ``h' = (1 - z) * n + z * h``;
+- LSTM: ``i, f, g, o`` from ``W_i x + b_i + W_h h + b_h`` (sigmoid, sigmoid,
+  tanh, sigmoid), ``c' = f * c + i * g``, ``h' = o * tanh(c')``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .recurrence import Recurrence
+
+__all__ = ["GRU", "LSTM"]
+
+
+class _Gated(Recurrence):
+    """Layers of one gated cell kind: :class:`GRU` (``gates = 3``) or :class:`LSTM` (``4``)."""
+
+    gates = 0
+    carries = 1  # state vectors per layer: h (GRU), h and c (LSTM)
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
+                 parameters: Mapping[str, Any] | None = None, seed: int | None = 0) -> None:
+        self.hidden_size, self.num_layers = int(hidden_size), int(num_layers)
+        if parameters is None:
+            parameters = self._random(int(input_size), seed)
+        missing = [k for k in self._names() if k not in parameters]
+        if missing:
+            raise ValueError(f"{type(self).__name__} needs parameters {missing}")
+        width = self.carries * self.hidden_size
+        top = (self.num_layers - 1) * width
+        super().__init__(self._step, {k: parameters[k] for k in self._names()},
+                         state_size=self.num_layers * width, input_size=input_size,
+                         output=np.arange(top, top + self.hidden_size))
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.input_size}, {self.hidden_size}, "
+                f"num_layers={self.num_layers})")
+
+    @classmethod
+    def from_torch(cls, module: Any) -> _Gated:
+        """The cell of a ``torch.nn.GRU`` or ``torch.nn.LSTM`` (unidirectional, no projection)."""
+        if module.bidirectional or getattr(module, "proj_size", 0):
+            raise ValueError(f"from_torch: {type(module).__name__} with bidirectional=True or "
+                             "proj_size > 0 is not supported")
+        parameters = {k: v.detach().double().cpu().numpy() for k, v in module.named_parameters()}
+        for k in range(module.num_layers):  # bias=False: zero biases
+            for side in ("ih", "hh"):
+                parameters.setdefault(f"bias_{side}_l{k}",
+                                      np.zeros(cls.gates * module.hidden_size))
+        return cls(module.input_size, module.hidden_size, module.num_layers, parameters)
+
+    def _names(self) -> list[str]:
+        return [f"{kind}_{side}_l{k}" for k in range(self.num_layers)
+                for kind in ("weight", "bias") for side in ("ih", "hh")]
+
+    def _random(self, input_size: int, seed: int | None) -> dict:
+        """PyTorch's initialisation: uniform in ``+-1/sqrt(hidden_size)``."""
+        rng, bound, H = np.random.default_rng(seed), 1 / np.sqrt(self.hidden_size), \
+            self.hidden_size
+        out = {}
+        for k in range(self.num_layers):
+            m = input_size if k == 0 else H
+            for side, cols in (("ih", m), ("hh", H)):
+                out[f"weight_{side}_l{k}"] = rng.uniform(-bound, bound, (self.gates * H, cols))
+                out[f"bias_{side}_l{k}"] = rng.uniform(-bound, bound, self.gates * H)
+        return out
+
+    def _step(self, p: Mapping[str, Any], state: Any, x: Any) -> Any:
+        """All layers at one time step: each reads the output of the one below."""
+        import torch
+
+        width, new = self.carries * self.hidden_size, []
+        for k in range(self.num_layers):
+            own = state[k * width: (k + 1) * width]
+            gi = p[f"weight_ih_l{k}"] @ x + p[f"bias_ih_l{k}"]
+            gh = p[f"weight_hh_l{k}"] @ own[: self.hidden_size] + p[f"bias_hh_l{k}"]
+            layer = self._layer(gi, gh, own)
+            new.append(layer)
+            x = layer[: self.hidden_size]
+        return torch.cat(new)
+
+
+class GRU(_Gated):
+    """A multi-layer GRU as ``torch.nn.GRU`` (time first, unidirectional), by its Jacobians.
+
+    Parameters
+    ----------
+    input_size, hidden_size : int
+    num_layers : int
+    parameters : mapping, optional
+        PyTorch's names and shapes (``weight_ih_l0`` ``(3 H, m)``, ...); default
+        random as PyTorch initialises them.
+    seed : int, optional
+    """
+
+    gates = 3
+
+    def _layer(self, gi: Any, gh: Any, own: Any) -> Any:
+        import torch
+
+        i_r, i_z, i_n = gi.chunk(3)
+        h_r, h_z, h_n = gh.chunk(3)
+        r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
+        n = torch.tanh(i_n + r * h_n)
+        return (1 - z) * n + z * own
+
+
+class LSTM(_Gated):
+    """A multi-layer LSTM as ``torch.nn.LSTM`` (time first, unidirectional), by its Jacobians.
+
+    Each layer's state is ``[h; c]``; the output is the top layer's ``h``.
+    Parameters as :class:`GRU`'s, with ``4 H`` rows (gates ``i, f, g, o``).
+    """
+
+    gates = 4
+    carries = 2
+
+    def _layer(self, gi: Any, gh: Any, own: Any) -> Any:
+        import torch
+
+        i, f, g, o = (gi + gh).chunk(4)
+        c = torch.sigmoid(f) * own[self.hidden_size:] + torch.sigmoid(i) * torch.tanh(g)
+        return torch.cat([torch.sigmoid(o) * torch.tanh(c), c])

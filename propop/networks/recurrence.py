@@ -1,0 +1,254 @@
+"""Any recurrent cell by its Jacobians: ``h_s = F(h_{s-1}, x_s; theta)`` (optional: torch).
+
+Written for propop; the Jacobians come from ``torch.func`` (``jacrev`` under
+``vmap``), the parameter gradients from ``torch.func.vjp``. The paper's Elman RNN
+(section 2.2) is one such cell; GRUs and LSTMs (:mod:`propop.networks.gated`)
+are others. With ``J_s = dF/dh`` at ``(h_{s-1}, x_s)``, one per step and sample:
+
+- the **backward system** (BPTT, eq. back_prop_sys over time) is the upper
+  block bi-diagonal chain ``v_s - J_{s+1}^T v_{s+1} = eps_s``, ``v_s = dE/dh_s``;
+- the **forward system** linearised around an iterate ``h^(i)`` (Newton's method
+  on the whole sequence, DEER) is the lower chain
+  ``h_s - A_s h_{s-1} = F(h^(i)_{s-1}, x_s) - A_s h^(i)_{s-1}`` with ``A_s = J_s``
+  (``linearization="newton"``) or its diagonal (``"quasi"``, quasi-DEER);
+
+both with per-step, per-sample couplings (a ``(tau - 1, r, n, n)`` stack), so
+every method for stacked chains solves them, cyclic reduction included. A cell
+of several layers is one cell whose state is all layers' states: its Jacobian
+is block lower triangular over the layers, and the system stays one chain.
+
+Sequences are propop's: ``xs`` is ``(tau, m)`` or ``(tau, m, r)`` (time first,
+samples last); the states ``(tau, n[, r])``; the output is the state's rows
+``output`` (an LSTM's ``h``, not its ``c``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import backend
+from .._checks import real_array, require_finite, require_samples
+from ..losses import loss_gradient
+from .trace import Trace
+
+__all__ = ["Recurrence", "RecurrenceGradients", "LINEARIZATIONS"]
+
+LINEARIZATIONS = ("newton", "quasi")
+
+
+@dataclass(frozen=True)
+class RecurrenceGradients:
+    """Gradients of a recurrence, summed over time steps and samples.
+
+    Attributes
+    ----------
+    parameters : dict
+        ``dE/dtheta`` by parameter name (PyTorch's names for a GRU or LSTM).
+    x : array
+        ``dE/dx``, shaped like the input sequence.
+    solution : Solution or None
+    """
+
+    parameters: dict
+    x: Any
+    solution: Any = field(default=None, compare=False)
+
+
+class Recurrence:
+    """``h_s = step(theta, h_{s-1}, x_s)`` for ``s = 0..tau-1`` from ``h_{-1} = 0``.
+
+    Parameters
+    ----------
+    step : callable
+        ``step(parameters, h, x) -> h_new`` on PyTorch tensors of one sample
+        (``h`` ``(n,)``, ``x`` ``(m,)``), written with ``torch`` operations so that
+        ``torch.func`` can differentiate and batch it.
+    parameters : mapping of str to array
+        ``theta``, copied as float64 tensors.
+    state_size, input_size : int
+    output : sequence of int, optional
+        The rows of the state that are the output (default: all).
+    jacobian : callable, optional
+        ``jacobian(parameters, h, x) -> dF/dh`` of one sample, ``(n, n)``, instead
+        of ``torch.func.jacrev``.
+    """
+
+    def __init__(self, step: Callable, parameters: Mapping[str, Any], *, state_size: int,
+                 input_size: int, output: Sequence[int] | None = None,
+                 jacobian: Callable | None = None) -> None:
+        import torch
+
+        self.step = step
+        self.parameters = {k: torch.as_tensor(np.asarray(v), dtype=torch.float64).clone()
+                           for k, v in parameters.items()}
+        self.state_size, self.input_size = int(state_size), int(input_size)
+        self.output = np.arange(self.state_size) if output is None else np.asarray(output)
+        self._jacobian = jacobian
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(input {self.input_size}, state {self.state_size}, "
+                f"output {self.output.size})")
+
+    @property
+    def dtype(self) -> Any:
+        """float64."""
+        return np.dtype("float64")
+
+    @property
+    def backend(self) -> backend.Backend:
+        """NumPy: sequences and systems are NumPy arrays (the cell runs in PyTorch)."""
+        return backend.of(np.zeros(1))
+
+    # -- batched cell ---------------------------------------------------------------------
+    def _cell(self, H: Any, X: Any) -> Any:
+        """``F`` for a batch: ``H`` ``(b, n)``, ``X`` ``(b, m)`` tensors."""
+        from torch.func import vmap
+
+        return vmap(self.step, in_dims=(None, 0, 0))(self.parameters, H, X)
+
+    def _jacobians(self, H: Any, X: Any) -> Any:
+        """``dF/dh`` for a batch, ``(b, n, n)``."""
+        from torch.func import jacrev, vmap
+
+        one = self._jacobian or jacrev(self.step, argnums=1)
+        return vmap(one, in_dims=(None, 0, 0))(self.parameters, H, X)
+
+    def _tensors(self, xs: Any, states: Any) -> tuple[Any, Any, int]:
+        """``(H_prev, X)`` as ``(tau r, n)`` and ``(tau r, m)`` tensors, and ``r``."""
+        import torch
+
+        X = _samples_first(xs)
+        tau, r = X.shape[:2]
+        H = _samples_first(states)
+        previous = torch.cat([torch.zeros_like(H[:1]), H[:-1]])
+        return previous.reshape(tau * r, -1), X.reshape(tau * r, -1), r
+
+    # -- the sequential reference -----------------------------------------------------------
+    def check_input(self, xs: Any) -> Any:
+        """``xs`` as a float64 array ``(tau, m)`` or ``(tau, m, r)``."""
+        xs = real_array(xs, "xs", self.dtype)
+        if xs.ndim not in (2, 3) or xs.shape[1] != self.input_size or xs.shape[0] < 1:
+            raise ValueError(f"xs has shape {xs.shape}, expected (tau, {self.input_size}) or "
+                             f"(tau, {self.input_size}, r)")
+        require_samples(xs, "xs")
+        require_finite(xs, "xs")
+        return xs
+
+    def forward(self, xs: Any) -> Trace:
+        """The states step by step, all samples at once: ``z = (xs, h)``."""
+        import torch
+
+        xs = self.check_input(xs)
+        X = _samples_first(xs)
+        h = torch.zeros((X.shape[1], self.state_size), dtype=torch.float64)
+        states = []
+        with torch.no_grad():
+            for s in range(X.shape[0]):
+                h = self._cell(h, X[s])
+                states.append(h)
+        return self.trace_from_states(xs, [None, _samples_last(torch.stack(states), xs)])
+
+    def outputs(self, trace: Trace) -> Any:
+        """The output rows of the states, ``(tau, len(output)[, r])``."""
+        return trace.z[1][:, self.output]
+
+    def loss_gradient(self, trace: Trace, target: Any, loss: str = "mse") -> Any:
+        """``eps = dE/dh`` at every step: the loss's gradient in the output rows, zero elsewhere."""
+        out = np.moveaxis(self.outputs(trace), 1, 0)
+        target = np.asarray(target)
+        if target.shape == self.outputs(trace).shape:
+            target = np.moveaxis(target, 1, 0)
+        eps = np.zeros_like(trace.z[1])
+        eps[:, self.output] = np.moveaxis(loss_gradient(out, target, loss), 0, 1)
+        return eps
+
+    def gradients(self, trace: Trace, v: Sequence[Any]) -> RecurrenceGradients:
+        """``dE/dtheta`` and ``dE/dx`` from ``v = dE/dh`` (one vector-Jacobian product)."""
+        from torch.func import vjp, vmap
+
+        (V,) = v
+        previous, X, r = self._tensors(trace.x, trace.z[1])
+        _, pullback = vjp(lambda p, x: vmap(self.step, in_dims=(None, 0, 0))(p, previous, x),
+                          self.parameters, X)
+        cotangent = _samples_first(V).reshape(previous.shape)
+        d_parameters, d_input = pullback(cotangent)
+        dx = _samples_last(d_input.reshape(trace.x.shape[0], r, -1), trace.x)
+        return RecurrenceGradients({k: t.detach().numpy() for k, t in d_parameters.items()},
+                                   dx)
+
+    # -- systems and Newton -----------------------------------------------------------------
+    def state_shapes(self, xs: Any) -> tuple[list, list]:
+        """Shapes of ``z = (xs, h)`` and of ``y`` (none)."""
+        return [xs.shape, (xs.shape[0], self.state_size) + xs.shape[2:]], []
+
+    def trace_from_states(self, xs: Any, states: Sequence[Any] | None) -> Trace:
+        """The trace of states ``[_, h]`` (``None``: zeros)."""
+        xs = self.check_input(xs)
+        h = np.zeros((xs.shape[0], self.state_size) + xs.shape[2:]) if states is None \
+            else np.asarray(states[-1])
+        return Trace(x=xs, y=(), z=(xs, h))
+
+    def unstack(self, system: Any, x: Any) -> list:
+        """A solution ``(tau n[, r])`` as ``[h]`` with ``h`` ``(tau, n[, r])``."""
+        return [x.reshape((-1, self.state_size) + x.shape[1:])]
+
+    def input_deviation(self, states: Sequence[Any], xs: Any) -> float:
+        """The input is no block of a recurrence's systems: nothing to deviate."""
+        return 0.0
+
+    def nonlinear_residual(self, trace: Trace) -> float:
+        """``max_s ||h_s - F(h_{s-1}, x_s)|| / ||F(h_{s-1}, x_s)||`` over steps and samples."""
+        import torch
+
+        previous, X, r = self._tensors(trace.x, trace.z[1])
+        with torch.no_grad():
+            F = self._cell(previous, X)
+        H = _samples_first(trace.z[1]).reshape(F.shape)
+        gap = torch.linalg.vector_norm(H - F, dim=1)
+        size = torch.clamp(torch.linalg.vector_norm(F, dim=1), min=1e-300)
+        return float((gap / size).max())
+
+    def linearized(self, xs: Any, trace: Trace | None, linearization: str) -> tuple[Any, Any]:
+        """``(A, c)`` of the forward system around ``trace``: ``A`` ``(tau, r, n, n)``."""
+        import torch
+
+        if linearization not in LINEARIZATIONS:
+            raise ValueError(f"unknown linearization {linearization!r} for a recurrence; "
+                             f"choose one of {LINEARIZATIONS}")
+        trace = trace if trace is not None else self.trace_from_states(xs, None)
+        previous, X, r = self._tensors(trace.x, trace.z[1])
+        with torch.no_grad():
+            F = self._cell(previous, X)
+            J = self._jacobians(previous, X)
+        if linearization == "quasi":
+            J = torch.diag_embed(torch.diagonal(J, dim1=1, dim2=2))
+        c = F - (J @ previous[..., None])[..., 0]
+        tau = trace.x.shape[0]
+        return J.reshape(tau, r, self.state_size, -1).numpy(), c.reshape(tau, r, -1).numpy()
+
+    def jacobians_along(self, trace: Trace) -> Any:
+        """``J_s = dF/dh`` at the trace's states, ``(tau, r, n, n)``."""
+        import torch
+
+        previous, X, r = self._tensors(trace.x, trace.z[1])
+        with torch.no_grad():
+            J = self._jacobians(previous, X)
+        return J.reshape(trace.x.shape[0], r, self.state_size, -1).numpy()
+
+
+def _samples_first(a: Any) -> Any:
+    """A propop sequence ``(tau, k[, r])`` as a ``(tau, r, k)`` float64 tensor."""
+    import torch
+
+    t = torch.as_tensor(np.asarray(a), dtype=torch.float64)
+    return t[:, None, :] if t.ndim == 2 else t.permute(0, 2, 1)
+
+
+def _samples_last(t: Any, like: Any) -> Any:
+    """A ``(tau, r, k)`` tensor as a propop sequence shaped like ``like`` (vector or batch)."""
+    a = t.detach().numpy()
+    return a[:, 0, :] if like.ndim == 2 else np.ascontiguousarray(a.transpose(0, 2, 1))

@@ -1,0 +1,143 @@
+"""Recurrent cells by their Jacobians (GRU, LSTM, any step) against PyTorch, step by step."""
+
+import numpy as np
+import pytest
+
+import propop as pp
+from cases import relative_error
+from reference import torch
+
+nn = torch.nn
+METHODS = ["substitution", "cyclic-reduction", "parallel-cyclic-reduction", "jacobi",
+           "batched-gmres", "scipy.gmres"]
+TAU, R = 9, 3
+
+
+def autograd(module, xs):
+    """Output, dx and parameter gradients of ``1/2 ||module(xs)||^2`` (propop layouts)."""
+    module.zero_grad()
+    X = torch.tensor(np.moveaxis(xs, 2, 1) if xs.ndim == 3 else xs[:, None, :],
+                     requires_grad=True)
+    out = module(X)[0]
+    (0.5 * (out**2).sum()).backward()
+    to_ours = (lambda t: np.moveaxis(t, 1, 2)) if xs.ndim == 3 else (lambda t: t[:, 0])
+    return (to_ours(out.detach().numpy()), to_ours(X.grad.numpy()),
+            {k: p.grad.numpy() for k, p in module.named_parameters()})
+
+
+@pytest.fixture(params=["GRU", "LSTM"])
+def cell(request):
+    torch.manual_seed(0)
+    module = getattr(nn, request.param)(3, 4, num_layers=2).double()
+    return module, pp.from_torch(module)
+
+
+@pytest.mark.parametrize("batch", [True, False])
+@pytest.mark.parametrize("method", METHODS)
+def test_gated_cells_backpropagate_like_autograd_at_every_step(cell, method, batch):
+    module, net = cell
+    assert isinstance(net, getattr(pp, type(module).__name__))
+    xs = np.random.default_rng(1).standard_normal((TAU, 3, R) if batch else (TAU, 3))
+    out, dx, params = autograd(module, xs)
+    trace = net.forward(xs)
+    for s in range(TAU):  # the output of every step, every sample
+        assert relative_error(net.outputs(trace)[s], out[s]) < 1e-13, s
+    g = pp.backprop(net, xs, np.zeros_like(out), method=method)
+    assert g.solution.converged
+    for s in range(TAU):
+        assert relative_error(g.x[s], dx[s]) < 1e-10, (method, s)
+    assert set(g.parameters) == set(params)
+    for name, value in params.items():
+        assert relative_error(g.parameters[name], value) < 1e-10, (method, name)
+
+
+def test_every_step_of_the_backward_solution_is_the_adjoint(cell):
+    """``v_s = dE/dh_s`` per step against autograd's gradients of the states."""
+    module, net = cell
+    xs = np.random.default_rng(2).standard_normal((TAU, 3, R))
+    trace = net.forward(xs)
+    eps = net.loss_gradient(trace, np.zeros((TAU, 4, R)))
+    system = pp.backward_system(net, trace, eps)
+    assert system.per_sample_couplings and system.nblocks == TAU
+    v_expected = [None] * TAU
+    v = torch.tensor(np.moveaxis(eps, 2, 1))
+    X = torch.tensor(np.moveaxis(xs, 2, 1))
+    H = torch.tensor(np.moveaxis(trace.z[1], 2, 1))
+    previous = torch.cat([torch.zeros_like(H[:1]), H[:-1]])
+    J = torch.stack([torch.func.vmap(torch.func.jacfwd(net.step, argnums=1), in_dims=(None, 0, 0))(
+        net.parameters, previous[s], X[s]) for s in range(TAU)])  # forward-mode: independent
+    for s in range(TAU - 1, -1, -1):  # the sequential adjoint recursion, written out
+        total = v[s] if s == TAU - 1 else v[s] + (J[s + 1].transpose(1, 2)
+                                                  @ v_expected[s + 1][..., None])[..., 0]
+        v_expected[s] = total
+    for method in ("substitution", "cyclic-reduction"):
+        V = pp.solve(system, method).x.reshape(TAU, net.state_size, R)
+        for s in range(TAU):
+            assert relative_error(V[s], v_expected[s].numpy().T) < 1e-12, (method, s)
+
+
+@pytest.mark.parametrize("linearization", ["newton", "quasi"])
+def test_newton_forward_reaches_the_sequential_states(cell, linearization):
+    module, net = cell
+    xs = np.random.default_rng(3).standard_normal((TAU, 3, R))
+    exact = net.forward(xs).z[1]
+    f = pp.forward(net, xs, method="cyclic-reduction", linearization=linearization,
+                   maxiter=40)
+    assert f.info["converged"] and f.info["residuals"][-1] <= 1e-10
+    for s in range(TAU):
+        assert relative_error(f.z[1][s], exact[s]) < 1e-10, s
+    if linearization == "newton":  # exact after at most tau iterations, fewer here
+        assert f.info["iterations"] <= TAU
+
+
+def minimal_step(p, h, x):
+    """A diagonal recurrence with a tanh: the shape of a quasi-DEER cell."""
+    return torch.tanh(p["a"] * h + p["B"] @ x)
+
+
+def minimal_jacobian(p, h, x):
+    return torch.diag(p["a"] * (1 - torch.tanh(p["a"] * h + p["B"] @ x) ** 2))
+
+
+def test_any_step_function_with_jacrev_or_its_own_jacobian():
+    rng = np.random.default_rng(4)
+    parameters = {"a": rng.uniform(0.5, 1.0, 5), "B": rng.standard_normal((5, 2))}
+    xs = rng.standard_normal((TAU, 2, R))
+    t = {k: torch.tensor(v, requires_grad=True) for k, v in parameters.items()}
+    X = torch.tensor(np.moveaxis(xs, 2, 1), requires_grad=True)
+    h, loss = torch.zeros(R, 5, dtype=torch.float64), 0
+    for s in range(TAU):  # the loop a PyTorch user writes
+        h = torch.tanh(t["a"] * h + X[s] @ t["B"].T)
+        loss = loss + 0.5 * (h**2).sum()
+    loss.backward()
+    for jacobian in (None, minimal_jacobian):
+        net = pp.Recurrence(minimal_step, parameters, state_size=5, input_size=2,
+                            jacobian=jacobian)
+        g = pp.backprop(net, xs, np.zeros((TAU, 5, R)), method="cyclic-reduction")
+        for name in parameters:
+            assert relative_error(g.parameters[name], t[name].grad.numpy()) < 1e-12, name
+        assert relative_error(g.x, np.moveaxis(X.grad.numpy(), 2, 1)) < 1e-12
+
+
+def test_state_dict_round_trips_a_gated_cell(cell):
+    module, net = cell
+    other = type(module)(3, 4, num_layers=2).double()
+    other.load_state_dict(pp.state_dict(net))
+    xs = torch.randn(5, 2, 3, dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.equal(other(xs)[0], module(xs)[0])
+
+
+def test_bad_recurrences_are_named():
+    with pytest.raises(ValueError, match="bidirectional=True or proj_size"):
+        pp.from_torch(nn.LSTM(2, 3, proj_size=2))
+    net = pp.GRU(2, 3)
+    with pytest.raises(ValueError, match=r"xs has shape \(4, 3\), expected \(tau, 2\)"):
+        net.forward(np.ones((4, 3)))
+    with pytest.raises(ValueError, match="unknown linearization 'secant' for a recurrence"):
+        pp.forward(net, np.ones((4, 2)), linearization="secant")
+    with pytest.raises(ValueError, match="needs parameters \\['weight_ih_l0'"):
+        pp.GRU(2, 3, parameters={})
+    trace = net.forward(np.ones((4, 2, 2)))
+    with pytest.raises(ValueError, match=r"eps has shape \(4, 3\), expected the states'"):
+        pp.backward_system(net, trace, np.ones((4, 3)))
