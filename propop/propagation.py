@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import replace
 from typing import Any
 
@@ -12,6 +13,7 @@ from . import backend
 from .networks.trace import Trace, require_trace
 from .progress import bar
 from .solvers.convergence import default_rtol
+from .solvers.damped_newton import DAMPED, damped_newton
 from .solvers.options import check_options
 from .solvers.registry import info, names, solve
 from .solvers.solution import ConvergenceError, Solution, Status
@@ -95,6 +97,15 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     after ``k`` iterations, so at most ``l`` iterations give the exact pass
     (``tau + l - 1`` for an RNN, whose dependencies also run along time).
 
+    A recurrence (:class:`~propop.Recurrence`, :class:`~propop.GRU`,
+    :class:`~propop.LSTM`) also takes ``linearization="quasi"`` (the Jacobian's
+    diagonal: quasi-DEER) and the Levenberg-Marquardt steps ``"damped"`` (ELK)
+    and ``"quasi-damped"`` (quasi-ELK), starting from ``damping`` (``lambda``,
+    default 1) on Marquardt's schedule (:mod:`propop.solvers.damped_newton`);
+    ``info`` then holds each step's ``damping`` and ``accepted``, and always the
+    estimated largest Lyapunov exponent ``lyapunov``, with a ``RuntimeWarning``
+    when it is positive.
+
     Stops when the nonlinear residual ``max_k ||z_{k+1} - f(y_k)|| / ||f(y_k)||``
     (and the input block's ``||z_0 - x|| / ||x||``) is at most ``rtol``
     (``stop="residual"``), or when the relative change of the states between
@@ -107,16 +118,22 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     of ``rtol`` and the dtype's default); ``progress`` shows a bar over the Newton iterations
     (:mod:`propop.progress`); other options go to the solver.
 
+    A run that does not converge returns (``check=False``) its best iterate, the
+    one with the smallest nonlinear residual, with ``info["converged"]`` false,
+    ``info["best_iteration"]`` and ``info["message"]``.
+
     Raises
     ------
     ConvergenceError
         If ``check`` and the iteration did not converge within ``maxiter``
         (default: the number of blocks less one, always enough; one more for
-        ``stop="change"``, which needs an iterate that no longer changes).
+        ``stop="change"``, which needs an iterate that no longer changes;
+        ``2 tau + 10`` quasi-Newton or damped steps, which are not exact after ``tau``).
     """
     check_options(rtol, 0.0, maxiter)
     if stop not in STOPS:
         raise ValueError(f"stop must be one of {STOPS}, got {stop!r}")
+    damping = _damping(net, linearization, options)
     rtol = default_rtol(net.dtype) if rtol is None else rtol
     linear_rtol = min(rtol, default_rtol(net.dtype)) if linear_rtol is None else linear_rtol
     x = _agreed(method, options, lambda: net.check_input(x))
@@ -125,30 +142,84 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
         lambda t: _nonlinear_residual(net, t))
     deviation = getattr(net, "input_deviation", None) or (  # the input block's error
         lambda states, x: _relative(states[0], x))
-    residuals, solutions, changes = [residual(trace)], [], [float("inf")]
+    residuals, solutions, changes, steps = [residual(trace)], [], [float("inf")], []
+    best = (residuals[0], 0, trace)
     measure = residuals if stop == "residual" else changes
     with bar(progress, maxiter, f"{linearization} forward") as shown:
         while not measure[-1] <= rtol:
-            system = _agreed(method, options, functools.partial(
-                forward_system, net, x, around=trace, linearization=linearization))
-            if maxiter is None:  # the longest chain of dependencies is shorter than this
-                maxiter = shown.total = system.nblocks - 1 + (stop == "change")
-            if len(solutions) >= maxiter:
-                break
-            solution = solve(system, method, check=check, rtol=linear_rtol, **options)
-            solutions.append(solution)
-            states = net.unstack(system, solution.x)
-            previous, trace = trace, net.trace_from_states(x, states)
-            residuals.append(max(residual(trace), deviation(states, x)))
+            previous = trace
+            if damping is not None:  # Levenberg-Marquardt on a recurrence (ELK)
+                if maxiter is None:
+                    maxiter = shown.total = 2 * x.shape[0] + 10
+                if len(steps) >= maxiter:
+                    break
+                trace, step = damped_newton(net, x, trace, linearization, damping)
+                damping = step["damping"]
+                steps.append(step)
+            else:
+                system = _agreed(method, options, functools.partial(
+                    forward_system, net, x, around=trace, linearization=linearization))
+                if maxiter is None:  # the longest chain of dependencies is shorter than this
+                    maxiter = shown.total = system.nblocks - 1 + (stop == "change") if (
+                        linearization != "quasi") else 2 * system.nblocks + 10
+                if len(solutions) >= maxiter:
+                    break
+                solution = solve(system, method, check=check, rtol=linear_rtol, **options)
+                solutions.append(solution)
+                states = net.unstack(system, solution.x)
+                trace = net.trace_from_states(x, states)
+            residuals.append(max(residual(trace), 0.0 if damping is not None
+                                 else deviation(states, x)))
             changes.append(_change(previous, trace))
+            if residuals[-1] < best[0]:
+                best = (residuals[-1], len(residuals) - 1, trace)
             shown.update()
             shown.set_postfix_str(f"residual {residuals[-1]:.1e}")
-    info = {"iterations": len(solutions), "residuals": residuals, "changes": changes[1:],
+    iterations = len(steps) if damping is not None else len(solutions)
+    info = {"iterations": iterations, "residuals": residuals, "changes": changes[1:],
             "solutions": solutions, "converged": measure[-1] <= rtol}
-    if check and not info["converged"]:
-        solution = solutions[-1] if solutions else None
-        raise ConvergenceError(_failed(solution, len(solutions), stop, measure[-1], rtol))
+    if damping is not None:
+        info["damping"] = [s["damping"] for s in steps]
+        info["accepted"] = [s["accepted"] for s in steps]
+    if not info["converged"]:  # the best iterate, said so
+        info["best_iteration"], trace = best[1], best[2]
+        failure = _failed(solutions[-1] if solutions else None, iterations, stop, measure[-1],
+                          rtol)
+        info["message"] = failure.message + (f"; returned the best iterate (iteration "
+                                              f"{best[1]}, nonlinear residual {best[0]:.2e})")
+        if check:
+            raise ConvergenceError(replace(failure, message=info["message"]))
+    _diagnose(net, trace, info)
     return Trace(x=trace.x, y=trace.y, z=trace.z, info=info, stacked=trace.stacked)
+
+
+def _damping(net: Any, linearization: str, options: dict) -> Any:
+    """The starting ``lambda`` of a damped linearization (``None`` for the others)."""
+    if linearization not in DAMPED:
+        if "damping" in options:
+            raise ValueError(f"damping is an option of linearization='damped' or "
+                             f"'quasi-damped', not of {linearization!r}")
+        return None
+    if not hasattr(net, "merit"):
+        raise ValueError(f"linearization={linearization!r} (Levenberg-Marquardt, ELK) takes a "
+                         "recurrence (pp.Recurrence, pp.GRU, pp.LSTM); use 'newton' here")
+    damping = float(options.pop("damping", 1.0))
+    if not damping >= 0:
+        raise ValueError(f"damping must be >= 0, got {damping}")
+    return damping
+
+
+def _diagnose(net: Any, trace: Trace, info: dict) -> None:
+    """What the network says about its trajectory (a recurrence: its Lyapunov exponent)."""
+    diagnose = getattr(net, "forward_diagnostics", None)
+    if diagnose is None:
+        return
+    info.update(diagnose(trace))
+    if info.get("lyapunov", -1.0) > 0:
+        warnings.warn(f"the largest Lyapunov exponent along the trajectory is "
+                      f"{info['lyapunov']:+.3f} > 0: the recurrence is chaotic here, and "
+                      "Newton-type parallel evaluation may need up to tau iterations "
+                      "(Gonzalez et al., 2025)", RuntimeWarning, stacklevel=3)
 
 
 def _agreed(method: Any, options: dict, work: Any) -> Any:

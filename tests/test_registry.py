@@ -88,7 +88,12 @@ def test_method_names_in_messages_are_registered():
         quoted.update(re.findall(r"(?:use|try|or) '([a-z.-]+)'", text))
         quoted.update(re.findall(r"'([a-z]+(?:[.-][a-z]+)+)'", text))
     assert {"substitution", "scipy.gmres"} <= quoted, "the patterns are out of date"
+    from propop.activations import LINEARIZATIONS
+    from propop.networks.recurrence import LINEARIZATIONS as CELL_LINEARIZATIONS
+    from propop.solvers.damped_newton import DAMPED
+
     not_methods = {"fnn", "rnn", "swish-doc"}  # network kinds, a doctest's activation
+    not_methods |= set(LINEARIZATIONS) | set(CELL_LINEARIZATIONS) | set(DAMPED)
     assert quoted - not_methods <= names
 
 

@@ -200,17 +200,52 @@ class Recurrence:
         """The input is no block of a recurrence's systems: nothing to deviate."""
         return 0.0
 
-    def nonlinear_residual(self, trace: Trace) -> float:
-        """``max_s ||h_s - F(h_{s-1}, x_s)|| / ||F(h_{s-1}, x_s)||`` over steps and samples."""
+    def _defects(self, trace: Trace) -> tuple[Any, Any]:
+        """``(h_s - F(h_{s-1}, x_s), F(h_{s-1}, x_s))``, each ``(tau, r, n)`` tensors."""
         import torch
 
         previous, X, r = self._tensors(trace.x, trace.z[1])
         with torch.no_grad():
             F = self._cell(previous, X)
         H = _samples_first(trace.z[1]).reshape(F.shape)
-        gap = torch.linalg.vector_norm(H - F, dim=1)
-        size = torch.clamp(torch.linalg.vector_norm(F, dim=1), min=1e-300)
-        return float((gap / size).max())
+        shape = (trace.x.shape[0], r, self.state_size)
+        return (H - F).reshape(shape), F.reshape(shape)
+
+    def nonlinear_residual(self, trace: Trace) -> float:
+        """``max_s ||h_s - F(h_{s-1}, x_s)|| / ||F(h_{s-1}, x_s)||`` over steps and samples."""
+        import torch
+
+        gap, F = self._defects(trace)
+        size = torch.clamp(torch.linalg.vector_norm(F, dim=2), min=1e-300)
+        return float((torch.linalg.vector_norm(gap, dim=2) / size).max())
+
+    def merit(self, trace: Trace) -> Any:
+        """``sum_s ||h_s - F(h_{s-1}, x_s)||^2`` per sample, ``(r,)``: what damping reduces."""
+        return (self._defects(trace)[0] ** 2).sum(dim=(0, 2)).numpy()
+
+    def lyapunov(self, trace: Trace) -> float:
+        """The largest Lyapunov exponent along the trajectory, estimated, worst sample.
+
+        ``(1 / (tau - 1)) sum_s log ||J_s q_s||`` with ``q`` renormalised after each
+        step (power iteration along the trajectory). Positive: nearby trajectories
+        separate, and Newton-type parallel evaluation converges slowly
+        (Gonzalez et al., NeurIPS 2025); negative: contractive, fast.
+        """
+        J = self.jacobians_along(trace)[1:]  # (tau - 1, r, n, n)
+        if J.shape[0] == 0:
+            return float("-inf")
+        q = np.ones(J.shape[1:3]) / np.sqrt(J.shape[2])
+        total = np.zeros(J.shape[1])
+        for step in J:
+            q = (step @ q[..., None])[..., 0]
+            norm = np.maximum(np.linalg.norm(q, axis=1), 1e-300)
+            total += np.log(norm)
+            q /= norm[:, None]
+        return float((total / J.shape[0]).max())
+
+    def forward_diagnostics(self, trace: Trace) -> dict:
+        """What :func:`propop.forward` adds to ``info``: the Lyapunov exponent's estimate."""
+        return {"lyapunov": self.lyapunov(trace)}
 
     def linearized(self, xs: Any, trace: Trace | None, linearization: str) -> tuple[Any, Any]:
         """``(A, c)`` of the forward system around ``trace``: ``A`` ``(tau, r, n, n)``."""

@@ -1,0 +1,67 @@
+"""Damped Newton for the forward pass of a recurrence: Levenberg-Marquardt, as in ELK.
+
+After Gonzalez et al., "Towards Scalable and Stable Parallelization of Nonlinear
+RNNs" (NeurIPS 2024). Newton's step (DEER) solves the linearised recurrence
+``h_s - A_s h_{s-1} = c_s`` exactly; far from the solution it can overshoot. The
+Levenberg-Marquardt step instead minimises
+
+    ``sum_s ||h_s - A_s h_{s-1} - c_s||^2 + lambda ||h_s - g_s||^2``
+
+around the current iterate ``g``: its normal equations are block tridiagonal,
+
+    ``-A_s h_{s-1} + ((1 + lambda) I + A_{s+1}^T A_{s+1}) h_s - A_{s+1}^T h_{s+1}
+      = c_s - A_{s+1}^T c_{s+1} + lambda g_s``,
+
+solved by block cyclic reduction (:mod:`.tridiagonal`, ``ceil(log2 tau)``
+levels). ELK keeps ``lambda`` fixed (its Kalman smoother's prior); here each
+sample's ``lambda`` follows Marquardt's schedule: a step that lowers the merit
+``sum_s ||h_s - F(h_{s-1}, x_s)||^2`` is taken and ``lambda`` divided by
+``factor``, one that does not is refused and ``lambda`` multiplied, so the
+iteration becomes Newton's near the solution and stays stable far from it.
+``A`` is the Jacobian (``"damped"``, ELK) or its diagonal (``"quasi-damped"``,
+quasi-ELK, whose blocks are diagonal: the reduction still runs on dense blocks).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..networks.trace import Trace
+from .tridiagonal import block_tridiagonal
+
+__all__ = ["damped_newton", "DAMPED"]
+
+DAMPED = {"damped": "newton", "quasi-damped": "quasi"}
+
+
+def damped_newton(net: Any, xs: Any, trace: Trace, linearization: str, damping: float,
+                  factor: float = 10.0) -> tuple[Trace, dict]:
+    """One Levenberg-Marquardt step from ``trace``; returns the new trace and what it did.
+
+    ``damping`` is each sample's ``lambda`` (scalar or ``(r,)``); the returned
+    ``info`` holds the next ``"damping"``, which samples ``"accepted"`` the
+    step, and the reduction's ``"levels"``.
+    """
+    A, c = net.linearized(xs, trace, DAMPED[linearization])  # (tau, r, n, n), (tau, r, n)
+    H = np.moveaxis(trace.z[1], 1, 2) if xs.ndim == 3 else trace.z[1][:, None, :]
+    lam = np.broadcast_to(np.asarray(damping, dtype=float), (A.shape[1],)).copy()
+    after = np.concatenate([A[1:], np.zeros_like(A[:1])])  # A_{s+1}, zero after the last
+    after_t = np.swapaxes(after, 2, 3)
+    eye = np.eye(A.shape[2])
+    D = (1 + lam)[None, :, None, None] * eye + after_t @ after
+    c_after = np.concatenate([c[1:], np.zeros_like(c[:1])])
+    f = c - (after_t @ c_after[..., None])[..., 0] + lam[None, :, None] * H
+    candidate_states, levels = block_tridiagonal(-A, D, -after_t, f)
+    candidate = net.trace_from_states(xs, [None, _layout(candidate_states, xs)])
+    accepted = net.merit(candidate) < net.merit(trace)
+    states = np.where(accepted[None, :, None], candidate_states, H)
+    new = net.trace_from_states(xs, [None, _layout(states, xs)])
+    return new, {"damping": np.where(accepted, lam / factor, lam * factor),
+                 "accepted": accepted, "levels": levels}
+
+
+def _layout(states: Any, xs: Any) -> Any:
+    """``(tau, r, n)`` states as the recurrence's sequence layout."""
+    return np.ascontiguousarray(np.moveaxis(states, 1, 2)) if xs.ndim == 3 else states[:, 0]

@@ -1,0 +1,103 @@
+"""The Newton family of parallel forward passes of a recurrence: DEER, quasi-DEER, ELK."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import propop as pp
+from cases import relative_error
+from propop.solvers.tridiagonal import block_tridiagonal
+from reference import torch
+
+TAU, R = 12, 3
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 13])
+def test_block_tridiagonal_reduction_against_a_dense_solve(m):
+    rng = np.random.default_rng(m)
+    r, n = 2, 3
+    B, C = rng.standard_normal((m, r, n, n)), rng.standard_normal((m, r, n, n))
+    D = rng.standard_normal((m, r, n, n)) + 6 * np.eye(n)
+    f = rng.standard_normal((m, r, n))
+    x, levels = block_tridiagonal(B, D, C, f)
+    assert levels == int(np.ceil(np.log2(m)))
+    for i in range(r):
+        A = np.zeros((m * n, m * n))
+        for k in range(m):
+            A[k * n:(k + 1) * n, k * n:(k + 1) * n] = D[k, i]
+            if k:
+                A[k * n:(k + 1) * n, (k - 1) * n:k * n] = B[k, i]
+            if k < m - 1:
+                A[k * n:(k + 1) * n, (k + 1) * n:(k + 2) * n] = C[k, i]
+        expected = np.linalg.solve(A, f[:, i].reshape(-1)).reshape(m, n)
+        for k in range(m):
+            assert relative_error(x[k, i], expected[k]) < 1e-12, (i, k)
+
+
+@pytest.mark.parametrize("linearization", ["newton", "quasi", "damped", "quasi-damped"])
+def test_every_linearization_reaches_the_sequential_states(linearization):
+    torch.manual_seed(0)
+    net = pp.from_torch(torch.nn.GRU(2, 3, num_layers=2).double())
+    xs = np.random.default_rng(1).standard_normal((TAU, 2, R))
+    exact = net.forward(xs).z[1]
+    f = pp.forward(net, xs, method="cyclic-reduction", linearization=linearization)
+    assert f.info["converged"]
+    assert f.info["residuals"][-1] <= 1e-10 and len(f.info["residuals"]) == \
+        f.info["iterations"] + 1
+    for s in range(TAU):
+        assert relative_error(f.z[1][s], exact[s]) < 1e-9, (linearization, s)
+    assert f.info["lyapunov"] < 0  # a contractive GRU
+    if linearization.endswith("damped"):
+        lam = np.array(f.info["damping"])
+        assert lam.shape == (f.info["iterations"], R)
+        assert f.info["accepted"][0].all() and (lam[-1] < lam[0]).all()  # Marquardt's schedule
+
+
+def linear_cell(a):
+    """``h_s = a * h_{s-1} + x_s``: its largest Lyapunov exponent is ``log max |a|``."""
+    return pp.Recurrence(lambda p, h, x: p["a"] * h + x, {"a": np.asarray(a)}, state_size=2,
+                         input_size=2)
+
+
+def test_the_lyapunov_exponent_and_its_warning():
+    xs = np.random.default_rng(2).standard_normal((400, 2, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a contractive cell warns of nothing
+        calm = pp.forward(linear_cell([0.9, 0.5]), xs, method="cyclic-reduction")
+    assert abs(calm.info["lyapunov"] - np.log(0.9)) < 0.01
+    with pytest.warns(RuntimeWarning, match=r"Lyapunov exponent .* \+0\.\d+ > 0"):
+        wild = pp.forward(linear_cell([1.5, 0.5]), xs[:40], method="cyclic-reduction",
+                          rtol=1e-6)
+    assert abs(wild.info["lyapunov"] - np.log(1.5)) < 0.02
+
+
+def test_a_run_that_does_not_converge_returns_its_best_iterate():
+    torch.manual_seed(3)
+    net = pp.from_torch(torch.nn.LSTM(2, 3).double())
+    xs = np.random.default_rng(4).standard_normal((TAU, 2))
+    f = pp.forward(net, xs, method="substitution", linearization="quasi", maxiter=2,
+                   check=False)
+    info = f.info
+    assert not info["converged"] and info["iterations"] == 2
+    best = int(np.argmin(info["residuals"]))
+    assert info["best_iteration"] == best
+    assert net.nonlinear_residual(f) == pytest.approx(info["residuals"][best], rel=1e-12)
+    assert "returned the best iterate (iteration" in info["message"]
+    with pytest.raises(pp.ConvergenceError, match="returned the best iterate"):
+        pp.forward(net, xs, linearization="quasi", maxiter=2)
+
+
+def test_tolerances_follow_the_dtype_and_options_are_checked():
+    net = pp.GRU(2, 3)
+    xs = np.random.default_rng(5).standard_normal((6, 2))
+    f = pp.forward(net, xs, method="cyclic-reduction", linearization="damped", damping=100.0)
+    assert f.info["converged"] and f.info["residuals"][-1] <= 1e-10
+    assert f.info["damping"][0][0] == pytest.approx(10.0)  # 100 / 10 after an accepted step
+    with pytest.raises(ValueError, match="damping is an option of linearization='damped'"):
+        pp.forward(net, xs, damping=1.0)
+    with pytest.raises(ValueError, match="damping must be >= 0"):
+        pp.forward(net, xs, linearization="damped", damping=-1.0)
+    fnn = pp.FNN.random([2, 2], seed=0)
+    with pytest.raises(ValueError, match="takes a recurrence"):
+        pp.forward(fnn, np.ones(2), linearization="damped")
