@@ -99,7 +99,8 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
 
     A recurrence (:class:`~propop.Recurrence`, :class:`~propop.GRU`,
     :class:`~propop.LSTM`) also takes ``linearization="quasi"`` (the Jacobian's
-    diagonal: quasi-DEER) and the Levenberg-Marquardt steps ``"damped"`` (ELK)
+    diagonal: quasi-DEER), ``"block-diagonal"`` (its diagonal blocks) and the
+    Levenberg-Marquardt steps ``"damped"`` (ELK)
     and ``"quasi-damped"`` (quasi-ELK), starting from ``damping`` (``lambda``,
     default 1) on Marquardt's schedule (:mod:`propop.solvers.damped_newton`);
     ``info`` then holds each step's ``damping`` and ``accepted``, and always the
@@ -160,8 +161,9 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
                 system = _agreed(method, options, functools.partial(
                     forward_system, net, x, around=trace, linearization=linearization))
                 if maxiter is None:  # the longest chain of dependencies is shorter than this
-                    maxiter = shown.total = system.nblocks - 1 + (stop == "change") if (
-                        linearization != "quasi") else 2 * system.nblocks + 10
+                    exact = linearization == "newton" or not hasattr(net, "merit")
+                    maxiter = shown.total = (system.nblocks - 1 + (stop == "change") if exact
+                                             else 2 * system.nblocks + 10)
                 if len(solutions) >= maxiter:
                     break
                 solution = solve(system, method, check=check, rtol=linear_rtol, **options)

@@ -35,7 +35,8 @@ def test_block_tridiagonal_reduction_against_a_dense_solve(m):
             assert relative_error(x[k, i], expected[k]) < 1e-12, (i, k)
 
 
-@pytest.mark.parametrize("linearization", ["newton", "quasi", "damped", "quasi-damped"])
+@pytest.mark.parametrize("linearization", ["newton", "quasi", "block-diagonal", "damped",
+                                           "quasi-damped"])
 def test_every_linearization_reaches_the_sequential_states(linearization):
     torch.manual_seed(0)
     net = pp.from_torch(torch.nn.GRU(2, 3, num_layers=2).double())

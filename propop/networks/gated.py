@@ -2,7 +2,8 @@
 
 Each is a :class:`~propop.networks.recurrence.Recurrence` whose state is every
 layer's state stacked (an LSTM's layer holds ``[h; c]``), whose step runs the
-layers in order at one time step, and whose output is the top layer's ``h``.
+layers in order at one time step, and whose output is the top layer's ``h``;
+``linearization="block-diagonal"`` keeps each layer's own block of the Jacobian.
 Parameters carry PyTorch's names (``weight_ih_l0``, ``bias_hh_l1``, ...), so
 ``pp.state_dict`` and ``load_state_dict`` move them both ways. Equations
 (PyTorch's documentation):
@@ -43,7 +44,7 @@ class _Gated(Recurrence):
         top = (self.num_layers - 1) * width
         super().__init__(self._step, {k: parameters[k] for k in self._names()},
                          state_size=self.num_layers * width, input_size=input_size,
-                         output=np.arange(top, top + self.hidden_size))
+                         output=np.arange(top, top + self.hidden_size), block_size=width)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.input_size}, {self.hidden_size}, "

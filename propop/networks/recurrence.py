@@ -10,7 +10,8 @@ are others. With ``J_s = dF/dh`` at ``(h_{s-1}, x_s)``, one per step and sample:
 - the **forward system** linearised around an iterate ``h^(i)`` (Newton's method
   on the whole sequence, DEER) is the lower chain
   ``h_s - A_s h_{s-1} = F(h^(i)_{s-1}, x_s) - A_s h^(i)_{s-1}`` with ``A_s = J_s``
-  (``linearization="newton"``) or its diagonal (``"quasi"``, quasi-DEER);
+  (``linearization="newton"``), its diagonal (``"quasi"``, quasi-DEER) or its
+  diagonal blocks of ``block_size`` (``"block-diagonal"``, as ParaRNN's cells);
 
 both with per-step, per-sample couplings (a ``(tau - 1, r, n, n)`` stack), so
 every method for stacked chains solves them, cyclic reduction included. A cell
@@ -37,7 +38,7 @@ from .trace import Trace
 
 __all__ = ["Recurrence", "RecurrenceGradients", "LINEARIZATIONS"]
 
-LINEARIZATIONS = ("newton", "quasi")
+LINEARIZATIONS = ("newton", "quasi", "block-diagonal")
 
 
 @dataclass(frozen=True)
@@ -75,11 +76,13 @@ class Recurrence:
     jacobian : callable, optional
         ``jacobian(parameters, h, x) -> dF/dh`` of one sample, ``(n, n)``, instead
         of ``torch.func.jacrev``.
+    block_size : int, optional
+        The diagonal blocks ``linearization="block-diagonal"`` keeps (default 1).
     """
 
     def __init__(self, step: Callable, parameters: Mapping[str, Any], *, state_size: int,
                  input_size: int, output: Sequence[int] | None = None,
-                 jacobian: Callable | None = None) -> None:
+                 jacobian: Callable | None = None, block_size: int = 1) -> None:
         import torch
 
         self.step = step
@@ -88,6 +91,10 @@ class Recurrence:
         self.state_size, self.input_size = int(state_size), int(input_size)
         self.output = np.arange(self.state_size) if output is None else np.asarray(output)
         self._jacobian = jacobian
+        self.block_size = int(block_size)
+        if self.block_size < 1 or self.state_size % self.block_size:
+            raise ValueError(f"block_size {block_size} must divide the state size "
+                             f"{self.state_size}")
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(input {self.input_size}, state {self.state_size}, "
@@ -259,8 +266,10 @@ class Recurrence:
         with torch.no_grad():
             F = self._cell(previous, X)
             J = self._jacobians(previous, X)
-        if linearization == "quasi":
-            J = torch.diag_embed(torch.diagonal(J, dim1=1, dim2=2))
+        if linearization != "newton":  # the diagonal blocks only (quasi: of size one)
+            size = 1 if linearization == "quasi" else self.block_size
+            block = torch.arange(self.state_size) // size
+            J = J * (block[:, None] == block[None, :])
         c = F - (J @ previous[..., None])[..., 0]
         tau = trace.x.shape[0]
         return J.reshape(tau, r, self.state_size, -1).numpy(), c.reshape(tau, r, -1).numpy()
