@@ -7,10 +7,10 @@ Levenberg-Marquardt step instead minimises
 
     ``sum_s ||h_s - A_s h_{s-1} - c_s||^2 + lambda ||h_s - g_s||^2``
 
-around the current iterate ``g``: its normal equations are block tridiagonal,
+around the current iterate ``g``: its normal equations are block tridiagonal::
 
-    ``-A_s h_{s-1} + ((1 + lambda) I + A_{s+1}^T A_{s+1}) h_s - A_{s+1}^T h_{s+1}
-      = c_s - A_{s+1}^T c_{s+1} + lambda g_s``,
+    -A_s h_{s-1} + ((1 + lambda) I + A_{s+1}^T A_{s+1}) h_s - A_{s+1}^T h_{s+1}
+        = c_s - A_{s+1}^T c_{s+1} + lambda g_s
 
 solved by block cyclic reduction (:mod:`.tridiagonal`, ``ceil(log2 tau)``
 levels). ELK keeps ``lambda`` fixed (its Kalman smoother's prior); here each
