@@ -25,6 +25,7 @@ samples last); the states ``(tau, n[, r])``; the output is the state's rows
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,11 +112,16 @@ class Recurrence:
         return backend.of(np.zeros(1))
 
     # -- batched cell ---------------------------------------------------------------------
-    def _cell(self, H: Any, X: Any) -> Any:
-        """``F`` for a batch: ``H`` ``(b, n)``, ``X`` ``(b, m)`` tensors."""
+    @functools.cached_property
+    def _batched(self) -> Callable:
+        """The step over a batch (``torch.func.vmap``), made once."""
         from torch.func import vmap
 
-        return vmap(self.step, in_dims=(None, 0, 0))(self.parameters, H, X)
+        return vmap(self.step, in_dims=(None, 0, 0))
+
+    def _cell(self, H: Any, X: Any) -> Any:
+        """``F`` for a batch: ``H`` ``(b, n)``, ``X`` ``(b, m)`` tensors."""
+        return self._batched(self.parameters, H, X)
 
     def _jacobians(self, H: Any, X: Any) -> Any:
         """``dF/dh`` for a batch, ``(b, n, n)``."""

@@ -1,0 +1,85 @@
+"""GRU forward passes on the CPU: the Newton family against the sequential loop and PyTorch.
+
+DEER's setting (a 1-layer GRU, hidden 2, batch 16, tau = 10000) in float64 on
+this machine's CPU, and a wider one (hidden 8, 2 layers, batch 4, tau = 2000).
+Contenders: ``torch.nn.GRU`` (PyTorch's C++ loop, the strongest sequential
+peer here), propop's sequential reference (``gru.forward``, one batched step
+function call per time step) and ``pp.forward(gru, xs, method="cyclic-reduction",
+linearization=...)`` for each member of the Newton family; the deviation is the
+largest absolute difference of the states from ``torch.nn.GRU``'s. Times: a
+warm-up, then the median of 5, round-robin; ratios against ``torch.nn.GRU``.
+
+Where propop loses: every Newton iteration computes ``tau r`` Jacobians with
+``torch.func`` and reduces a chain of ``tau`` dense blocks (``O(tau r n^3)``
+work against the loop's ``O(tau r n^2)``) on 2 cores; a GPU is where the
+reduction's ``O(log tau)`` depth pays (the GPU issue's DEER row).
+
+Run: ``python -m benchmarks.gru`` (about a minute).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import propop as pp
+
+from .common import each, median_times, publish
+
+CASES = [(1, 2, 16, 10000), (2, 8, 4, 2000)]  # (layers, hidden, batch, tau)
+LINEARIZATIONS = ("newton", "quasi", "block-diagonal", "damped")
+
+
+def row(layers: int, hidden: int, batch: int, tau: int) -> dict:
+    """Every contender on one GRU forward pass."""
+    import torch
+
+    torch.manual_seed(0)
+    module = torch.nn.GRU(2, hidden, num_layers=layers).double()
+    gru = pp.from_torch(module)
+    xs = np.random.default_rng(1).standard_normal((tau, 2, batch))
+    X = torch.tensor(xs.transpose(0, 2, 1).copy())
+    with torch.no_grad():
+        reference = module(X)[0].numpy().transpose(0, 2, 1)
+    jobs = {"torch.nn.GRU": lambda: module(X), "sequential": lambda: gru.forward(xs)}
+    runs = {name: (lambda name=name: pp.forward(gru, xs, method="cyclic-reduction",
+                                                 linearization=name))
+            for name in LINEARIZATIONS}
+    jobs.update(runs)
+    with torch.no_grad():
+        times = median_times(jobs, repeats=5, settle=False)
+    deviation, iterations = {}, {}
+    for name, run in runs.items():
+        trace = run()
+        deviation[name] = float(np.abs(gru.outputs(trace) - reference).max())
+        iterations[name] = trace.info["iterations"]
+    deviation["sequential"] = float(np.abs(gru.outputs(gru.forward(xs)) - reference).max())
+    base = times["torch.nn.GRU"]
+    return {"case": f"layers={layers} hidden={hidden} batch={batch} tau={tau}",
+            "seconds": times, "vs_torch": {k: v / base for k, v in times.items()},
+            "deviation": deviation, "iterations": iterations}
+
+
+def table(rows: list[dict]) -> str:
+    """One Markdown table: time against ``torch.nn.GRU``, iterations, deviation."""
+    names = ["sequential", *LINEARIZATIONS]
+    out = ["| case | torch.nn.GRU [ms] | " + " | ".join(names) + " |",
+           "|---|---:|" + "---:|" * len(names)]
+    for r in rows:
+        cells = [f"{r['vs_torch'][n]:.2f}x" + (f", {r['iterations'][n]} it." if n in
+                                                r["iterations"] else "")
+                 + f" ({r['deviation'][n]:.0e})" for n in names]
+        out.append(f"| {r['case']} | {1e3 * r['seconds']['torch.nn.GRU']:.0f} | "
+                   + " | ".join(cells) + " |")
+    return ("**GRU forward pass (float64, CPU)**: time / torch.nn.GRU (lower is better), "
+            "Newton iterations, and in brackets the largest deviation of the states from "
+            "torch.nn.GRU's\n\n" + "\n".join(out))
+
+
+def main() -> None:
+    """Measure every case, print and save the table."""
+    rows = [row(*case) for case in each(CASES, "gru")]
+    publish("gru", rows, table(rows))
+
+
+if __name__ == "__main__":
+    main()
