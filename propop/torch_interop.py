@@ -87,7 +87,7 @@ def state_dict(network: Any) -> OrderedDict:
     """
     out: OrderedDict = OrderedDict()
     if isinstance(network, Recurrence):  # GRU, LSTM: PyTorch's names already
-        return OrderedDict((k, v.clone()) for k, v in network.parameters.items())
+        return OrderedDict((k, _tensor(v)) for k, v in network.parameters.items())
     if isinstance(network, RNN):
         for k, (W, U, b) in enumerate(zip(network.W, network.U, network.b)):
             out[f"weight_ih_l{k}"], out[f"weight_hh_l{k}"] = _tensor(W), _tensor(U)

@@ -119,6 +119,45 @@ def test_any_step_function_with_jacrev_or_its_own_jacobian():
         assert relative_error(g.x, np.moveaxis(X.grad.numpy(), 2, 1)) < 1e-12
 
 
+def numpy_step(p, h, x):
+    return np.tanh(p["a"] * h + x @ p["B"].T)
+
+
+def numpy_jacobian(p, h, x):
+    slope = 1 - numpy_step(p, h, x) ** 2
+    return (slope * p["a"])[:, :, None] * np.eye(h.shape[1])
+
+
+def numpy_vjp(p, h, x, v):
+    u = v * (1 - numpy_step(p, h, x) ** 2)  # v^T dF/d(pre-activation)
+    return {"a": (u * h).sum(axis=0), "B": u.T @ x}, u @ p["B"]
+
+
+def test_a_numpy_step_with_its_jacobian_and_vjp_equals_the_torch_one():
+    rng = np.random.default_rng(5)
+    parameters = {"a": rng.uniform(0.5, 1.0, 5), "B": rng.standard_normal((5, 2))}
+    xs = rng.standard_normal((TAU, 2, R))
+    mine = pp.Recurrence(numpy_step, parameters, state_size=5, input_size=2,
+                         jacobian=numpy_jacobian, vjp=numpy_vjp, backend="numpy")
+    theirs = pp.Recurrence(minimal_step, parameters, state_size=5, input_size=2)
+    np.testing.assert_allclose(mine.forward(xs).z[1], theirs.forward(xs).z[1], rtol=1e-13,
+                               atol=1e-15)
+    for method in ("substitution", "cyclic-reduction"):
+        a = pp.backprop(mine, xs, np.zeros((TAU, 5, R)), method=method)
+        b = pp.backprop(theirs, xs, np.zeros((TAU, 5, R)), method=method)
+        for name in parameters:
+            assert relative_error(a.parameters[name], b.parameters[name]) < 1e-12, name
+        assert relative_error(a.x, b.x) < 1e-12
+    f = pp.forward(mine, xs, method="cyclic-reduction", linearization="damped")
+    assert relative_error(f.z[1], theirs.forward(xs).z[1]) < 1e-10
+    with pytest.raises(ValueError, match="backend='numpy' needs jacobian"):
+        pp.Recurrence(numpy_step, parameters, state_size=5, input_size=2, backend="numpy")
+    bare = pp.Recurrence(numpy_step, parameters, state_size=5, input_size=2,
+                         jacobian=numpy_jacobian, backend="numpy")
+    with pytest.raises(ValueError, match="need vjp\\(parameters"):
+        pp.backprop(bare, xs, np.zeros((TAU, 5, R)))
+
+
 def test_state_dict_round_trips_a_gated_cell(cell):
     module, net = cell
     other = type(module)(3, 4, num_layers=2).double()

@@ -25,7 +25,6 @@ samples last); the states ``(tau, n[, r])``; the output is the state's rows
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,32 +65,41 @@ class Recurrence:
     Parameters
     ----------
     step : callable
-        ``step(parameters, h, x) -> h_new`` on PyTorch tensors of one sample
-        (``h`` ``(n,)``, ``x`` ``(m,)``), written with ``torch`` operations so that
-        ``torch.func`` can differentiate and batch it.
+        ``step(parameters, h, x) -> h_new``. With ``backend="torch"`` (default) on
+        PyTorch tensors of one sample (``h`` ``(n,)``, ``x`` ``(m,)``), written with
+        ``torch`` operations so that ``torch.func`` batches and differentiates it;
+        with ``backend="numpy"`` on NumPy arrays of a batch (``h`` ``(b, n)``,
+        ``x`` ``(b, m)``).
     parameters : mapping of str to array
-        ``theta``, copied as float64 tensors.
+        ``theta``, copied as float64 arrays (tensors for ``"torch"``).
     state_size, input_size : int
     output : sequence of int, optional
         The rows of the state that are the output (default: all).
     jacobian : callable, optional
-        ``jacobian(parameters, h, x) -> dF/dh`` of one sample, ``(n, n)``, instead
-        of ``torch.func.jacrev``.
+        ``jacobian(parameters, h, x) -> dF/dh``: of one sample, ``(n, n)``, instead
+        of ``torch.func.jacrev`` (``"torch"``); of a batch, ``(b, n, n)``, needed
+        (``"numpy"``).
+    vjp : callable, optional
+        ``"numpy"`` only: ``vjp(parameters, h, x, v) -> (dtheta, dx)``, the
+        products ``v^T dF/dtheta`` (summed over the batch, by parameter name) and
+        ``v^T dF/dx`` (``(b, m)``); needed for gradients (:func:`propop.backprop`).
     block_size : int, optional
         The diagonal blocks ``linearization="block-diagonal"`` keeps (default 1).
+    backend : {"torch", "numpy"}
+        Where ``step`` runs.
     """
 
     def __init__(self, step: Callable, parameters: Mapping[str, Any], *, state_size: int,
                  input_size: int, output: Sequence[int] | None = None,
-                 jacobian: Callable | None = None, block_size: int = 1) -> None:
-        import torch
-
+                 jacobian: Callable | None = None, vjp: Callable | None = None,
+                 block_size: int = 1, backend: str = "torch") -> None:
+        if backend not in CELLS:
+            raise ValueError(f"backend must be one of {tuple(CELLS)}, got {backend!r}")
         self.step = step
-        self.parameters = {k: torch.as_tensor(np.asarray(v), dtype=torch.float64).clone()
-                           for k, v in parameters.items()}
+        self.cell = CELLS[backend](step, parameters, jacobian, vjp)
+        self.parameters = self.cell.parameters
         self.state_size, self.input_size = int(state_size), int(input_size)
         self.output = np.arange(self.state_size) if output is None else np.asarray(output)
-        self._jacobian = jacobian
         self.block_size = int(block_size)
         if self.block_size < 1 or self.state_size % self.block_size:
             raise ValueError(f"block_size {block_size} must divide the state size "
@@ -108,36 +116,14 @@ class Recurrence:
 
     @property
     def backend(self) -> backend.Backend:
-        """NumPy: sequences and systems are NumPy arrays (the cell runs in PyTorch)."""
+        """NumPy: sequences and systems are NumPy arrays (the cell may run in PyTorch)."""
         return backend.of(np.zeros(1))
 
-    # -- batched cell ---------------------------------------------------------------------
-    @functools.cached_property
-    def _batched(self) -> Callable:
-        """The step over a batch (``torch.func.vmap``), made once."""
-        from torch.func import vmap
-
-        return vmap(self.step, in_dims=(None, 0, 0))
-
-    def _cell(self, H: Any, X: Any) -> Any:
-        """``F`` for a batch: ``H`` ``(b, n)``, ``X`` ``(b, m)`` tensors."""
-        return self._batched(self.parameters, H, X)
-
-    def _jacobians(self, H: Any, X: Any) -> Any:
-        """``dF/dh`` for a batch, ``(b, n, n)``."""
-        from torch.func import jacrev, vmap
-
-        one = self._jacobian or jacrev(self.step, argnums=1)
-        return vmap(one, in_dims=(None, 0, 0))(self.parameters, H, X)
-
-    def _tensors(self, xs: Any, states: Any) -> tuple[Any, Any, int]:
-        """``(H_prev, X)`` as ``(tau r, n)`` and ``(tau r, m)`` tensors, and ``r``."""
-        import torch
-
-        X = _samples_first(xs)
+    def _rows(self, xs: Any, states: Any) -> tuple[Any, Any, int]:
+        """``(h_{s-1}, x_s)`` of every step and sample as ``(tau r, n)`` and ``(tau r, m)``."""
+        X, H = _samples_first(xs), _samples_first(states)
         tau, r = X.shape[:2]
-        H = _samples_first(states)
-        previous = torch.cat([torch.zeros_like(H[:1]), H[:-1]])
+        previous = np.concatenate([np.zeros_like(H[:1]), H[:-1]])
         return previous.reshape(tau * r, -1), X.reshape(tau * r, -1), r
 
     # -- the sequential reference -----------------------------------------------------------
@@ -153,17 +139,13 @@ class Recurrence:
 
     def forward(self, xs: Any) -> Trace:
         """The states step by step, all samples at once: ``z = (xs, h)``."""
-        import torch
-
         xs = self.check_input(xs)
         X = _samples_first(xs)
-        h = torch.zeros((X.shape[1], self.state_size), dtype=torch.float64)
-        states = []
-        with torch.no_grad():
-            for s in range(X.shape[0]):
-                h = self._cell(h, X[s])
-                states.append(h)
-        return self.trace_from_states(xs, [None, _samples_last(torch.stack(states), xs)])
+        states = np.empty(X.shape[:2] + (self.state_size,))
+        h = np.zeros(states.shape[1:])
+        for s in range(X.shape[0]):
+            h = states[s] = self.cell(h, X[s])
+        return self.trace_from_states(xs, [None, _samples_last(states, xs)])
 
     def outputs(self, trace: Trace) -> Any:
         """The output rows of the states, ``(tau, len(output)[, r])``."""
@@ -181,17 +163,12 @@ class Recurrence:
 
     def gradients(self, trace: Trace, v: Sequence[Any]) -> RecurrenceGradients:
         """``dE/dtheta`` and ``dE/dx`` from ``v = dE/dh`` (one vector-Jacobian product)."""
-        from torch.func import vjp, vmap
-
         (V,) = v
-        previous, X, r = self._tensors(trace.x, trace.z[1])
-        _, pullback = vjp(lambda p, x: vmap(self.step, in_dims=(None, 0, 0))(p, previous, x),
-                          self.parameters, X)
-        cotangent = _samples_first(V).reshape(previous.shape)
-        d_parameters, d_input = pullback(cotangent)
+        previous, X, r = self._rows(trace.x, trace.z[1])
+        d_parameters, d_input = self.cell.pullback(previous, X,
+                                                   _samples_first(V).reshape(previous.shape))
         dx = _samples_last(d_input.reshape(trace.x.shape[0], r, -1), trace.x)
-        return RecurrenceGradients({k: t.detach().numpy() for k, t in d_parameters.items()},
-                                   dx)
+        return RecurrenceGradients(d_parameters, dx)
 
     # -- systems and Newton -----------------------------------------------------------------
     def state_shapes(self, xs: Any) -> tuple[list, list]:
@@ -214,27 +191,22 @@ class Recurrence:
         return 0.0
 
     def _defects(self, trace: Trace) -> tuple[Any, Any]:
-        """``(h_s - F(h_{s-1}, x_s), F(h_{s-1}, x_s))``, each ``(tau, r, n)`` tensors."""
-        import torch
-
-        previous, X, r = self._tensors(trace.x, trace.z[1])
-        with torch.no_grad():
-            F = self._cell(previous, X)
+        """``(h_s - F(h_{s-1}, x_s), F(h_{s-1}, x_s))``, each ``(tau, r, n)``."""
+        previous, X, r = self._rows(trace.x, trace.z[1])
+        F = self.cell(previous, X)
         H = _samples_first(trace.z[1]).reshape(F.shape)
         shape = (trace.x.shape[0], r, self.state_size)
         return (H - F).reshape(shape), F.reshape(shape)
 
     def nonlinear_residual(self, trace: Trace) -> float:
         """``max_s ||h_s - F(h_{s-1}, x_s)|| / ||F(h_{s-1}, x_s)||`` over steps and samples."""
-        import torch
-
         gap, F = self._defects(trace)
-        size = torch.clamp(torch.linalg.vector_norm(F, dim=2), min=1e-300)
-        return float((torch.linalg.vector_norm(gap, dim=2) / size).max())
+        size = np.maximum(np.linalg.norm(F, axis=2), 1e-300)
+        return float((np.linalg.norm(gap, axis=2) / size).max())
 
     def merit(self, trace: Trace) -> Any:
         """``sum_s ||h_s - F(h_{s-1}, x_s)||^2`` per sample, ``(r,)``: what damping reduces."""
-        return (self._defects(trace)[0] ** 2).sum(dim=(0, 2)).numpy()
+        return (self._defects(trace)[0] ** 2).sum(axis=(0, 2))
 
     def lyapunov(self, trace: Trace) -> float:
         """The largest Lyapunov exponent along the trajectory, estimated, worst sample.
@@ -262,43 +234,109 @@ class Recurrence:
 
     def linearized(self, xs: Any, trace: Trace | None, linearization: str) -> tuple[Any, Any]:
         """``(A, c)`` of the forward system around ``trace``: ``A`` ``(tau, r, n, n)``."""
-        import torch
-
         if linearization not in LINEARIZATIONS:
             raise ValueError(f"unknown linearization {linearization!r} for a recurrence; "
                              f"choose one of {LINEARIZATIONS}")
         trace = trace if trace is not None else self.trace_from_states(xs, None)
-        previous, X, r = self._tensors(trace.x, trace.z[1])
-        with torch.no_grad():
-            F = self._cell(previous, X)
-            J = self._jacobians(previous, X)
+        previous, X, r = self._rows(trace.x, trace.z[1])
+        F, J = self.cell(previous, X), self.cell.jacobians(previous, X)
         if linearization != "newton":  # the diagonal blocks only (quasi: of size one)
             size = 1 if linearization == "quasi" else self.block_size
-            block = torch.arange(self.state_size) // size
+            block = np.arange(self.state_size) // size
             J = J * (block[:, None] == block[None, :])
         c = F - (J @ previous[..., None])[..., 0]
         tau = trace.x.shape[0]
-        return J.reshape(tau, r, self.state_size, -1).numpy(), c.reshape(tau, r, -1).numpy()
+        return J.reshape(tau, r, self.state_size, -1), c.reshape(tau, r, -1)
 
     def jacobians_along(self, trace: Trace) -> Any:
         """``J_s = dF/dh`` at the trace's states, ``(tau, r, n, n)``."""
+        previous, X, r = self._rows(trace.x, trace.z[1])
+        J = self.cell.jacobians(previous, X)
+        return J.reshape(trace.x.shape[0], r, self.state_size, -1)
+
+
+class _TorchCell:
+    """A step on one sample's tensors, batched and differentiated by ``torch.func``.
+
+    ``vmap``, ``jacrev`` and ``vjp``; NumPy arrays in and out.
+    """
+
+    def __init__(self, step: Callable, parameters: Mapping[str, Any], jacobian: Any,
+                 vjp: Any) -> None:
+        import torch
+        from torch.func import jacrev, vmap
+
+        if vjp is not None:
+            raise ValueError("vjp is for backend='numpy'; torch.func differentiates a "
+                             "PyTorch step")
+        self.parameters = {k: torch.as_tensor(np.asarray(v), dtype=torch.float64).clone()
+                           for k, v in parameters.items()}
+        self.step = step
+        self._batched = vmap(step, in_dims=(None, 0, 0))
+        self._jacobian = vmap(jacobian or jacrev(step, argnums=1), in_dims=(None, 0, 0))
+
+    def __call__(self, H: Any, X: Any) -> Any:
         import torch
 
-        previous, X, r = self._tensors(trace.x, trace.z[1])
         with torch.no_grad():
-            J = self._jacobians(previous, X)
-        return J.reshape(trace.x.shape[0], r, self.state_size, -1).numpy()
+            return self._batched(self.parameters, _tensor(H), _tensor(X)).numpy()
+
+    def jacobians(self, H: Any, X: Any) -> Any:
+        import torch
+
+        with torch.no_grad():
+            return self._jacobian(self.parameters, _tensor(H), _tensor(X)).numpy()
+
+    def pullback(self, H: Any, X: Any, V: Any) -> tuple[dict, Any]:
+        from torch.func import vjp
+
+        H = _tensor(H)
+        _, pull = vjp(lambda p, x: self._batched(p, H, x), self.parameters, _tensor(X))
+        d_parameters, d_input = pull(_tensor(V))
+        return {k: t.detach().numpy() for k, t in d_parameters.items()}, d_input.numpy()
+
+
+class _NumpyCell:
+    """A step on NumPy batches with the user's Jacobian (and vector-Jacobian product)."""
+
+    def __init__(self, step: Callable, parameters: Mapping[str, Any], jacobian: Any,
+                 vjp: Any) -> None:
+        if jacobian is None:
+            raise ValueError("backend='numpy' needs jacobian(parameters, h, x) -> (b, n, n): "
+                             "nothing differentiates a NumPy step (or write the step in "
+                             "PyTorch, backend='torch')")
+        self.parameters = {k: np.array(v, dtype=np.float64) for k, v in parameters.items()}
+        self.step, self._jacobian, self._vjp = step, jacobian, vjp
+
+    def __call__(self, H: Any, X: Any) -> Any:
+        return np.asarray(self.step(self.parameters, H, X), dtype=np.float64)
+
+    def jacobians(self, H: Any, X: Any) -> Any:
+        return np.asarray(self._jacobian(self.parameters, H, X), dtype=np.float64)
+
+    def pullback(self, H: Any, X: Any, V: Any) -> tuple[dict, Any]:
+        if self._vjp is None:
+            raise ValueError("gradients of a backend='numpy' recurrence need vjp(parameters, "
+                             "h, x, v) -> (dtheta, dx)")
+        d_parameters, d_input = self._vjp(self.parameters, H, X, V)
+        return {k: np.asarray(a) for k, a in d_parameters.items()}, np.asarray(d_input)
+
+
+CELLS = {"torch": _TorchCell, "numpy": _NumpyCell}
+
+
+def _tensor(a: Any) -> Any:
+    import torch
+
+    return torch.as_tensor(a, dtype=torch.float64)
 
 
 def _samples_first(a: Any) -> Any:
-    """A propop sequence ``(tau, k[, r])`` as a ``(tau, r, k)`` float64 tensor."""
-    import torch
-
-    t = torch.as_tensor(np.asarray(a), dtype=torch.float64)
-    return t[:, None, :] if t.ndim == 2 else t.permute(0, 2, 1)
+    """A propop sequence ``(tau, k[, r])`` as a ``(tau, r, k)`` array."""
+    a = np.asarray(a, dtype=np.float64)
+    return a[:, None, :] if a.ndim == 2 else a.transpose(0, 2, 1)
 
 
-def _samples_last(t: Any, like: Any) -> Any:
-    """A ``(tau, r, k)`` tensor as a propop sequence shaped like ``like`` (vector or batch)."""
-    a = t.detach().numpy()
+def _samples_last(a: Any, like: Any) -> Any:
+    """A ``(tau, r, k)`` array as a propop sequence shaped like ``like`` (vector or batch)."""
     return a[:, 0, :] if like.ndim == 2 else np.ascontiguousarray(a.transpose(0, 2, 1))
