@@ -102,3 +102,24 @@ def test_tolerances_follow_the_dtype_and_options_are_checked():
     fnn = pp.FNN.random([2, 2], seed=0)
     with pytest.raises(ValueError, match="takes a recurrence"):
         pp.forward(fnn, np.ones(2), linearization="damped")
+
+
+def test_float32_cells_stay_float32_with_tolerances_to_match():
+    """DEER's setting in miniature: a float32 GRU, tolerances by dtype."""
+    torch.manual_seed(6)
+    module = torch.nn.GRU(2, 2)  # float32, as PyTorch makes it
+    net = pp.GRU.from_torch(module, dtype="float32")
+    xs = np.random.default_rng(7).standard_normal((200, 2, 16)).astype(np.float32)
+    with torch.no_grad():
+        expected = module(torch.tensor(xs.transpose(0, 2, 1).copy()))[0].numpy()
+    for linearization in ("newton", "damped"):
+        f = pp.forward(net, xs, method="cyclic-reduction", linearization=linearization)
+        assert f.z[1].dtype == np.float32 and f.info["converged"]
+        assert f.info["residuals"][-1] <= pp.solvers.convergence.default_rtol(np.float32)
+        assert np.abs(f.z[1].transpose(0, 2, 1) - expected).max() < 1e-5, linearization
+    g = pp.backprop(net, xs, np.zeros((200, 2, 16), np.float32), method="cyclic-reduction")
+    assert g.parameters["weight_hh_l0"].dtype == np.float32
+    exact = pp.backprop(pp.GRU.from_torch(module), xs.astype(np.float64),
+                        np.zeros((200, 2, 16)), method="substitution")
+    for name, value in exact.parameters.items():
+        assert relative_error(g.parameters[name], value) < 1e-4, name

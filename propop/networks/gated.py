@@ -33,7 +33,8 @@ class _Gated(Recurrence):
     carries = 1  # state vectors per layer: h (GRU), h and c (LSTM)
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
-                 parameters: Mapping[str, Any] | None = None, seed: int | None = 0) -> None:
+                 parameters: Mapping[str, Any] | None = None, seed: int | None = 0,
+                 dtype: Any = "float64") -> None:
         self.hidden_size, self.num_layers = int(hidden_size), int(num_layers)
         if parameters is None:
             parameters = self._random(int(input_size), seed)
@@ -44,15 +45,19 @@ class _Gated(Recurrence):
         top = (self.num_layers - 1) * width
         super().__init__(self._step, {k: parameters[k] for k in self._names()},
                          state_size=self.num_layers * width, input_size=input_size,
-                         output=np.arange(top, top + self.hidden_size), block_size=width)
+                         output=np.arange(top, top + self.hidden_size), block_size=width,
+                         dtype=dtype)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.input_size}, {self.hidden_size}, "
                 f"num_layers={self.num_layers})")
 
     @classmethod
-    def from_torch(cls, module: Any) -> _Gated:
-        """The cell of a ``torch.nn.GRU`` or ``torch.nn.LSTM`` (unidirectional, no projection)."""
+    def from_torch(cls, module: Any, dtype: Any = "float64") -> _Gated:
+        """The cell of a ``torch.nn.GRU`` or ``torch.nn.LSTM`` (unidirectional, no projection).
+
+        The weights are copied as ``dtype`` (float64 by default, as :func:`propop.from_torch`).
+        """
         if module.bidirectional or getattr(module, "proj_size", 0):
             raise ValueError(f"from_torch: {type(module).__name__} with bidirectional=True or "
                              "proj_size > 0 is not supported")
@@ -61,7 +66,8 @@ class _Gated(Recurrence):
             for side in ("ih", "hh"):
                 parameters.setdefault(f"bias_{side}_l{k}",
                                       np.zeros(cls.gates * module.hidden_size))
-        return cls(module.input_size, module.hidden_size, module.num_layers, parameters)
+        return cls(module.input_size, module.hidden_size, module.num_layers, parameters,
+                   dtype=dtype)
 
     def _names(self) -> list[str]:
         return [f"{kind}_{side}_l{k}" for k in range(self.num_layers)
@@ -105,6 +111,7 @@ class GRU(_Gated):
         PyTorch's names and shapes (``weight_ih_l0`` ``(3 H, m)``, ...); default
         random as PyTorch initialises them.
     seed : int, optional
+    dtype : {"float64", "float32"}
     """
 
     gates = 3

@@ -71,7 +71,7 @@ class Recurrence:
         with ``backend="numpy"`` on NumPy arrays of a batch (``h`` ``(b, n)``,
         ``x`` ``(b, m)``).
     parameters : mapping of str to array
-        ``theta``, copied as float64 arrays (tensors for ``"torch"``).
+        ``theta``, copied as arrays of ``dtype`` (tensors for ``"torch"``).
     state_size, input_size : int
     output : sequence of int, optional
         The rows of the state that are the output (default: all).
@@ -87,16 +87,21 @@ class Recurrence:
         The diagonal blocks ``linearization="block-diagonal"`` keeps (default 1).
     backend : {"torch", "numpy"}
         Where ``step`` runs.
+    dtype : {"float64", "float32"}
+        Of the parameters, states and systems; tolerances follow it.
     """
 
     def __init__(self, step: Callable, parameters: Mapping[str, Any], *, state_size: int,
                  input_size: int, output: Sequence[int] | None = None,
                  jacobian: Callable | None = None, vjp: Callable | None = None,
-                 block_size: int = 1, backend: str = "torch") -> None:
+                 block_size: int = 1, backend: str = "torch", dtype: Any = "float64") -> None:
         if backend not in CELLS:
             raise ValueError(f"backend must be one of {tuple(CELLS)}, got {backend!r}")
+        self._dtype = np.dtype(dtype)
+        if self._dtype not in (np.float32, np.float64):
+            raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
         self.step = step
-        self.cell = CELLS[backend](step, parameters, jacobian, vjp)
+        self.cell = CELLS[backend](step, parameters, jacobian, vjp, self._dtype)
         self.parameters = self.cell.parameters
         self.state_size, self.input_size = int(state_size), int(input_size)
         self.output = np.arange(self.state_size) if output is None else np.asarray(output)
@@ -111,8 +116,8 @@ class Recurrence:
 
     @property
     def dtype(self) -> Any:
-        """float64."""
-        return np.dtype("float64")
+        """The parameters' and states' dtype."""
+        return self._dtype
 
     @property
     def backend(self) -> backend.Backend:
@@ -121,14 +126,14 @@ class Recurrence:
 
     def _rows(self, xs: Any, states: Any) -> tuple[Any, Any, int]:
         """``(h_{s-1}, x_s)`` of every step and sample as ``(tau r, n)`` and ``(tau r, m)``."""
-        X, H = _samples_first(xs), _samples_first(states)
+        X, H = _samples_first(xs, self.dtype), _samples_first(states, self.dtype)
         tau, r = X.shape[:2]
         previous = np.concatenate([np.zeros_like(H[:1]), H[:-1]])
         return previous.reshape(tau * r, -1), X.reshape(tau * r, -1), r
 
     # -- the sequential reference -----------------------------------------------------------
     def check_input(self, xs: Any) -> Any:
-        """``xs`` as a float64 array ``(tau, m)`` or ``(tau, m, r)``."""
+        """``xs`` as an array of :attr:`dtype`, ``(tau, m)`` or ``(tau, m, r)``."""
         xs = real_array(xs, "xs", self.dtype)
         if xs.ndim not in (2, 3) or xs.shape[1] != self.input_size or xs.shape[0] < 1:
             raise ValueError(f"xs has shape {xs.shape}, expected (tau, {self.input_size}) or "
@@ -140,9 +145,9 @@ class Recurrence:
     def forward(self, xs: Any) -> Trace:
         """The states step by step, all samples at once: ``z = (xs, h)``."""
         xs = self.check_input(xs)
-        X = _samples_first(xs)
-        states = np.empty(X.shape[:2] + (self.state_size,))
-        h = np.zeros(states.shape[1:])
+        X = _samples_first(xs, self.dtype)
+        states = np.empty(X.shape[:2] + (self.state_size,), dtype=self.dtype)
+        h = np.zeros(states.shape[1:], dtype=self.dtype)
         for s in range(X.shape[0]):
             h = states[s] = self.cell(h, X[s])
         return self.trace_from_states(xs, [None, _samples_last(states, xs)])
@@ -166,7 +171,8 @@ class Recurrence:
         (V,) = v
         previous, X, r = self._rows(trace.x, trace.z[1])
         d_parameters, d_input = self.cell.pullback(previous, X,
-                                                   _samples_first(V).reshape(previous.shape))
+                                                   _samples_first(V, self.dtype).reshape(
+                                                       previous.shape))
         dx = _samples_last(d_input.reshape(trace.x.shape[0], r, -1), trace.x)
         return RecurrenceGradients(d_parameters, dx)
 
@@ -178,8 +184,8 @@ class Recurrence:
     def trace_from_states(self, xs: Any, states: Sequence[Any] | None) -> Trace:
         """The trace of states ``[_, h]`` (``None``: zeros)."""
         xs = self.check_input(xs)
-        h = np.zeros((xs.shape[0], self.state_size) + xs.shape[2:]) if states is None \
-            else np.asarray(states[-1])
+        h = np.zeros((xs.shape[0], self.state_size) + xs.shape[2:], dtype=self.dtype) \
+            if states is None else np.asarray(states[-1], dtype=self.dtype)
         return Trace(x=xs, y=(), z=(xs, h))
 
     def unstack(self, system: Any, x: Any) -> list:
@@ -194,7 +200,7 @@ class Recurrence:
         """``(h_s - F(h_{s-1}, x_s), F(h_{s-1}, x_s))``, each ``(tau, r, n)``."""
         previous, X, r = self._rows(trace.x, trace.z[1])
         F = self.cell(previous, X)
-        H = _samples_first(trace.z[1]).reshape(F.shape)
+        H = _samples_first(trace.z[1], self.dtype).reshape(F.shape)
         shape = (trace.x.shape[0], r, self.state_size)
         return (H - F).reshape(shape), F.reshape(shape)
 
@@ -262,14 +268,15 @@ class _TorchCell:
     """
 
     def __init__(self, step: Callable, parameters: Mapping[str, Any], jacobian: Any,
-                 vjp: Any) -> None:
+                 vjp: Any, dtype: Any) -> None:
         import torch
         from torch.func import jacrev, vmap
 
         if vjp is not None:
             raise ValueError("vjp is for backend='numpy'; torch.func differentiates a "
                              "PyTorch step")
-        self.parameters = {k: torch.as_tensor(np.asarray(v), dtype=torch.float64).clone()
+        self.dtype = getattr(torch, dtype.name)
+        self.parameters = {k: torch.as_tensor(np.asarray(v), dtype=self.dtype).clone()
                            for k, v in parameters.items()}
         self.step = step
         self._batched = vmap(step, in_dims=(None, 0, 0))
@@ -279,40 +286,46 @@ class _TorchCell:
         import torch
 
         with torch.no_grad():
-            return self._batched(self.parameters, _tensor(H), _tensor(X)).numpy()
+            return self._batched(self.parameters, self._tensor(H), self._tensor(X)).numpy()
 
     def jacobians(self, H: Any, X: Any) -> Any:
         import torch
 
         with torch.no_grad():
-            return self._jacobian(self.parameters, _tensor(H), _tensor(X)).numpy()
+            return self._jacobian(self.parameters, self._tensor(H), self._tensor(X)).numpy()
 
     def pullback(self, H: Any, X: Any, V: Any) -> tuple[dict, Any]:
         from torch.func import vjp
 
-        H = _tensor(H)
-        _, pull = vjp(lambda p, x: self._batched(p, H, x), self.parameters, _tensor(X))
-        d_parameters, d_input = pull(_tensor(V))
+        H = self._tensor(H)
+        _, pull = vjp(lambda p, x: self._batched(p, H, x), self.parameters, self._tensor(X))
+        d_parameters, d_input = pull(self._tensor(V))
         return {k: t.detach().numpy() for k, t in d_parameters.items()}, d_input.numpy()
+
+    def _tensor(self, a: Any) -> Any:
+        import torch
+
+        return torch.as_tensor(a, dtype=self.dtype)
 
 
 class _NumpyCell:
     """A step on NumPy batches with the user's Jacobian (and vector-Jacobian product)."""
 
     def __init__(self, step: Callable, parameters: Mapping[str, Any], jacobian: Any,
-                 vjp: Any) -> None:
+                 vjp: Any, dtype: Any) -> None:
         if jacobian is None:
             raise ValueError("backend='numpy' needs jacobian(parameters, h, x) -> (b, n, n): "
                              "nothing differentiates a NumPy step (or write the step in "
                              "PyTorch, backend='torch')")
-        self.parameters = {k: np.array(v, dtype=np.float64) for k, v in parameters.items()}
+        self.dtype = dtype
+        self.parameters = {k: np.array(v, dtype=dtype) for k, v in parameters.items()}
         self.step, self._jacobian, self._vjp = step, jacobian, vjp
 
     def __call__(self, H: Any, X: Any) -> Any:
-        return np.asarray(self.step(self.parameters, H, X), dtype=np.float64)
+        return np.asarray(self.step(self.parameters, H, X), dtype=self.dtype)
 
     def jacobians(self, H: Any, X: Any) -> Any:
-        return np.asarray(self._jacobian(self.parameters, H, X), dtype=np.float64)
+        return np.asarray(self._jacobian(self.parameters, H, X), dtype=self.dtype)
 
     def pullback(self, H: Any, X: Any, V: Any) -> tuple[dict, Any]:
         if self._vjp is None:
@@ -325,15 +338,9 @@ class _NumpyCell:
 CELLS = {"torch": _TorchCell, "numpy": _NumpyCell}
 
 
-def _tensor(a: Any) -> Any:
-    import torch
-
-    return torch.as_tensor(a, dtype=torch.float64)
-
-
-def _samples_first(a: Any) -> Any:
-    """A propop sequence ``(tau, k[, r])`` as a ``(tau, r, k)`` array."""
-    a = np.asarray(a, dtype=np.float64)
+def _samples_first(a: Any, dtype: Any) -> Any:
+    """A propop sequence ``(tau, k[, r])`` as a ``(tau, r, k)`` array of ``dtype``."""
+    a = np.asarray(a, dtype=dtype)
     return a[:, None, :] if a.ndim == 2 else a.transpose(0, 2, 1)
 
 

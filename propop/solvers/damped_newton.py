@@ -46,10 +46,10 @@ def damped_newton(net: Any, xs: Any, trace: Trace, linearization: str, damping: 
     """
     A, c = net.linearized(xs, trace, DAMPED[linearization])  # (tau, r, n, n), (tau, r, n)
     H = np.moveaxis(trace.z[1], 1, 2) if xs.ndim == 3 else trace.z[1][:, None, :]
-    lam = np.broadcast_to(np.asarray(damping, dtype=float), (A.shape[1],)).copy()
+    lam = np.broadcast_to(np.asarray(damping, dtype=A.dtype), (A.shape[1],)).copy()
     after = np.concatenate([A[1:], np.zeros_like(A[:1])])  # A_{s+1}, zero after the last
     after_t = np.swapaxes(after, 2, 3)
-    eye = np.eye(A.shape[2])
+    eye = np.eye(A.shape[2], dtype=A.dtype)
     D = (1 + lam)[None, :, None, None] * eye + after_t @ after
     c_after = np.concatenate([c[1:], np.zeros_like(c[:1])])
     f = c - (after_t @ c_after[..., None])[..., 0] + lam[None, :, None] * H
