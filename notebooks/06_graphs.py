@@ -61,3 +61,34 @@ newton = pp.forward(graph, flat, method="level-scheduled", linearization="newton
 print("Newton iterations:", newton.info["iterations"], "of at most", B.nblocks - 1,
       "residuals:", " ".join(f"{r:.0e}" for r in newton.info["residuals"]))
 print("CONVERGED" if newton.info["converged"] else "not converged")
+
+# %% [markdown]
+# Any module, as PyTorch users write it: `from_torch` traces `forward()` with
+# `torch.fx`, so a residual sum, a batch norm in evaluation mode and a softmax over
+# the features need no special classes. `print(graph)` lists the traced nodes, and
+# `pp.state_dict` writes parameters back into the module.
+
+# %%
+class Written(nn.Module):
+    """A residual block, a batch norm and a softmax, written in forward()."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(6, 6), nn.Linear(6, 6)
+        self.norm, self.head = nn.BatchNorm1d(6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        """``softmax(head(norm(x + fc2(silu(fc1(x))))))``."""
+        h = x + self.fc2(torch.nn.functional.silu(self.fc1(x)))
+        return torch.softmax(self.head(self.norm(h)), dim=1)
+
+
+written = Written().double().eval()
+traced = pp.from_torch(written)
+print(traced)
+xw = np.random.default_rng(3).standard_normal((6, 5))
+Xw = torch.tensor(xw.T, requires_grad=True)
+(0.5 * (written(Xw) ** 2).sum()).backward()
+gw = pp.backprop(traced, xw, np.zeros((3, 5)), method="level-scheduled")
+print(gw.solution.status.name, "dE/dx error", f"{np.abs(gw.x - Xw.grad.numpy().T).max():.1e}")
+written.load_state_dict(pp.state_dict(traced), strict=False)

@@ -16,7 +16,8 @@ from .networks.fnn import FNN
 from .solvers.registry import solve
 from .systems import backward_system
 
-__all__ = ["plot_system", "plot_convergence", "plot_levels", "plot_training", "plot_density"]
+__all__ = ["plot_system", "plot_convergence", "plot_levels", "plot_training", "plot_density",
+           "plot_newton"]
 
 ENTRY_LIMIT = 2000  # above this many unknowns, plot the block pattern instead
 
@@ -132,4 +133,27 @@ def plot_density(rows: Sequence[dict], ax: Any = None, label: str | None = None)
     ax.set_ylabel("test accuracy")
     if label is not None:
         ax.legend()
+    return ax
+
+
+def plot_newton(traces: Mapping[str, Any], ax: Any = None) -> Any:
+    """Nonlinear residual per iteration of :func:`propop.forward` runs (semilogy).
+
+    ``traces`` maps a label (a linearization, say) to a returned trace; each line
+    has its own marker and line style, so that equal histories stay visible.
+    An exactly zero residual is drawn at the axis' floor, not as a drop.
+    """
+    ax = _axes(ax)
+    styles = [("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", "-"), ("x", "--")]
+    floor = min((r for t in traces.values() for r in t.info["residuals"] if r > 0),
+                default=1e-16) / 10
+    for (label, trace), (marker, line) in zip(traces.items(), styles * len(traces)):
+        history = np.maximum(np.asarray(trace.info["residuals"], dtype=float), floor)
+        ax.semilogy(np.arange(history.size), history, marker=marker, linestyle=line,
+                    label=f"{label} ({trace.info['iterations']} iterations)")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("nonlinear residual")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_title("Parallel forward passes: the Newton family")
+    ax.legend()
     return ax

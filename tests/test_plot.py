@@ -70,3 +70,19 @@ def test_training_and_density_plots_draw_the_recorded_values():
     ax = plot.plot_density(rows, label="magnitude")
     np.testing.assert_array_equal(ax.lines[0].get_xydata(), [[0.5, 0.9], [0.1, 0.7]])
     assert ax.get_xscale() == "log" and ax.get_legend() is not None
+
+
+def test_newton_histories_are_drawn_one_style_each():
+    torch = pytest.importorskip("torch")
+    gru = pp.from_torch(torch.nn.GRU(2, 3).double())
+    xs = np.random.default_rng(0).standard_normal((10, 2, 2))
+    traces = {name: pp.forward(gru, xs, method="substitution", linearization=name)
+              for name in ("newton", "quasi", "damped")}
+    ax = plot.plot_newton(traces)
+    assert [line.get_label() for line in ax.lines] == [
+        f"{n} ({t.info['iterations']} iterations)" for n, t in traces.items()]
+    assert len({(line.get_marker(), line.get_linestyle()) for line in ax.lines}) == 3
+    for line, trace in zip(ax.lines, traces.values()):
+        drawn = line.get_ydata()
+        assert len(drawn) == trace.info["iterations"] + 1 and (drawn > 0).all()
+    assert "Newton family" in ax.get_title()
