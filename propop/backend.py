@@ -18,7 +18,8 @@ from types import ModuleType
 from typing import Any
 
 __all__ = ["Backend", "of", "namespace", "is_sparse", "is_real_floating", "matmul_into",
-           "matmul_writer", "kind", "astype", "indices", "eps", "to_host", "quiet", "erf"]
+           "matmul_writer", "kind", "astype", "indices", "eps", "to_host", "quiet", "erf",
+           "is_matrix_like"]
 
 
 @dataclass(frozen=True)
@@ -202,6 +203,14 @@ def indices(values: Any, like: Any) -> Any:
     if be.name == "torch":
         return be.xp.asarray(values, device=like.device)
     return be.xp.asarray(values)
+
+
+def is_matrix_like(obj: Any) -> bool:
+    """Whether ``obj`` is a NumPy array or a ``scipy.sparse`` matrix (a plain matrix)."""
+    import numpy
+    import scipy.sparse
+
+    return scipy.sparse.issparse(obj) or isinstance(obj, numpy.ndarray)
 
 
 def dense(array: Any) -> Any:

@@ -2,8 +2,13 @@
 
 Paper eqs. def_loss_component, def_loss_softmax and gradient_z_output_layer.
 
-Samples are columns: ``output`` is ``(m,)`` or ``(m, r)``. Losses are sums over
-samples (the paper's Delta-W-bar convention); divide by ``r`` for a mean.
+Samples are columns: ``output`` is ``(m,)`` or ``(m, r)`` (or ``(m, tau, r)``: every
+axis after the first is a sample axis). ``reduction="sum"`` (default) is the
+paper's convention: ``E = 1/2 sum ||z - t||^2`` or ``-sum t log p`` over samples
+(the Delta-W-bar of eq. gradient_w_hidden_layer). ``reduction="mean"`` is
+PyTorch's default: ``nn.MSELoss()``, the mean of ``(z - t)^2`` over all entries,
+and ``nn.CrossEntropyLoss()``, the mean over samples; gradients then match
+autograd's of those modules.
 """
 
 from __future__ import annotations
@@ -15,16 +20,19 @@ import numpy as np
 from . import backend
 from ._checks import real_array, require_finite
 
-__all__ = ["LOSSES", "loss_gradient", "loss_value"]
+__all__ = ["LOSSES", "REDUCTIONS", "loss_gradient", "loss_value"]
 
 LOSSES = ("mse", "cross_entropy")
+REDUCTIONS = ("sum", "mean")
 
 
-def _check(output: Any, target: Any, loss: str) -> Any:
+def _check(output: Any, target: Any, loss: str, reduction: str = "sum") -> Any:
     """Validate the pair and return the target as an array of ``output``'s shape."""
     xp = backend.namespace(output)
     if loss not in LOSSES:
         raise ValueError(f"unknown loss {loss!r}; choose one of {LOSSES}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"unknown reduction {reduction!r}; choose one of {REDUCTIONS}")
     if loss == "cross_entropy" and tuple(np.shape(target)) == output.shape[1:]:
         return _one_hot(xp, xp.asarray(target), output)
     target = real_array(target, "target", output.dtype)
@@ -54,7 +62,15 @@ def _softmax(output: Any) -> Any:
     return e / e.sum(axis=0, keepdims=True)
 
 
-def loss_gradient(output: Any, target: Any, loss: str = "mse") -> Any:
+def _scale(output: Any, loss: str, reduction: str) -> float:
+    """What the summed loss is multiplied by for ``reduction`` (module docstring)."""
+    if reduction == "sum":
+        return 1.0
+    samples = max(output.size // max(output.shape[0], 1), 1) if output.ndim > 1 else 1
+    return 1.0 / samples if loss == "cross_entropy" else 2.0 / max(output.size, 1)
+
+
+def loss_gradient(output: Any, target: Any, loss: str = "mse", reduction: str = "sum") -> Any:
     """Return ``eps = dE/dz^(l)``, the right-hand side of the backward system.
 
     Parameters
@@ -69,6 +85,9 @@ def loss_gradient(output: Any, target: Any, loss: str = "mse") -> Any:
         ``"cross_entropy"``: softmax over the features then ``E = -sum t log p``
         (eqs. def_loss_component, def_loss_softmax), gradient ``p - t``
         (eq. gradient_z_output_layer).
+    reduction : {"sum", "mean"}
+        ``"sum"``: the above; ``"mean"``: PyTorch's default reductions (module
+        docstring).
 
     Examples
     --------
@@ -76,18 +95,19 @@ def loss_gradient(output: Any, target: Any, loss: str = "mse") -> Any:
     >>> loss_gradient(np.array([1.0, 2.0]), np.array([0.5, 2.0]))
     array([0.5, 0. ])
     """
-    target = _check(output, target, loss)
-    if loss == "mse":
-        return output - target
-    return _softmax(output) * target.sum(axis=0) - target
+    target = _check(output, target, loss, reduction)
+    gradient = output - target if loss == "mse" else (
+        _softmax(output) * target.sum(axis=0) - target)
+    scale = _scale(output, loss, reduction)
+    return gradient if scale == 1 else gradient * scale
 
 
-def loss_value(output: Any, target: Any, loss: str = "mse") -> float:
-    """Return the loss ``E`` summed over samples (see :func:`loss_gradient`)."""
+def loss_value(output: Any, target: Any, loss: str = "mse", reduction: str = "sum") -> float:
+    """Return the loss ``E`` (see :func:`loss_gradient`), summed or a mean."""
     xp = backend.namespace(output)
-    target = _check(output, target, loss)
+    target = _check(output, target, loss, reduction)
     if loss == "mse":
-        return float(0.5 * xp.sum((output - target) ** 2))
+        return float(0.5 * xp.sum((output - target) ** 2)) * _scale(output, loss, reduction)
     shifted = output - output.max(axis=0, keepdims=True)
     log_p = shifted - xp.log(xp.exp(shifted).sum(axis=0, keepdims=True))
-    return float(-xp.sum(target * log_p))
+    return float(-xp.sum(target * log_p)) * _scale(output, loss, reduction)

@@ -25,8 +25,9 @@ STOPS = ("residual", "change")
 
 
 def backprop(net: Any, x: Any, target: Any, loss: str = "mse",
-             method: str = "substitution", *, rtol: float | None = None, check: bool = True,
-             trace: Trace | None = None, **options: Any) -> Any:
+             method: str = "substitution", *, rtol: float | None = None,
+             check: bool | None = None, trace: Trace | None = None, reduction: str = "sum",
+             **options: Any) -> Any:
     """Gradients of the loss by solving the backward system (eq. back_prop_sys).
 
     The forward pass is the sequential reference unless ``trace`` is given (for
@@ -46,11 +47,18 @@ def backprop(net: Any, x: Any, target: Any, loss: str = "mse",
         Every block of the gradients to this relative accuracy (the accuracy
         contract of :mod:`propop.solvers.convergence`); default by dtype,
         ``1e-10`` in float64: exact gradients unless the caller asks for less.
-    check : bool
-        Raise :class:`~propop.ConvergenceError` if the solve fails.
+    check : bool, optional
+        Raise :class:`~propop.ConvergenceError` if the solve fails (``True``), or
+        return the solution as it is with ``g.solution`` saying why (``False``).
+        ``None`` (default): raise, except when the solve ran out of a ``maxiter``
+        you gave, which is a truncation asked for (as in :func:`propop.train`).
     trace : Trace, optional
         The forward pass of ``x`` to linearise around (default ``net.forward(x)``),
         for instance from :func:`forward`; checked to be of this ``x`` and network.
+    reduction : {"sum", "mean"}
+        ``"sum"``: gradients summed over samples (the paper's); ``"mean"``:
+        PyTorch's default losses (``nn.MSELoss()``, ``nn.CrossEntropyLoss()``),
+        see :mod:`propop.losses`.
     **options
         Passed to the solver.
 
@@ -58,7 +66,7 @@ def backprop(net: Any, x: Any, target: Any, loss: str = "mse",
     -------
     Gradients or RNNGradients
         ``g.W``, ``g.b`` (and ``g.U`` for an RNN), ``g.x``, summed over samples
-        (and time steps), and ``g.solution``.
+        (and time steps) or their mean, and ``g.solution``.
 
     Examples
     --------
@@ -74,13 +82,21 @@ def backprop(net: Any, x: Any, target: Any, loss: str = "mse",
         else:
             checked = net.check_input(x)
             require_trace(trace, checked, net.state_shapes(checked))
-        return trace, backward_system(net, trace, net.loss_gradient(trace, target, loss))
+        return trace, backward_system(net, trace, net.loss_gradient(trace, target, loss,
+                                                                    reduction))
 
     trace, system = _agreed(method, options, prepare)
     if rtol is not None:
         options["rtol"] = rtol
-    solution = solve(system, method, check=check, **options)
+    solution = solve(system, method, **options)
+    asked = check is None and "maxiter" in options and solution.status is Status.MAX_ITER
+    if not solution.converged and check is not False and not asked:
+        raise ConvergenceError(replace(solution, message=solution.message + _TAKE_IT))
     return replace(net.gradients(trace, net.unstack(system, solution.x)), solution=solution)
+
+
+_TAKE_IT = ("; to take these gradients as they are, pass check=False (a maxiter you give to "
+            "backprop or train is a truncation asked for, and does not raise)")
 
 
 def forward(net: Any, x: Any, method: str = "substitution", *,

@@ -39,6 +39,13 @@ class History:
     epochs: list = field(default_factory=list)  # loss, accuracy, test_accuracy, seconds
     steps: list = field(default_factory=list)  # seconds, the solve's facts, errors
 
+    def __repr__(self) -> str:
+        """One line: epochs, steps and the last epoch's numbers."""
+        last = self.epochs[-1] if self.epochs else {}
+        shown = ", ".join(f"{k}={v:.4g}" for k, v in last.items() if isinstance(v, float))
+        return (f"History({len(self.epochs)} epochs, {len(self.steps)} steps"
+                + (f"; last epoch: {shown}" if shown else "") + ")")
+
 
 def parameters(model: Any) -> dict:
     """The trainable arrays of ``model`` by name (``W0``, ``U0``, ``b0`` or ``node.W``)."""
@@ -132,6 +139,8 @@ class _Passes:
     forward: str | None
     forward_options: dict
     gradient_error: bool
+    reduction: str
+    check: bool | None
 
 
 def train(model: Any, x: Any, y: Any, *, epochs: int = 1, batch_size: int = 32,
@@ -141,12 +150,14 @@ def train(model: Any, x: Any, y: Any, *, epochs: int = 1, batch_size: int = 32,
           forward: str | None = None, forward_options: dict | None = None,
           gradient_error: bool = False, x_test: Any = None, y_test: Any = None,
           shuffle: bool = True, seed: int = 0, progress: bool | str = "auto",
+          reduction: str = "mean", check: bool | None = None,
           **options: Any) -> tuple[Any, History]:
     """Train ``model`` by mini-batch gradient descent; returns ``(model, history)``.
 
     Every step solves the backward system (eq. back_prop_sys) of its mini-batch
-    with ``method`` and updates the parameters with the batch-mean gradient, the
-    paper's ``W_new = W - alpha / r dW-bar`` (section 1) for ``optimizer="sgd"``.
+    with ``method`` and updates the parameters with the gradient of the batch's
+    loss: for ``optimizer="sgd"`` and cross-entropy, the paper's
+    ``W_new = W - alpha / r dW-bar`` (section 1).
 
     Parameters
     ----------
@@ -155,8 +166,7 @@ def train(model: Any, x: Any, y: Any, *, epochs: int = 1, batch_size: int = 32,
         Inputs and targets with samples on the last axis (labels ``(n,)`` for
         ``"cross_entropy"``).
     epochs, batch_size : int
-        Passes over the data, and samples per step; the gradient is the batch
-        mean (``dW / r``).
+        Passes over the data, and samples per step.
     lr, optimizer, momentum, betas, eps
         ``optimizer`` is ``"sgd"``, ``"momentum"`` or ``"adam"``, with PyTorch's
         update rules (``momentum`` as ``torch.optim.SGD(momentum=...)``, ``betas``
@@ -164,8 +174,9 @@ def train(model: Any, x: Any, y: Any, *, epochs: int = 1, batch_size: int = 32,
     loss : {"cross_entropy", "mse"}
     method, solver_options : str, dict
         The backward solver and its options, e.g. ``"jacobi", {"maxiter": 8}``:
-        a truncated solve that stops at ``maxiter`` gives an approximate
-        gradient on purpose; breakdown or overflow raise ``ConvergenceError``.
+        a truncated solve that stops at a ``maxiter`` you give gives an
+        approximate gradient on purpose, as in :func:`propop.backprop`;
+        breakdown or overflow raise ``ConvergenceError``.
     forward, forward_options : str or None, dict
         ``None``: the sequential reference forward pass. A solver name: Newton's
         method on the forward system (eq. forw_prop_sys), each linear step solved
@@ -182,6 +193,13 @@ def train(model: Any, x: Any, y: Any, *, epochs: int = 1, batch_size: int = 32,
     progress : {"auto", True, False}
         A bar over the steps (:mod:`propop.progress`); ``"auto"`` shows it only
         in a terminal or a Jupyter kernel.
+    reduction : {"mean", "sum"}
+        The loss of a mini-batch: ``"mean"`` (default) as PyTorch's
+        ``nn.CrossEntropyLoss()`` and ``nn.MSELoss()``, ``"sum"`` the paper's
+        summed loss (:mod:`propop.losses`); the reported ``loss`` is the same.
+    check : bool, optional
+        As :func:`propop.backprop`'s: ``None`` raises on a failed solve unless it
+        ran out of a ``maxiter`` you gave.
     **options
         More options of the backward solver, as for :func:`propop.backprop`:
         ``method="jacobi", maxiter=8`` is ``solver_options={"maxiter": 8}``.
@@ -225,7 +243,7 @@ def train(model: Any, x: Any, y: Any, *, epochs: int = 1, batch_size: int = 32,
         raise ValueError(f"solver options {sorted(twice)} given both as keywords and in "
                          "solver_options")
     passes = _Passes(loss, method, {**(solver_options or {}), **options}, forward,
-                     forward_options or {}, gradient_error)
+                     forward_options or {}, gradient_error, reduction, check)
     rng = np.random.default_rng(seed)
     history = History()
     steps = int(np.ceil(r / batch_size))
@@ -237,8 +255,9 @@ def train(model: Any, x: Any, y: Any, *, epochs: int = 1, batch_size: int = 32,
                 index = order[first: first + batch_size]
                 model = _step(model, x[..., index], _columns(y, index), passes, opt, history)
                 shown.update()
-            history.epochs.append(dict(_evaluate(model, x, y, loss), seconds=time.perf_counter()
-                                       - start, **_test(model, x_test, y_test, loss)))
+            history.epochs.append(dict(_evaluate(model, x, y, loss, reduction),
+                                       seconds=time.perf_counter() - start,
+                                       **_test(model, x_test, y_test, loss, reduction)))
             shown.set_postfix_str(f"loss {history.epochs[-1]['loss']:.3g}")
     return model, history
 
@@ -252,17 +271,17 @@ def _step(model: Any, xb: Any, yb: Any, passes: _Passes, opt: _Optimizer,
     if passes.forward is not None:
         trace = propagate(model, xb, passes.forward, **passes.forward_options)
         record["forward_iterations"] = trace.info["iterations"]
-    g = backprop(model, xb, yb, passes.loss, passes.method, check=False, trace=trace,
-                 **passes.options)
+    g = backprop(model, xb, yb, passes.loss, passes.method, check=passes.check, trace=trace,
+                 reduction=passes.reduction, **passes.options)
     if g.solution.status in (Status.BREAKDOWN, Status.NONFINITE):
         raise ConvergenceError(g.solution)
-    r = np.shape(xb)[-1]
-    grads = {k: v / r for k, v in _gradients(model, g).items()}
+    grads = _gradients(model, g)
     record.update(iterations=g.solution.iterations, levels=g.solution.levels,
                   status=g.solution.status.name, solve_seconds=g.solution.time)
     if passes.gradient_error:
-        exact = _gradients(model, backprop(model, xb, yb, passes.loss, "substitution"))
-        record["gradient_error"] = _relative(grads, {k: v / r for k, v in exact.items()})
+        exact = _gradients(model, backprop(model, xb, yb, passes.loss, "substitution",
+                                           reduction=passes.reduction))
+        record["gradient_error"] = _relative(grads, exact)
     model = _rebuilt(model, opt.step(parameters(model), grads))
     history.steps.append(dict(record, seconds=time.perf_counter() - start))
     return model
@@ -282,24 +301,24 @@ def _output(model: Any, trace: Any) -> Any:
     return model.output_values(trace)[0] if isinstance(model, Graph) else trace.output
 
 
-def _evaluate(model: Any, x: Any, y: Any, loss: str) -> dict:
-    """Mean loss over the samples and, for labels, the accuracy."""
+def _evaluate(model: Any, x: Any, y: Any, loss: str, reduction: str) -> dict:
+    """The loss (as ``reduction``) and, for labels, the accuracy."""
     out = _output(model, model.forward(x))
-    r = np.shape(x)[-1]
-    if isinstance(model, RNN):  # features on axis 1: one loss per step
-        value = sum(loss_value(out[s], np.asarray(y)[s], loss) for s in range(out.shape[0]))
+    if isinstance(model, RNN):  # features on axis 1: every other axis holds samples
+        value = loss_value(np.moveaxis(out, 1, 0), np.moveaxis(np.asarray(y), 1, 0)
+                           if np.shape(y) == out.shape else y, loss, reduction)
     else:
-        value = loss_value(out, y, loss)
-    result = {"loss": float(value) / r}
+        value = loss_value(out, y, loss, reduction)
+    result = {"loss": float(value)}
     if np.ndim(y) == 1:
         result["accuracy"] = float(np.mean(np.argmax(out, axis=0) == y))
     return result
 
 
-def _test(model: Any, x: Any, y: Any, loss: str) -> dict:
+def _test(model: Any, x: Any, y: Any, loss: str, reduction: str) -> dict:
     if x is None:
         return {}
-    scores = _evaluate(model, x, y, loss)
+    scores = _evaluate(model, x, y, loss, reduction)
     return {f"test_{k}": v for k, v in scores.items()}
 
 

@@ -143,26 +143,34 @@ class FNN:
         return any(backend.is_sparse(Wk) for Wk in self.W)
 
     def __repr__(self) -> str:
-        names = sorted({a.name for a in self.activations})
-        return (f"FNN(sizes={self.sizes}, activation={'/'.join(names)}, "
-                f"dtype={self.dtype}, sparse={self.sparse})")
+        runs: list[list] = []  # the activations in layer order, repeats counted
+        for a in self.activations:
+            if runs and runs[-1][0] == a.name:
+                runs[-1][1] += 1
+            else:
+                runs.append([a.name, 1])
+        names = ", ".join(name if count == 1 else f"{name} x{count}" for name, count in runs)
+        shown = names if len(runs) == 1 else f"[{names}]"
+        return (f"FNN(sizes={self.sizes}, activation={shown}, dtype={self.dtype}, "
+                f"sparse={self.sparse})")
 
     @classmethod
-    def random(cls, sizes: Sequence[int], activation: str | Activation = "relu",
+    def random(cls, sizes: Sequence[int],
+               activation: str | Activation | Sequence[str | Activation] = "tanh",
                density: float = 1.0, seed: int | None = 0, dtype: Any = "float64",
-               bias: float = 0.0) -> FNN:
+               bias: float = 0.0, output_activation: str | Activation | None = None) -> FNN:
         """A random network whose signal neither explodes nor vanishes with depth.
 
         Entries of ``W[k]`` are normal with standard deviation
-        ``gain / sqrt(n_k * density)`` (He/Xavier scaling with the activation's
-        gain, corrected for the expected number of non-zeros per row).
+        ``gain / sqrt(n_k * density)`` (He/Xavier scaling with layer ``k``'s
+        activation's gain, corrected for the expected number of non-zeros per row).
 
         Parameters
         ----------
         sizes : sequence of int
             Widths ``[n_0, ..., n_l]``, at least two.
-        activation : str or Activation
-            One activation for all layers.
+        activation : str, Activation or sequence of them
+            One activation for all layers (``"tanh"``, as :class:`FNN`), or one per layer.
         density : float in (0, 1]
             Fraction of non-zeros; below 1 the weights are ``scipy.sparse`` CSR arrays.
         seed : int or None
@@ -170,19 +178,29 @@ class FNN:
         dtype : {"float64", "float32"}
         bias : float
             Standard deviation of the biases (zero biases by default).
+        output_activation : str or Activation, optional
+            The last layer's, replacing ``activation``'s there (``"identity"``
+            for logits, say).
         """
         sizes = [int(n) for n in sizes]
         if len(sizes) < 2 or min(sizes) < 1:
             raise ValueError(f"sizes must list at least two positive widths, got {sizes}")
         require_density(density)
-        act = get_activation(activation)
+        layers = len(sizes) - 1
+        names = list(activation) if isinstance(activation, Sequence) and not isinstance(
+            activation, str) else [activation] * layers
+        if len(names) != layers:
+            raise ValueError(f"{layers} layers need {layers} activations, got {len(names)}")
+        if output_activation is not None:
+            names[-1] = output_activation
+        acts = [get_activation(a) for a in names]
         rng = np.random.default_rng(seed)
         W, b = [], []
-        for n_in, n_out in zip(sizes[:-1], sizes[1:]):
+        for n_in, n_out, act in zip(sizes[:-1], sizes[1:], acts):
             std = act.gain / np.sqrt(n_in * density)
             W.append(_random_matrix(rng, (n_out, n_in), density, std, dtype))
             b.append((bias * rng.standard_normal(n_out)).astype(dtype))
-        return cls(W, b, act)
+        return cls(W, b, acts)
 
     def check_input(self, x: Any) -> Any:
         """Return ``x`` as an array of the network's dtype, or raise naming the problem."""
@@ -271,9 +289,10 @@ class FNN:
         require_finite(eps, "eps")
         return eps
 
-    def loss_gradient(self, trace: Trace, target: Any, loss: str = "mse") -> Any:
+    def loss_gradient(self, trace: Trace, target: Any, loss: str = "mse",
+                      reduction: str = "sum") -> Any:
         """``eps = dE/dz^(l)`` of this network's output (see :func:`propop.loss_gradient`)."""
-        return loss_gradient(trace.output, target, loss)
+        return loss_gradient(trace.output, target, loss, reduction)
 
     def unstack(self, system: Any, x: Any) -> Any:
         """Per-layer blocks (``v[0..l]`` or ``z[0..l]``) of a solution of its system.

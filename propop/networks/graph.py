@@ -32,6 +32,7 @@ from .trace import Trace
 __all__ = ["Graph", "GraphGradients"]
 
 INPUT = "input"
+REPR_ROWS = 12  # a longer graph shows its first and last this many nodes
 
 
 @dataclass(frozen=True)
@@ -91,11 +92,14 @@ class Graph:
         """One line per node: name, layer, the nodes it reads, output size (as ``nn.Module``)."""
         rows = [(n, repr(self.layers[n]), ", ".join(self.inputs[n]), self._size[n])
                 for n in self._order[1:]]
+        if len(rows) > 2 * REPR_ROWS:  # the first and last nodes, as a long nn.Module prints
+            hidden = len(rows) - 2 * REPR_ROWS
+            rows = rows[:REPR_ROWS] + [(f"... {hidden} more", "", "", "")] + rows[-REPR_ROWS:]
         width = [max([len(r[i]) for r in rows] + [4]) for i in range(3)]
-        lines = [f"Graph(input {self.input_size}, {len(rows)} nodes, outputs "
+        lines = [f"Graph(input {self.input_size}, {len(self._order) - 1} nodes, outputs "
                  f"{list(self.outputs)})"]
         lines += [f"  {n:<{width[0]}}  {layer:<{width[1]}}  <- {reads:<{width[2]}}  {size}"
-                  for n, layer, reads, size in rows]
+                  if layer else f"  {n}" for n, layer, reads, size in rows]
         return "\n".join(lines)
 
     @classmethod
@@ -219,14 +223,15 @@ class Graph:
         """The outputs' values in :attr:`outputs` order."""
         return [trace.z[self._order.index(o)] for o in self.outputs]
 
-    def loss_gradient(self, trace: Trace, target: Any, loss: str = "mse") -> list:
+    def loss_gradient(self, trace: Trace, target: Any, loss: str = "mse",
+                      reduction: str = "sum") -> list:
         """``dE/dz`` at each output; ``target`` is an array (one output) or a list."""
         outputs = self.output_values(trace)
         targets = [target] if len(outputs) == 1 and not isinstance(target, list) else target
         if len(targets) != len(outputs):
             raise ValueError(f"{len(outputs)} outputs need {len(outputs)} targets, got "
                              f"{len(targets)}")
-        return [loss_gradient(z, t, loss) for z, t in zip(outputs, targets)]
+        return [loss_gradient(z, t, loss, reduction) for z, t in zip(outputs, targets)]
 
     def backward(self, trace: Trace, eps: Sequence[Any]) -> list:
         """The backward blocks node by node, in reverse order (the sequential reference)."""

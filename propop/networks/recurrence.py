@@ -156,14 +156,15 @@ class Recurrence:
         """The output rows of the states, ``(tau, len(output)[, r])``."""
         return trace.z[1][:, self.output]
 
-    def loss_gradient(self, trace: Trace, target: Any, loss: str = "mse") -> Any:
+    def loss_gradient(self, trace: Trace, target: Any, loss: str = "mse",
+                      reduction: str = "sum") -> Any:
         """``eps = dE/dh`` at every step: the loss's gradient in the output rows, zero elsewhere."""
         out = np.moveaxis(self.outputs(trace), 1, 0)
         target = np.asarray(target)
         if target.shape == self.outputs(trace).shape:
             target = np.moveaxis(target, 1, 0)
         eps = np.zeros_like(trace.z[1])
-        eps[:, self.output] = np.moveaxis(loss_gradient(out, target, loss), 0, 1)
+        eps[:, self.output] = np.moveaxis(loss_gradient(out, target, loss, reduction), 0, 1)
         return eps
 
     def gradients(self, trace: Trace, v: Sequence[Any]) -> RecurrenceGradients:

@@ -186,7 +186,8 @@ class RNN:
             z.append(zk)
         return Trace(x=z[0], y=tuple(y), z=tuple(z))
 
-    def loss_gradient(self, trace: Trace, target: Any, loss: str = "mse") -> Any:
+    def loss_gradient(self, trace: Trace, target: Any, loss: str = "mse",
+                      reduction: str = "sum") -> Any:
         """``eps = dE/dz`` of the top layer at every step; features are axis 1.
 
         ``target`` is shaped like the output, or integer labels ``(tau[, r])`` for
@@ -199,7 +200,7 @@ class RNN:
         target = xp.asarray(target)
         if target.shape == trace.output.shape:
             target = xp.moveaxis(target, 1, 0)
-        return xp.moveaxis(loss_gradient(out, target, loss), 0, 1)
+        return xp.moveaxis(loss_gradient(out, target, loss, reduction), 0, 1)
 
     def backward(self, trace: Trace, eps: Any) -> list[Any]:
         """Sequential backpropagation through time; returns ``v[0..l]``, each ``(tau, h, [r])``.

@@ -119,6 +119,7 @@ def prepare(system: Any, method: str | Callable[..., Solution] = "substitution",
     """
     from .registry import info
 
+    system = _as_system(system, options)
     guard, hook = None, None
     if callable(method):
         name, function = getattr(method, "__name__", "custom"), method
@@ -139,6 +140,23 @@ def prepare(system: Any, method: str | Callable[..., Solution] = "substitution",
     except OptionError as error:
         raise OptionError(f"{name}: {error}") from None
     return Plan(system, name, dict(options), time.perf_counter() - start, run, function, guard)
+
+
+def _as_system(system: Any, options: dict) -> Any:
+    """A :class:`~propop.TriangularSystem` as it is; a plain matrix with ``b`` wrapped."""
+    from ..systems.plain import as_system
+    from ..systems.triangular import TriangularSystem
+
+    if isinstance(system, TriangularSystem):
+        if "b" in options:
+            raise OptionError("b is the right-hand side of a plain matrix; a TriangularSystem "
+                              "holds its own (system.with_rhs(b) for another)")
+        return system
+    if backend.is_matrix_like(system):
+        return as_system(system, options.pop("b", None))
+    raise TypeError(f"pp.solve takes a TriangularSystem (pp.backward_system, "
+                    f"pp.forward_system, or pp.TriangularSystem(...)) or a triangular "
+                    f"scipy.sparse matrix with b=..., got {type(system).__name__}")
 
 
 def _takes_callback(function: Callable) -> bool:

@@ -68,6 +68,18 @@ class Solution:
         """Whether the solve met its tolerance (exact methods: produced finite values)."""
         return self.status is Status.CONVERGED
 
+    @property
+    def exit_code(self) -> int:
+        """SciPy's ``info``: 0 converged, the iterations if ``maxiter`` ran out, -1 otherwise."""
+        if self.converged:
+            return 0
+        return max(self.iterations, 1) if self.status in (Status.MAX_ITER,
+                                                          Status.APPROXIMATE) else -1
+
+    def __iter__(self) -> Any:
+        """``x, info = pp.solve(...)`` as with SciPy's solvers (``info`` is :attr:`exit_code`)."""
+        return iter((self.x, self.exit_code))
+
     def __repr__(self) -> str:
         return (f"Solution(method={self.method!r}, status={self.status.name}, "
                 f"iterations={self.iterations}, levels={self.levels}, "

@@ -75,6 +75,12 @@ class Blocks:
     diagonal: tuple
     edges: tuple
 
+    def __repr__(self) -> str:
+        """One line: the shape of the structure, no arrays."""
+        kind = "chain" if self.is_chain else f"{len(self.groups)} groups"
+        return (f"Blocks({'lower' if self.lower else 'upper'}, {len(self.sizes)} blocks of "
+                f"sizes {_sizes(self.sizes)}, {len(self.edges)} couplings, {kind})")
+
     @functools.cached_property
     def is_chain(self) -> bool:
         """Whether the system is block bi-diagonal with edges in chain order."""
@@ -944,6 +950,12 @@ _PER_SAMPLE = ("each sample of this system has its own couplings (a per-sample "
                "sample's system with sample(i)")
 _RHS_CACHES = ("rhs",)  # cached views that hold the right-hand side
 _COLUMN_CACHES = ("matrix", "csr", "operator")  # built for the number of samples
+
+
+def _sizes(sizes: Sequence[int]) -> str:
+    """Block sizes in a few characters: ``8`` if all equal, else their range."""
+    low, high = min(sizes), max(sizes)
+    return str(low) if low == high else f"{low}..{high}"
 
 
 def _chain_edges(lower: bool, coupling: Sequence[Any]) -> tuple:
