@@ -12,7 +12,7 @@ F = torch.nn.functional
 
 
 def torch_mean_gradients(net, x, target, loss):
-    """dW of PyTorch's default losses (``reduction="mean"``) by autograd."""
+    """The weights' gradients of PyTorch's default losses (``reduction="mean"``)."""
     W = [torch.tensor(np.asarray(w), requires_grad=True) for w in net.W]
     b = [torch.tensor(np.asarray(v), requires_grad=True) for v in net.b]
     z = torch.tensor(x.T)
