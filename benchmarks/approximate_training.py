@@ -22,7 +22,7 @@ import numpy as np
 import propop as pp
 from propop.data import digits
 
-from .common import RESULTS, each, publish, pyplot
+from .common import destination, each, publish, pyplot
 
 LAYERS, WIDTH, EPOCHS, SEEDS = 16, 32, 10, (0, 1, 2)
 EXACT = ("substitution", "cyclic-reduction")
@@ -98,7 +98,9 @@ def plot(lines: list) -> None:
     ax.set_xticks(MAXITERS[:-1], [str(k) for k in MAXITERS[:-1]])  # l + 1 sits by l
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(RESULTS / "approximate_training.png", dpi=100)
+    folder = destination()
+    folder.mkdir(parents=True, exist_ok=True)
+    fig.savefig(folder / "approximate_training.png", dpi=100)
 
 
 def main() -> None:

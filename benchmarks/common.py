@@ -1,4 +1,9 @@
-"""Timing and reporting shared by the benchmarks: warm-up, median of >= 5, machine facts."""
+"""Timing and reporting shared by the benchmarks: warm-up, median of >= 5, machine facts.
+
+A benchmark writes its JSON and Markdown outside the repository (``$PROPOP_RESULTS``,
+default ``<tmp>/propop-benchmarks``) unless run with ``--save``, which updates the
+committed tables in ``benchmarks/results`` (the README's and the docs' source).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ import os
 import pathlib
 import platform
 import statistics
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -78,13 +85,22 @@ def describe(env: dict[str, Any]) -> str:
             f"PyAMG {env['pyamg']}")
 
 
+def destination() -> pathlib.Path:
+    """``benchmarks/results`` with ``--save`` on the command line, else outside the tree."""
+    if "--save" in sys.argv[1:]:
+        return RESULTS
+    return pathlib.Path(os.environ.get("PROPOP_RESULTS")
+                        or pathlib.Path(tempfile.gettempdir()) / "propop-benchmarks")
+
+
 def save(name: str, rows: list[dict[str, Any]], table: str) -> pathlib.Path:
-    """Write ``results/<name>.json`` (rows and environment) and ``results/<name>.md``."""
-    RESULTS.mkdir(exist_ok=True)
+    """Write ``<name>.json`` (rows and environment) and ``<name>.md`` to :func:`destination`."""
+    folder = destination()
+    folder.mkdir(parents=True, exist_ok=True)
     env = environment()
-    (RESULTS / f"{name}.json").write_text(json.dumps({"environment": env, "rows": rows},
-                                                     indent=2, default=str) + "\n")
-    path = RESULTS / f"{name}.md"
+    (folder / f"{name}.json").write_text(json.dumps({"environment": env, "rows": rows},
+                                                    indent=2, default=str) + "\n")
+    path = folder / f"{name}.md"
     path.write_text(f"{table}\n\nMeasured on {describe(env)}.\n")
     return path
 

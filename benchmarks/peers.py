@@ -358,6 +358,8 @@ def table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Measure the grid (``--quick``: one point of each kind), print and save the tables."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.peers")
+    parser.add_argument("--save", action="store_true",
+                        help="update the committed tables in benchmarks/results")
     parser.add_argument("--quick", action="store_true")
     quick = parser.parse_args(argv).quick
     cases = ([(mlp_row, c) for c in (MLP[-1:] if quick else MLP)]

@@ -100,6 +100,8 @@ def table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Profile every case of :data:`CASES`, print and save the tables."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.profiles")
+    parser.add_argument("--save", action="store_true",
+                        help="update the committed tables in benchmarks/results")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--top", type=int, default=8)
     args = parser.parse_args(argv)

@@ -19,7 +19,7 @@ import propop as pp
 from propop.data import digits
 from propop.sparsity import PATTERNS, report
 
-from .common import RESULTS, each, publish, pyplot
+from .common import destination, each, publish, pyplot
 
 DENSITIES = (0.5, 0.2, 0.1, 0.05, 0.02)
 SCHEDULES = {"one-shot": {"stages": 1, "epochs": 4}, "gradual": {"stages": 4, "epochs": 1}}
@@ -89,7 +89,9 @@ def plot(rows: list) -> None:
         ax.tick_params(axis="x", which="minor", labelbottom=False)
     left.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(RESULTS / "sparsity.png", dpi=100)
+    folder = destination()
+    folder.mkdir(parents=True, exist_ok=True)
+    fig.savefig(folder / "sparsity.png", dpi=100)
 
 
 def main() -> None:

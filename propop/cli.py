@@ -25,6 +25,7 @@ from .propagation import backprop
 from .progress import bar
 from .sparsity import PATTERNS
 from .solvers import solve
+from .solvers.solution import ConvergenceError
 from .systems import TriangularSystem, backward_system
 
 __all__ = ["main", "experiment", "Row", "gradient_error"]
@@ -86,7 +87,7 @@ def experiment(layers: int = 6, width: int = 256, batch: int = 32, activation: s
                density: float = 1.0, methods: Sequence[str] | None = None,
                dtype: str = "float64", seed: int = 0, repeats: int = 5,
                network: str = "fnn", tau: int = 100, progress: bool | str = False,
-               distributed: bool = False) -> list[Row]:
+               distributed: bool = False, options: dict | None = None) -> list[Row]:
     """Backward pass of a random network through each method, against the sequential reference.
 
     ``network`` is ``"fnn"``, ``"rnn"`` (``tau`` time steps) or ``"graph"`` (a
@@ -96,7 +97,8 @@ def experiment(layers: int = 6, width: int = 256, batch: int = 32, activation: s
     structure the system lacks get a row saying so. ``progress`` shows a bar over
     the methods (:mod:`propop.progress`). ``distributed`` (under ``mpiexec``) runs
     the ``mpi.*`` methods by default, times each rank and reports the slowest
-    rank's time, with every rank's in ``Row.rank_seconds``.
+    rank's time, with every rank's in ``Row.rank_seconds``. ``options`` (``rtol``,
+    ``atol``) go to every solve.
     """
     names = [s.name for s in solvers.available() if s.available and (
         s.name.startswith("mpi.") or not distributed)] if methods is None else list(methods)
@@ -111,7 +113,7 @@ def experiment(layers: int = 6, width: int = 256, batch: int = 32, activation: s
     rows = []
     with bar(progress, len(names), "methods") as shown:
         for name in names:
-            rows.append(_measure(name, system, net, trace, reference, repeats))
+            rows.append(_measure(name, system, net, trace, reference, repeats, options or {}))
             shown.update()
     return [_per_rank(row) for row in rows] if distributed else rows
 
@@ -124,19 +126,19 @@ def _per_rank(row: Row) -> Row:
     return replace(row, seconds=max(seconds), rank_seconds=seconds)
 
 
-def _measure(name: str, system: Any, net: Any, trace: Any, reference: Any, repeats: int
-             ) -> Row:
+def _measure(name: str, system: Any, net: Any, trace: Any, reference: Any, repeats: int,
+             options: dict) -> Row:
     """One method's row: warm-up solve, ``repeats`` timed solves, gradient error."""
     exact = solvers.info(name).exact
     if not solvers.info(name).applies_to(system):
         needs = " and ".join(REQUIREMENT_WORDS[r] for r in solvers.info(name).requires)
         return Row(name, exact, f"N/A (needs a {needs})", 0, 0, float("nan"), float("nan"))
     try:
-        solution = solvers.solve(system, name)
+        solution = solvers.solve(system, name, **options)
     except MemoryBudgetError as error:
         return Row(name, exact, f"N/A (memory: needs {error.estimate / 2**30:.1f} GiB, budget "
                    f"{error.budget / 2**30:.1f} GiB)", 0, 0, float("nan"), float("nan"))
-    times = [solvers.solve(system, name).time for _ in range(repeats)]
+    times = [solvers.solve(system, name, **options).time for _ in range(repeats)]
     g = net.gradients(trace, net.unstack(system, solution.x))
     return Row(name, exact, solution.status.name, solution.iterations, solution.levels,
                gradient_error(g, reference), statistics.median(times))
@@ -211,40 +213,71 @@ def _density(text: str) -> float:
     return value
 
 
+def _tolerance(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+_positive.__name__ = "positive integer"  # argparse says "invalid positive integer value"
+_density.__name__ = "density"
+_tolerance.__name__ = "tolerance"
+
+
+def _message(error: BaseException) -> str:
+    """One line of an exception's message (a KeyError's without the quotes repr adds)."""
+    text = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+    return " ".join(str(text).split())
+
+
 def _parser() -> _Parser:
+    from . import __version__
+
     parser = _Parser(prog="propop", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"propop {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    commands.add_parser("solvers", help="list the registered solvers")
-    commands.add_parser("demo", help="every method on an FNN (6 layers, width 256, batch 32), "
-                                     "an RNN (2 layers, width 16, batch 8, 50 steps), a "
-                                     "linear FNN (width 64), whose samples share one matrix, "
-                                     "and a residual graph; then training on the digits")
-    run = commands.add_parser("run", help="chosen methods on a chosen FNN")
+
+    def command(name: str, text: str) -> _Parser:
+        return commands.add_parser(name, help=text, description=text,
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+
+    command("solvers", "list the registered solvers")
+    command("demo", "every method on an FNN (6 layers, width 256, batch 32), an RNN (2 "
+                    "layers, width 16, batch 8, 50 steps), a linear FNN (width 64), whose "
+                    "samples share one matrix, and a residual graph; method='auto'; PyTorch "
+                    "tensors, your own models and the Newton family (with the torch extra); "
+                    "what CONVERGED means; then training on the digits")
+    run = command("run", "chosen methods on a chosen network's backward pass: a table of "
+                         "status, iterations, levels, gradient error and time")
     _problem_arguments(run)
     run.add_argument("--method", default=None,
                      help="comma-separated solver names (default: all)")
-    run.add_argument("--repeats", type=_positive, default=5)
-    explain = commands.add_parser("explain", help="what to expect from each method on a "
-                                                  "chosen network's backward system, and "
-                                                  "what method='auto' picks")
+    run.add_argument("--repeats", type=_positive, default=5, help="timed runs per method")
+    _tolerance_arguments(run)
+    explain = command("explain", "what to expect from each method on a chosen network's "
+                                 "backward system, and what method='auto' picks")
     _problem_arguments(explain)
-    calibrate = commands.add_parser("calibrate", help="measure the constants of "
-                                                      "method='auto' on this machine")
+    calibrate = command("calibrate", "measure the constants of method='auto' on this "
+                                     "machine")
     calibrate.add_argument("--output", default=None,
                            help="where to store them (default: $PROPOP_CALIBRATION or "
                                 "~/.config/propop/calibration.json)")
     calibrate.add_argument("--quick", action="store_true", help="a few small systems only")
-    fit = commands.add_parser("train", help="train an MLP on the digits with a chosen solver")
-    fit.add_argument("--data", default="digits", choices=["digits"])
+    fit = command("train", "train an MLP on the digits with a chosen backward solver")
+    fit.add_argument("--data", default="digits", choices=["digits"], help="the data set")
     fit.add_argument("--layers", default="32", help="hidden widths, comma-separated")
-    fit.add_argument("--activation", default="tanh", choices=available_activations())
+    fit.add_argument("--activation", default="tanh", choices=available_activations(),
+                     help="of the hidden layers (the output layer's is the identity)")
     fit.add_argument("--method", default="substitution", help="the backward solver")
     fit.add_argument("--maxiter", type=_positive, default=None,
                      help="iterations of an iterative solver (truncated gradients)")
-    fit.add_argument("--epochs", type=_positive, default=5)
-    fit.add_argument("--batch-size", type=_positive, default=32)
-    fit.add_argument("--lr", type=float, default=0.5)
-    fit.add_argument("--optimizer", default="sgd", choices=["sgd", "momentum", "adam"])
+    _tolerance_arguments(fit)
+    fit.add_argument("--epochs", type=_positive, default=5, help="passes over the data")
+    fit.add_argument("--batch-size", type=_positive, default=32, help="samples per step")
+    fit.add_argument("--lr", type=float, default=0.5, help="learning rate")
+    fit.add_argument("--optimizer", default="sgd", choices=["sgd", "momentum", "adam"],
+                     help="the update rule (PyTorch's)")
     fit.add_argument("--density", type=_density, default=1.0,
                      help="weight density: random sparse weights, or with --prune the share "
                           "kept; sparse weights keep their pattern through training")
@@ -255,7 +288,7 @@ def _parser() -> _Parser:
                           "schedule), training --epochs after each")
     fit.add_argument("--forward", default=None,
                      help="Newton forward with this solver (default: the sequential pass)")
-    fit.add_argument("--seed", type=int, default=0)
+    fit.add_argument("--seed", type=int, default=0, help="of the weights and the batches")
     run.add_argument("--distributed", action="store_true",
                      help="under mpiexec: the mpi.* methods (default), times per rank")
     return parser
@@ -263,20 +296,73 @@ def _parser() -> _Parser:
 
 def _problem_arguments(parser: argparse.ArgumentParser) -> None:
     """The network and data options that ``run`` and ``explain`` share."""
-    parser.add_argument("--layers", type=_positive, default=6)
-    parser.add_argument("--width", type=_positive, default=256)
-    parser.add_argument("--batch", type=_positive, default=32)
-    parser.add_argument("--activation", default="tanh", choices=available_activations())
-    parser.add_argument("--density", type=_density, default=1.0)
-    parser.add_argument("--dtype", default="float64", choices=["float64", "float32"])
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--layers", type=_positive, default=6,
+                        help="layers (graph: residual blocks)")
+    parser.add_argument("--width", type=_positive, default=256, help="of every layer")
+    parser.add_argument("--batch", type=_positive, default=32, help="samples")
+    parser.add_argument("--activation", default="tanh", choices=available_activations(),
+                        help="of every layer")
+    parser.add_argument("--density", type=_density, default=1.0,
+                        help="share of non-zero weights (fnn only)")
+    parser.add_argument("--dtype", default="float64", choices=["float64", "float32"],
+                        help="of weights and data (fnn and rnn)")
+    parser.add_argument("--seed", type=int, default=0, help="of the weights and data")
     parser.add_argument("--network", default="fnn", choices=NETWORKS,
                         help="graph: a residual MLP of --layers blocks")
-    parser.add_argument("--tau", type=_positive, default=100, help="time steps (RNN)")
+    parser.add_argument("--tau", type=_positive, default=100, help="time steps (rnn only)")
+
+
+def _tolerance_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--rtol`` and ``--atol``, passed to every solve."""
+    parser.add_argument("--rtol", type=_tolerance, default=None,
+                        help="relative tolerance of every block (default: by dtype, 1e-10 "
+                             "in float64)")
+    parser.add_argument("--atol", type=_tolerance, default=None, help="absolute tolerance")
+
+
+_NETWORK_OPTIONS = {"density": ("fnn",), "dtype": ("fnn", "rnn"), "tau": ("rnn",)}
+_DEFAULTS = {"density": 1.0, "dtype": "float64", "tau": 100}
+
+
+def _check_problem(args: argparse.Namespace) -> None:
+    """Refuse an option the chosen network kind does not take (never ignore it)."""
+    for option, kinds in _NETWORK_OPTIONS.items():
+        if args.network not in kinds and getattr(args, option) != _DEFAULTS[option]:
+            raise ValueError(f"--{option} applies to --network {' or '.join(kinds)}, not "
+                             f"{args.network}")
+
+
+def _tolerances(args: argparse.Namespace) -> dict:
+    return {k: getattr(args, k) for k in ("rtol", "atol") if getattr(args, k) is not None}
+
+
+def _widths(text: str) -> list[int]:
+    """``--layers`` of ``train``: comma-separated positive widths."""
+    try:
+        widths = [int(w) for w in text.split(",") if w.strip()]
+    except ValueError:
+        widths = []
+    if not widths or min(widths) < 1:
+        raise ValueError(f"--layers takes comma-separated positive widths such as 64,32; got "
+                         f"{text!r}")
+    return widths
+
+
+def _check_training(args: argparse.Namespace) -> None:
+    """Refuse the ``train`` options that would be ignored."""
+    if args.prune and args.density == 1.0:
+        raise ValueError("--prune needs --density below 1 (the share of weights kept)")
+    if args.stages != 1 and not args.prune:
+        raise ValueError("--stages applies with --prune (gradual pruning)")
+    kind = solvers.info(args.method).kind
+    if args.maxiter is not None and kind == "direct":
+        raise ValueError(f"--maxiter applies to iterative methods; {args.method} is direct "
+                         "(exact in one pass)")
 
 
 def _explain(args: argparse.Namespace) -> int:
     """``propop explain``: :func:`propop.solvers.explain` on the described backward system."""
+    _check_problem(args)
     net, trace, eps = _problem(args.network, args.layers, args.width, args.batch,
                                args.activation, args.density, args.dtype, args.seed, args.tau)
     solvers.explain(backward_system(net, trace, eps))
@@ -312,7 +398,9 @@ def _report(settings: dict) -> None:
             "graph": "a residual MLP graph (blocks x + W2 f(W1 x + b1))"}[settings["network"]]
     print(f"Backward pass of {kind}: {settings['layers']} layers of width "
           f"{settings['width']}, batch {settings['batch']}, {settings['activation']}, "
-          f"density {settings['density']}, {settings['dtype']}; gradient error relative to "
+          f"density {settings['density']}, {settings['dtype']}"
+          + "".join(f", {k}={v:g}" for k, v in (settings.get("options") or {}).items())
+          + "; gradient error relative to "
           f"the sequential reference; median of {settings['repeats']} runs after a "
           "warm-up.\n")
     print(format_table(rows, "mpi.substitution" if settings.get("distributed")
@@ -493,21 +581,23 @@ def _train(args: argparse.Namespace) -> int:
     from .sparsity import density_of, prune_gradually
     from .training import train
 
-    hidden = [int(w) for w in args.layers.split(",") if w]
+    hidden = _widths(args.layers)
+    _check_training(args)
     xtr, ytr, xte, yte = digits(seed=args.seed)
     sizes = [64, *hidden, 10]
-    base = FNN.random(sizes, activation=args.activation,
-                      density=1.0 if args.prune else args.density, seed=args.seed)
-    net = FNN(base.W, base.b, activation=[args.activation] * len(hidden) + ["identity"])
-    options = {} if args.maxiter is None else {"maxiter": args.maxiter}
+    net = FNN.random(sizes, activation=args.activation, output_activation="identity",
+                     density=1.0 if args.prune else args.density, seed=args.seed)
+    options = {**({} if args.maxiter is None else {"maxiter": args.maxiter}),
+               **_tolerances(args)}
     settings = dict(batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
                     method=args.method, solver_options=options, forward=args.forward,
-                    gradient_error=bool(options), x_test=xte, y_test=yte, seed=args.seed,
-                    progress="auto")
+                    gradient_error=args.maxiter is not None, x_test=xte, y_test=yte,
+                    seed=args.seed, progress="auto")
     sparsity = (f"pruned to {args.density} by {args.prune} in {args.stages} stage(s)"
                 if args.prune else f"density {args.density}")
+    solver = " ".join([args.method] + [f"{k}={v}" for k, v in options.items()])
     print(f"Training {'-'.join(map(str, sizes))} ({args.activation}, {sparsity}) on the "
-          f"digits with {args.method}{f' maxiter={args.maxiter}' if options else ''}, "
+          f"digits with {solver}, "
           f"forward {f'Newton with {args.forward}' if args.forward else 'sequential'}, "
           f"{args.optimizer} lr={args.lr}, batch {args.batch_size}\n")
     if args.prune:
@@ -533,19 +623,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``propop`` console script."""
     parser = _parser()
     args = parser.parse_args(argv)
+    try:
+        return _command(args)
+    except (KeyError, ValueError, OSError, ImportError, ConvergenceError) as error:
+        parser.error(_message(error))
+
+
+def _command(args: argparse.Namespace) -> int:
+    """Run the parsed command; errors propagate to :func:`main` as one line."""
     if args.command == "solvers":
         print(_solvers_table())
         return 0
-    if args.command in ("explain", "calibrate"):
-        try:
-            return (_explain if args.command == "explain" else _calibrate)(args)
-        except (KeyError, ValueError, OSError) as error:
-            parser.error(str(error).strip("'\""))
-    if args.command == "train":
-        try:
-            return _train(args)
-        except (KeyError, ValueError, ImportError) as error:
-            parser.error(str(error).strip("'\""))
+    if args.command in ("explain", "calibrate", "train"):
+        return {"explain": _explain, "calibrate": _calibrate, "train": _train}[args.command](args)
     base = dict(layers=6, width=256, batch=32, activation="tanh", density=1.0,
                 methods=None, dtype="float64", seed=0, repeats=5, network="fnn", tau=100,
                 progress="auto")
@@ -554,22 +644,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 dict(base, activation="identity", width=64),  # one matrix: block methods
                 dict(base, network="graph", layers=4, width=64)]
     else:
+        _check_problem(args)
         runs = [dict(base, layers=args.layers, width=args.width, batch=args.batch,
                      activation=args.activation, density=args.density, dtype=args.dtype,
                      seed=args.seed, repeats=args.repeats, network=args.network,
                      tau=args.tau, methods=args.method.split(",") if args.method else None,
-                     distributed=args.distributed)]
-    try:
-        for settings in runs:
-            _report(settings)
-        if args.command == "demo":
-            _demo_auto()
-            _demo_backends()
-            _demo_models()
-            _demo_trust()
-            _demo_training()
-    except (KeyError, ValueError) as error:
-        parser.error(str(error).strip("'\""))
+                     distributed=args.distributed, options=_tolerances(args))]
+    for settings in runs:
+        _report(settings)
+    if args.command == "demo":
+        _demo_auto()
+        _demo_backends()
+        _demo_models()
+        _demo_trust()
+        _demo_training()
     return 0
 
 

@@ -91,7 +91,8 @@ def backprop(net: Any, x: Any, target: Any, loss: str = "mse",
     solution = solve(system, method, **options)
     asked = check is None and "maxiter" in options and solution.status is Status.MAX_ITER
     if not solution.converged and check is not False and not asked:
-        raise ConvergenceError(replace(solution, message=solution.message + _TAKE_IT))
+        more = _TAKE_IT if solution.status is Status.MAX_ITER else ""  # truncated, not wrong
+        raise ConvergenceError(replace(solution, message=solution.message + more))
     return replace(net.gradients(trace, net.unstack(system, solution.x)), solution=solution)
 
 

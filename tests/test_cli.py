@@ -103,3 +103,60 @@ def test_demo_training_says_what_it_needs_without_scikit_learn(monkeypatch, caps
     out = capsys.readouterr().out
     assert "Training on the digits skipped" in out and "propop[data]" in out
     assert "| backward method |" not in out
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["run", "--network", "rnn", "--density", "0.1"],
+     "--density applies to --network fnn, not rnn"),
+    (["run", "--network", "graph", "--dtype", "float32"],
+     "--dtype applies to --network fnn or rnn, not graph"),
+    (["explain", "--tau", "5"], "--tau applies to --network rnn, not fnn"),
+    (["run", "--layers", "abc"], "argument --layers: invalid positive integer value: 'abc'"),
+    (["run", "--rtol", "-1"], "argument --rtol: must be >= 0, got -1.0"),
+    (["run", "--method", "GMRES"], "unknown solver 'GMRES' (did you mean 'scipy.gmres'"),
+    (["train", "--prune", "magnitude"], "--prune needs --density below 1"),
+    (["train", "--stages", "3"], "--stages applies with --prune"),
+    (["train", "--maxiter", "3"], "--maxiter applies to iterative methods; substitution is "
+                                  "direct"),
+    (["train", "--layers", "abc"], "--layers takes comma-separated positive widths"),
+    (["train", "--method", "scipy.gmre"], "did you mean 'scipy.gmres'"),
+    (["run", "--method", "hybrid,substitution", "--network", "graph", "--layers", "1",
+      "--width", "4", "--batch", "1", "--repeats", "5", "--rtol", "1e-8", "--atol", "x"],
+     "argument --atol: invalid tolerance value: 'x'"),
+])
+def test_every_option_is_honoured_or_refused_in_one_line(args, words, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(args)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("propop: error: ") and words in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_version_help_defaults_and_tolerances(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--version"])
+    assert capsys.readouterr().out.strip() == f"propop {pp.__version__}"
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--help"])
+    assert "every method on an FNN" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    text = capsys.readouterr().out
+    for option in ("--layers", "--width", "--batch", "--density", "--rtol", "--repeats"):
+        line = next(line for line in text.splitlines() if line.strip().startswith(option))
+        assert line  # every option listed
+    assert "(default: 256)" in text and "(default: 5)" in text
+    assert cli.main(["run", "--layers", "2", "--width", "4", "--batch", "2", "--method",
+                     "jacobi", "--rtol", "1e-6"]) == 0
+    out = capsys.readouterr().out
+    assert ", rtol=1e-06;" in out and "| jacobi | no | CONVERGED |" in out
+
+
+def test_a_failed_training_solve_is_one_line_not_a_traceback():
+    result = run("train", "--method", "scipy.bicgstab", "--epochs", "1", "--layers", "8")
+    assert "Traceback" not in result.stderr
+    assert result.returncode in (0, 2)
+    if result.returncode == 2:
+        assert result.stderr.startswith("propop: error: ")
+        assert len(result.stderr.strip().splitlines()) == 1
