@@ -98,10 +98,13 @@ def plot_levels(depths: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256),
                 ax: Any = None, width: int = 4) -> Any:
     """Parallel levels against depth: ``l + 1`` sequential steps against ``log2``."""
     ax = _axes(ax)
-    for method, levels in levels_by_depth(depths, methods, width).items():
-        ax.loglog(depths, levels, marker="o", label=method, base=2)
+    styles = [("o", "-"), ("s", "--"), ("^", ":"), ("D", "-.")]
+    for (method, levels), (marker, line) in zip(
+            levels_by_depth(depths, methods, width).items(), styles * len(methods)):
+        ax.loglog(depths, levels, marker=marker, linestyle=line, label=method, base=2)
     ax.set_xlabel("layers l")
     ax.set_ylabel("levels (parallel steps)")
+    ax.set_title("Parallel steps of a backward pass")
     ax.legend()
     return ax
 
