@@ -21,3 +21,12 @@ def test_readme_example_runs(capsys):
     assert out.splitlines()[2] == "2"  # cyclic reduction: ceil(log2(l + 1)) levels
     assert float(out.splitlines()[3].split()[1]) < 1e-12
     assert out.splitlines()[4] == "True"  # a plan's solve for another right-hand side
+
+
+def test_readme_is_short_and_self_contained():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 250
+    assert "../" not in text and "DESIGN" not in text  # nothing outside the repository
+    root = README.parent
+    for target in re.findall(r"\]\(([^)#]+)\)", text):  # every link and image exists
+        assert (root / target).exists(), target
