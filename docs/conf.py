@@ -24,6 +24,8 @@ numpydoc_validation_checks: set = set()
 autodoc_typehints = "none"
 autodoc_member_order = "bysource"
 myst_heading_anchors = 3
+myst_enable_extensions = ["dollarmath", "amsmath"]
+mathjax3_config = {"tex": {"macros": {"bm": ["\\boldsymbol{#1}", 1]}}}
 html_theme = "alabaster"
 
 

@@ -23,4 +23,8 @@ def test_docs_build_without_warnings(tmp_path):
             in catalogue, s.name
     api = (tmp_path / "api.html").read_text()
     assert "propop.solvers.block_krylov.block_gmres" in api
-    assert "Jacobian form for arbitrary layers" in (tmp_path / "math.html").read_text()
+    math = (tmp_path / "math.html").read_text()
+    assert math.count('class="math notranslate nohighlight"') >= 47  # rendered by MathJax
+    assert "the forward system, Jacobian form" in math and "forw_prop_sys_jacobian" in math
+    for number in range(1, 48):  # every numbered equation of the paper has its section
+        assert f'id="eq-{number}"' in math, number
