@@ -1,5 +1,3 @@
-"""Notebook 1: forward and backward propagation are triangular solves."""
-
 # %% [markdown]
 # # Forward and backward propagation are triangular solves
 #

@@ -1,5 +1,3 @@
-"""Notebook 2: choosing a solver."""
-
 # %% [markdown]
 # # Choosing a solver
 #
@@ -97,5 +95,4 @@ else:
     from propop import plot
 
     plot.plot_convergence(list(histories.values()))
-    plot.plot_levels()
     print("plotted the residual histories and the levels")

@@ -1,5 +1,3 @@
-"""Notebook 5: the cost model against measurement."""
-
 # %% [markdown]
 # # Cost model vs measurement
 #
@@ -44,6 +42,7 @@ def seconds(B: pp.TriangularSystem, method: str, repeats: int = 5) -> float:
 
 # %%
 print("   l    n  r | CR flops counted | model      | paper (shared) | sequential | CR/seq")
+work = {"counted": [], "paper": [], "sequential": []}
 for depth, n, r in [(16, 16, 1), (16, 16, 8), (64, 32, 8), (64, 64, 4)]:
     sizes = (n,) * (depth + 1)
     B = system(depth, n, r)
@@ -54,6 +53,8 @@ for depth, n, r in [(16, 16, 1), (16, 16, 8), (64, 32, 8), (64, 64, 4)]:
     assert counted == model, (counted, model)
     print(f"{depth:4d} {n:4d} {r:2d} | {counted:16.3e} | {model:10.3e} | {paper:14.3e} | "
           f"{sequential:10.3e} | {counted / sequential:6.1f}")
+    for key, value in (("counted", counted), ("paper", paper), ("sequential", sequential)):
+        work[key].append(value)
 
 # %% [markdown]
 # Measured time grows with the flop ratio but stays below it: cyclic reduction's
@@ -89,3 +90,22 @@ for depth, n, r in [(64, 32, 1), (64, 32, 8)]:
     print(f"l={depth} n={n} r={r}: vectors {vectors / 1e6:.2f} MB, CR peak "
           f"{sol.info['peak_bytes'] / 1e6:.2f} MB ({sol.info['peak_bytes'] / vectors:.0f}x), "
           f"{sol.status.name}")
+
+# %%
+try:
+    import matplotlib.pyplot as plt
+except ImportError:
+    print("matplotlib not installed: skipping the figure")
+else:
+    fig, ax = plt.subplots()
+    for (key, label), (marker, line) in zip(
+            [("paper", "the paper's count (one shared matrix)"),
+             ("sequential", "sequential work")], [("s", ""), ("^", "")]):
+        ax.loglog(work["counted"], work[key], marker=marker, linestyle=line, label=label)
+    edge = [min(work["counted"]), max(work["counted"])]
+    ax.loglog(edge, edge, color="gray", linestyle="--", label="equal to the counted flops")
+    ax.set_xlabel("cyclic reduction flops, counted (= the model)")
+    ax.set_ylabel("flops")
+    ax.set_title("Section 4's cost model against counted work")
+    ax.legend()
+    print("plotted:", [line.get_label() for line in ax.lines])

@@ -1,5 +1,3 @@
-"""Notebook 6: computation graphs and PyTorch import."""
-
 # %% [markdown]
 # # Computation graphs: skip connections, convolutions, PyTorch import
 #
@@ -61,6 +59,20 @@ newton = pp.forward(graph, flat, method="level-scheduled", linearization="newton
 print("Newton iterations:", newton.info["iterations"], "of at most", B.nblocks - 1,
       "residuals:", " ".join(f"{r:.0e}" for r in newton.info["residuals"]))
 print("CONVERGED" if newton.info["converged"] else "not converged")
+
+# %%
+from propop import plot
+
+try:
+    import matplotlib  # noqa: F401  (drawn inline in Jupyter, on Agg when headless)
+except ImportError:
+    print("matplotlib not installed: skipping the figure")
+else:
+    secant = pp.forward(graph, flat, method="level-scheduled", linearization="secant",
+                        check=False)
+    ax = plot.plot_newton({"newton": newton, "secant": secant},
+                          title="Newton on the whole conv-ResNet graph")
+    print("plotted:", [line.get_label() for line in ax.lines])
 
 # %% [markdown]
 # Any module, as PyTorch users write it: `from_torch` traces `forward()` with

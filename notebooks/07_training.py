@@ -1,5 +1,3 @@
-"""Notebook 7: training with pluggable solvers, truncated gradients, pruned weights."""
-
 # %% [markdown]
 # # Training: exact and truncated backward solves, Newton forward, pruning
 #

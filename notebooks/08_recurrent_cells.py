@@ -1,5 +1,3 @@
-"""Notebook 8: recurrent cells by their Jacobians, and the Newton family of forward passes."""
-
 # %% [markdown]
 # # GRUs, LSTMs, any cell: backpropagation and parallel forward passes
 #

@@ -60,20 +60,51 @@ def plot_system(system: Any, ax: Any = None, sample: int = 0) -> Any:
     return ax
 
 
-def plot_convergence(solutions: Sequence[Any], ax: Any = None, relative: bool = True) -> Any:
+def _styles(count: int) -> list[tuple[str, str]]:
+    """A marker and a line style per line, so that equal curves stay visible."""
+    styles = [("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", "-"), ("x", "--")]
+    return (styles * (count // len(styles) + 1))[:count]
+
+
+def _unique(labels: Sequence[str]) -> list[str]:
+    """``labels`` with repeats numbered, so that no legend entry appears twice."""
+    seen: dict[str, int] = {}
+    out = []
+    for label in labels:
+        seen[label] = seen.get(label, 0) + 1
+        out.append(label if seen[label] == 1 else f"{label} #{seen[label]}")
+    return out
+
+
+def _semilogy_histories(ax: Any, histories: Sequence[Any], labels: Sequence[str]) -> None:
+    """Residual histories on a log axis; an exact zero drawn at the floor, not as a drop."""
+    floor = min((float(v) for h in histories for v in h if v > 0), default=1e-16) / 10
+    for history, label, (marker, line) in zip(histories, _unique(labels),
+                                                 _styles(len(histories))):
+        history = np.maximum(np.asarray(history, dtype=float), floor)
+        ax.semilogy(np.arange(history.size), history, marker=marker, linestyle=line,
+                    label=label)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+
+
+def plot_convergence(solutions: Sequence[Any], ax: Any = None, relative: bool = True,
+                     title: str = "Residual histories") -> Any:
     """Residual histories (semilogy), one line per solution, labelled by method.
 
     With ``relative``, each history is divided by its initial residual.
     """
     ax = _axes(ax)
+    histories = []
     for solution in solutions:
         history = np.asarray(solution.residuals, dtype=float)
         if relative and history.size and history[0] > 0:
             history = history / history[0]
-        ax.semilogy(np.arange(history.size), history, marker=".",
-                    label=f"{solution.method} ({solution.status.name.lower()})")
+        histories.append(history)
+    _semilogy_histories(ax, histories, [f"{s.method} ({s.status.name.lower()})"
+                                        for s in solutions])
     ax.set_xlabel("iteration")
     ax.set_ylabel("relative residual" if relative else "residual")
+    ax.set_title(title)
     ax.legend()
     return ax
 
@@ -117,11 +148,14 @@ def plot_training(histories: Mapping[str, Any], key: str = "test_accuracy",
     ``"test_accuracy"``. Compare, say, exact and truncated backward solves.
     """
     ax = _axes(ax)
-    for label, history in histories.items():
+    for (label, history), (marker, line) in zip(histories.items(), _styles(len(histories))):
         values = [epoch[key] for epoch in history.epochs]
-        ax.plot(np.arange(1, len(values) + 1), values, marker="o", label=label)
+        ax.plot(np.arange(1, len(values) + 1), values, marker=marker, linestyle=line,
+                label=label)
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("epoch")
     ax.set_ylabel(key.replace("_", " "))
+    ax.set_title(f"Training: {key.replace('_', ' ')} per epoch")
     ax.legend()
     return ax
 
@@ -129,17 +163,23 @@ def plot_training(histories: Mapping[str, Any], key: str = "test_accuracy",
 def plot_density(rows: Sequence[dict], ax: Any = None, label: str | None = None) -> Any:
     """Test accuracy against weight density, from :func:`propop.sparsity.report` rows."""
     ax = _axes(ax)
-    ax.semilogx([r["density"] for r in rows], [r["test_accuracy"] for r in rows],
-                marker="o", label=label)
-    ax.tick_params(axis="x", which="minor", labelbottom=False)  # log ticks crowd
+    marker, line = _styles(len(ax.lines) + 1)[-1]  # one style per pattern drawn here
+    densities = [r["density"] for r in rows]
+    ax.semilogx(densities, [r["test_accuracy"] for r in rows], marker=marker,
+                linestyle=line, label=label)
+    ticks = sorted(set(densities) | set(ax.get_xticks(minor=False)) & set(densities))
+    ax.set_xticks(ticks, [f"{d:g}" for d in ticks])  # every density labelled, no lone 10^-1
+    ax.tick_params(axis="x", which="minor", labelbottom=False)
     ax.set_xlabel("weight density")
     ax.set_ylabel("test accuracy")
+    ax.set_title("Pruned networks: test accuracy against density")
     if label is not None:
         ax.legend()
     return ax
 
 
-def plot_newton(traces: Mapping[str, Any], ax: Any = None) -> Any:
+def plot_newton(traces: Mapping[str, Any], ax: Any = None,
+                title: str = "Parallel forward passes: the Newton family") -> Any:
     """Nonlinear residual per iteration of :func:`propop.forward` runs (semilogy).
 
     ``traces`` maps a label (a linearization, say) to a returned trace; each line
@@ -147,16 +187,11 @@ def plot_newton(traces: Mapping[str, Any], ax: Any = None) -> Any:
     An exactly zero residual is drawn at the axis' floor, not as a drop.
     """
     ax = _axes(ax)
-    styles = [("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", "-"), ("x", "--")]
-    floor = min((r for t in traces.values() for r in t.info["residuals"] if r > 0),
-                default=1e-16) / 10
-    for (label, trace), (marker, line) in zip(traces.items(), styles * len(traces)):
-        history = np.maximum(np.asarray(trace.info["residuals"], dtype=float), floor)
-        ax.semilogy(np.arange(history.size), history, marker=marker, linestyle=line,
-                    label=f"{label} ({trace.info['iterations']} iterations)")
+    _semilogy_histories(ax, [t.info["residuals"] for t in traces.values()],
+                        [f"{label} ({t.info['iterations']} iterations)"
+                         for label, t in traces.items()])
     ax.set_xlabel("iteration")
     ax.set_ylabel("nonlinear residual")
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.set_title("Parallel forward passes: the Newton family")
+    ax.set_title(title)
     ax.legend()
     return ax

@@ -40,12 +40,17 @@ def test_large_system_shows_the_block_pattern():
 def test_convergence_lines_are_the_residual_histories():
     B = backward((5,) * 7)
     solutions = [pp.solve(B, m) for m in ("jacobi", "bicgstab", "scipy.gmres")]
-    ax = plot.plot_convergence(solutions)
-    assert len(ax.lines) == 3
-    for line, sol in zip(ax.lines, solutions):
-        np.testing.assert_allclose(line.get_ydata(),
-                                   np.array(sol.residuals) / sol.residuals[0])
-    assert "jacobi (converged)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    ax = plot.plot_convergence(solutions + solutions[:1])
+    assert len(ax.lines) == 4
+    histories = [np.array(sol.residuals) / sol.residuals[0] for sol in solutions]
+    floor = min(h[h > 0].min() for h in histories) / 10  # an exact zero sits at the floor
+    for line, history in zip(ax.lines, histories):
+        np.testing.assert_allclose(line.get_ydata(), np.maximum(history, floor))
+    assert 0 in histories[0]  # Jacobi is exact after l + 1 sweeps: drawn, not dropped
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels[0] == "jacobi (converged)" and labels[3] == "jacobi (converged) #2"
+    assert len(set(labels)) == 4 and ax.get_title() == "Residual histories"
+    assert len({(line.get_marker(), line.get_linestyle()) for line in ax.lines}) == 4
 
 
 def test_levels_follow_depth_and_log_depth():
