@@ -16,9 +16,14 @@ from propop.solvers import available  # noqa: E402
 project = "propop"
 author = "the propop developers"
 release = propop.__version__ if hasattr(propop, "__version__") else "0"
-extensions = ["myst_parser", "sphinx.ext.autodoc", "numpydoc", "sphinx.ext.mathjax"]
-source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
-exclude_patterns = ["_build"]
+extensions = ["myst_nb", "sphinx.ext.autodoc", "numpydoc", "sphinx.ext.mathjax"]
+source_suffix = {".md": "myst-nb", ".rst": "restructuredtext"}
+exclude_patterns = ["_build", "conf.py"]
+# the notebooks, jupytext py:percent files copied in at every build, run with their outputs
+nb_custom_formats = {".py": ["jupytext.reads", {"fmt": "py:percent"}]}
+nb_execution_mode = "force"
+nb_execution_timeout = 600
+nb_execution_raise_on_error = True
 numpydoc_show_class_members = False
 numpydoc_validation_checks: set = set()
 autodoc_typehints = "none"
@@ -53,5 +58,20 @@ def _benchmark_tables() -> None:
     (ROOT / "docs" / "benchmarks.md").write_text("\n".join(parts) + "\n")
 
 
+def _notebooks() -> None:
+    """Copy ``notebooks/*.py`` into ``docs/notebooks`` and list them on one page."""
+    folder = ROOT / "docs" / "notebooks"
+    folder.mkdir(exist_ok=True)
+    names = []
+    for path in sorted((ROOT / "notebooks").glob("*.py")):
+        (folder / path.name).write_text(path.read_text())
+        names.append(f"notebooks/{path.stem}")
+    (ROOT / "docs" / "notebooks.md").write_text(
+        "# Notebooks\n\nThe notebooks in `notebooks/`, run at every build with their "
+        "outputs (`pip install -e \".[notebooks]\"` runs them in Jupyter).\n\n"
+        "```{toctree}\n:maxdepth: 1\n\n" + "\n".join(names) + "\n```\n")
+
+
 _solver_catalogue()
 _benchmark_tables()
+_notebooks()

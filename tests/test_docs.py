@@ -28,3 +28,7 @@ def test_docs_build_without_warnings(tmp_path):
     assert "the forward system, Jacobian form" in math and "forw_prop_sys_jacobian" in math
     for number in range(1, 48):  # every numbered equation of the paper has its section
         assert f'id="eq-{number}"' in math, number
+    notebooks = sorted((ROOT / "notebooks").glob("*.py"))
+    for path in notebooks:  # executed at the build: the outputs and the figures are there
+        page = (tmp_path / "notebooks" / f"{path.stem}.html").read_text()
+        assert "<img" in page and "CONVERGED" in page, path.stem
