@@ -48,13 +48,31 @@ def _solver_catalogue() -> None:
 
 
 def _benchmark_tables() -> None:
-    """Write ``benchmarks.md`` from the committed results in ``benchmarks/results``."""
+    """Write ``benchmarks.md`` from the committed results in ``benchmarks/results``.
+
+    Per benchmark: the table it formatted from its rows, the number of rows and the
+    machine from the JSON of the same run, and any figure it drew.
+    """
+    import json
+
     parts = ["# Benchmark tables", "",
-             "The measured tables of `benchmarks/` as committed; each script's docstring "
-             "says what it measures and how to rerun it (`python -m benchmarks.NAME`).", ""]
-    for path in sorted((ROOT / "benchmarks" / "results").glob("*.md")):
-        parts += [f"## {path.stem}", "", f"`python -m benchmarks.{path.stem}`", "",
-                  path.read_text().strip(), ""]
+             "The measured tables of `benchmarks/` as committed, with the machine each "
+             "JSON records; each script's docstring says what it measures, and "
+             "`python -m benchmarks.NAME --save` reruns it.", ""]
+    results = ROOT / "benchmarks" / "results"
+    for path in sorted(results.glob("*.json")):
+        data = json.loads(path.read_text())
+        env = data.get("environment", {})
+        machine = ", ".join(f"{k} {env[k]}" for k in ("machine", "cpu_count", "python",
+                                                      "numpy", "scipy") if k in env)
+        table = path.with_suffix(".md")
+        parts += [f"## {path.stem}", "", f"`python -m benchmarks.{path.stem}`: "
+                  f"{len(data.get('rows', []))} rows; {machine}.", ""]
+        if table.exists():
+            parts += [table.read_text().strip(), ""]
+        figure = path.with_suffix(".png")
+        if figure.exists():
+            parts += [f"![{path.stem}](../benchmarks/results/{figure.name})", ""]
     (ROOT / "docs" / "benchmarks.md").write_text("\n".join(parts) + "\n")
 
 
