@@ -41,7 +41,18 @@ class Silent:
 
 def interactive() -> bool:
     """Whether a person is watching: standard error is a terminal, or a Jupyter kernel runs."""
-    return sys.stderr.isatty() or "ipykernel" in sys.modules
+    return sys.stderr.isatty() or _in_kernel()
+
+
+def _in_kernel() -> bool:
+    """Whether this process is a Jupyter kernel (IPython's shell has a kernel).
+
+    Not merely whether ``ipykernel`` was imported: a test process that imports it
+    to run notebooks elsewhere is no kernel.
+    """
+    ipython = sys.modules.get("IPython")
+    shell = getattr(ipython, "get_ipython", lambda: None)()
+    return getattr(shell, "kernel", None) is not None
 
 
 def bar(progress: bool | str, total: int | None, description: str) -> Any:

@@ -2,6 +2,7 @@
 
 import importlib.util
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -63,7 +64,11 @@ def test_auto_shows_a_bar_in_a_jupyter_kernel_only(monkeypatch, capsys):
     x, y = np.ones((4, 6)), np.arange(6) % 3
     pp.train(net, x, y, batch_size=3)  # progress="auto": silent here, not a terminal
     assert capsys.readouterr().err == "" and not progress.interactive()
-    monkeypatch.setitem(sys.modules, "ipykernel", object())
+    monkeypatch.setitem(sys.modules, "ipykernel", object())  # imported is not a kernel
+    assert not progress.interactive()
+    kernel_shell = types.SimpleNamespace(kernel=object())
+    monkeypatch.setitem(sys.modules, "IPython",
+                        types.SimpleNamespace(get_ipython=lambda: kernel_shell))
     assert progress.interactive()
     pp.train(net, x, y, batch_size=3)
     assert "training" in capsys.readouterr().err
