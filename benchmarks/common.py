@@ -7,6 +7,7 @@ committed tables in ``benchmarks/results`` (the README's and the docs' source).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pathlib
@@ -83,6 +84,14 @@ def describe(env: dict[str, Any]) -> str:
     return (f"{env['machine']}, {env['cpu_count']} cores ({threads}); Python {env['python']}, "
             f"NumPy {env['numpy']} ({env['blas']}), SciPy {env['scipy']}, "
             f"PyAMG {env['pyamg']}")
+
+
+def arguments(name: str) -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks.<name>``, with ``--save``."""
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{name}")
+    parser.add_argument("--save", action="store_true",
+                        help="update the committed tables in benchmarks/results")
+    return parser
 
 
 def destination() -> pathlib.Path:

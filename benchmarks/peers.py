@@ -27,7 +27,6 @@ each kind.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +34,7 @@ import numpy as np
 
 import propop as pp
 
-from .common import each, median_times, publish
+from .common import arguments, each, median_times, publish
 
 MLP = [(16, 128, 32), (64, 128, 1), (256, 32, 32), (256, 32, 1), (1024, 32, 1),
        (1024, 8, 1)]  # (layers, width, samples)
@@ -357,9 +356,7 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Measure the grid (``--quick``: one point of each kind), print and save the tables."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.peers")
-    parser.add_argument("--save", action="store_true",
-                        help="update the committed tables in benchmarks/results")
+    parser = arguments("peers")
     parser.add_argument("--quick", action="store_true")
     quick = parser.parse_args(argv).quick
     cases = ([(mlp_row, c) for c in (MLP[-1:] if quick else MLP)]

@@ -9,7 +9,6 @@ says where the time goes, ``benchmarks.peers`` how long it takes.
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import pstats
 from collections.abc import Callable
@@ -19,7 +18,7 @@ import numpy as np
 
 import propop as pp
 
-from .common import each, publish
+from .common import arguments, each, publish
 
 __all__ = ["CASES", "profile", "main"]
 
@@ -99,9 +98,7 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Profile every case of :data:`CASES`, print and save the tables."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.profiles")
-    parser.add_argument("--save", action="store_true",
-                        help="update the committed tables in benchmarks/results")
+    parser = arguments("profiles")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--top", type=int, default=8)
     args = parser.parse_args(argv)
