@@ -19,7 +19,7 @@ from typing import Any
 
 __all__ = ["Backend", "of", "namespace", "is_sparse", "is_real_floating", "matmul_into",
            "matmul_writer", "kind", "astype", "indices", "eps", "to_host", "quiet", "erf",
-           "is_matrix_like"]
+           "is_matrix_like", "convert", "KINDS"]
 
 
 @dataclass(frozen=True)
@@ -211,6 +211,36 @@ def is_matrix_like(obj: Any) -> bool:
     import scipy.sparse
 
     return scipy.sparse.issparse(obj) or isinstance(obj, numpy.ndarray)
+
+
+KINDS = ("numpy", "torch", "cupy")
+
+
+def convert(array: Any, kind: str, device: Any = None) -> Any:
+    """``array`` (dense or sparse) on backend ``kind``; ``None`` stays ``None``.
+
+    ``device`` is a PyTorch device (``"cuda"``, say) for ``kind="torch"``; CuPy
+    arrays live on the current CUDA device. Sparse arrays move between
+    ``scipy.sparse`` and ``cupyx.scipy.sparse``; PyTorch has no sparse arrays here.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if array is None:
+        return None
+    host = to_host(array) if not is_sparse(array) else (
+        array.get() if _name_of(array) == "cupy" else array)
+    if kind == "numpy":
+        return host
+    if is_sparse(host):
+        if kind == "torch":
+            raise TypeError("PyTorch tensors are dense here: a network with sparse weights "
+                            "moves to 'numpy' or 'cupy' only")
+        return _named("cupy").sparse.csr_matrix(host)
+    if kind == "cupy":
+        return importlib.import_module("cupy").asarray(host)
+    import torch
+
+    return torch.as_tensor(host, device=device)
 
 
 def dense(array: Any) -> Any:

@@ -202,6 +202,15 @@ class FNN:
             b.append((bias * rng.standard_normal(n_out)).astype(dtype))
         return cls(W, b, acts)
 
+    def to(self, kind: str, device: Any = None) -> FNN:
+        """The same network with its arrays on backend ``kind``.
+
+        ``kind`` is ``"numpy"``, ``"torch"`` or ``"cupy"``; ``device`` a PyTorch
+        device such as ``"cuda"``.
+        """
+        return FNN([backend.convert(Wk, kind, device) for Wk in self.W],
+                   [backend.convert(bk, kind, device) for bk in self.b], self.activations)
+
     def check_input(self, x: Any) -> Any:
         """Return ``x`` as an array of the network's dtype, or raise naming the problem."""
         x = real_array(x, "x", self.dtype)

@@ -678,6 +678,32 @@ class TriangularSystem:
                                                   else s.mean(axis=1, keepdims=True)))
         return self._with(row_scale=scales)
 
+    def to(self, kind: str, device: Any = None) -> TriangularSystem:
+        """The same system with its arrays on backend ``kind``.
+
+        ``kind`` is ``"numpy"``, ``"torch"`` or ``"cupy"``; ``device`` a PyTorch
+        device such as ``"cuda"``. A chain given by its stacks moves as its stacks;
+        a system of edges, or with a time structure, moves to NumPy or CuPy (PyTorch
+        takes stacked chains only).
+        """
+        move = functools.partial(backend.convert, kind=kind, device=device)
+        if self.coupling_stack is not None:
+            return TriangularSystem(
+                None, None if self.scale_stack is not None else
+                [move(s) for s in self._row_scale], move(self._scaled_rhs), lower=self.lower,
+                sizes=self.sizes, form=self.form, names=self._names,
+                paper_hint=self._paper_hint, coupling_stack=move(self.coupling_stack),
+                scale_stack=move(self.scale_stack), rhs_support=self.rhs_support)
+        if kind == "torch":
+            raise ValueError(_TORCH_STACKS)
+        unrolled = self.unstructured()
+        return TriangularSystem(None, [move(s) for s in unrolled._row_scale],
+                                move(self._scaled_rhs), lower=self.lower, sizes=self.sizes,
+                                form=self.form, names=self._names,
+                                paper_hint=self._paper_hint,
+                                edges=[(r, c, move(M)) for r, c, M in unrolled._edges],
+                                rhs_support=self.rhs_support)
+
     def with_rhs(self, rhs: Any) -> TriangularSystem:
         """The same matrix with right-hand side ``rhs`` given in this system's form.
 

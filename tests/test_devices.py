@@ -1,0 +1,101 @@
+"""Networks and systems moved between backends with ``.to()``; GPU runs where a GPU is.
+
+The CPU half runs everywhere (NumPy and PyTorch CPU tensors). The ``gpu``-marked half
+runs the same checks on CuPy and on PyTorch CUDA tensors and skips, saying why, on a
+machine without them: ``python -m pytest -m gpu``.
+"""
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+import propop as pp
+from cases import relative_error
+
+torch = pytest.importorskip("torch", reason="PyTorch tensors are the second backend here")
+
+ITERATIVE = ("jacobi", "batched-gmres", "batched-bicgstab")
+
+
+def problem(seed=0, width=6, depth=8, r=3):
+    net = pp.FNN.random([width] * (depth + 1), seed=seed, bias=0.1)
+    rng = np.random.default_rng(seed)
+    return net, rng.standard_normal((width, r)), rng.standard_normal((width, r))
+
+
+def gpu_devices():
+    """``(kind, device)`` pairs this machine can run, each a pytest param (skipped if not)."""
+    cupy_ok = importlib.util.find_spec("cupy") is not None and _cupy_devices() > 0
+    return [pytest.param("cupy", None, marks=[pytest.mark.gpu, pytest.mark.skipif(
+                not cupy_ok, reason="needs CuPy and a CUDA device")], id="cupy"),
+            pytest.param("torch", "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+                not torch.cuda.is_available(), reason="needs PyTorch with CUDA")],
+                id="torch-cuda")]
+
+
+def _cupy_devices():
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # no driver, no device: the GPU tests skip
+        return 0
+
+
+def host(a):
+    return pp.backend.to_host(a)
+
+
+DEVICES = [pytest.param("torch", None, id="torch-cpu"), *gpu_devices()]
+
+
+@pytest.mark.parametrize(("kind", "device"), DEVICES)
+def test_a_network_moved_backpropagates_as_on_numpy_every_layer(kind, device):
+    net, x, t = problem()
+    moved = net.to(kind, device)
+    assert pp.backend.of(moved.W[0]).name == kind
+    convert = (lambda a: pp.backend.convert(a, kind, device))
+    for method in ("substitution", "cyclic-reduction", *ITERATIVE):
+        g = pp.backprop(moved, convert(x), convert(t), method=method)
+        reference = pp.backprop(net, x, t, method="substitution")
+        for k, (mine, theirs) in enumerate(zip(g.W, reference.W)):
+            assert relative_error(host(mine), theirs) < 1e-10, (method, k)
+    back = moved.to("numpy")
+    assert all(np.array_equal(a, b) for a, b in zip(back.W, net.W))
+
+
+@pytest.mark.parametrize(("kind", "device"), DEVICES)
+def test_no_host_round_trip_inside_an_iteration(kind, device):
+    """Every iterate a method hands its callback lives on the system's backend and device."""
+    net, x, t = problem(seed=1)
+    trace = net.forward(x)
+    system = pp.backward_system(net, trace, t).to(kind, device)
+    kinds = []
+    for method in ITERATIVE:
+        sol = pp.solve(system, method, callback=lambda v: kinds.append(
+            (pp.backend.of(v).name, str(getattr(v, "device", "cpu")))))
+        assert sol.converged and pp.backend.of(sol.x).name == kind
+    expected = (kind, str(system.rhs.device) if kind == "torch" else "cpu")
+    assert kinds and set(kinds) <= {expected, (kind, "cuda:0")}, set(kinds)
+
+
+def test_systems_move_as_stacks_or_say_why_not():
+    net, x, t = problem(seed=2)
+    B = pp.backward_system(net, net.forward(x), t)
+    T = B.to("torch")
+    assert T.coupling_stack is not None and pp.backend.of(T.rhs).name == "torch"
+    np.testing.assert_allclose(pp.solve(T, "cyclic-reduction").x.numpy(), pp.solve(B).x,
+                               rtol=1e-12, atol=1e-14)
+    assert np.array_equal(T.to("numpy").rhs, B.rhs)
+    graph = pp.Graph.residual_mlp(4, 2)
+    trace = graph.forward(np.ones((4, 2)))
+    G = pp.backward_system(graph, trace, graph.loss_gradient(trace, np.zeros((4, 2))))
+    np.testing.assert_array_equal(pp.solve(G.to("numpy")).x, pp.solve(G).x)
+    with pytest.raises(ValueError, match="PyTorch tensors make a system as a chain"):
+        G.to("torch")
+    with pytest.raises(ValueError, match="kind must be one of"):
+        B.to("jax")
+    sparse = pp.FNN.random([6, 6, 6], density=0.5, seed=0)
+    with pytest.raises(TypeError, match="sparse weights moves to 'numpy' or 'cupy' only"):
+        sparse.to("torch")
