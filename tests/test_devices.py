@@ -55,9 +55,9 @@ def test_a_network_moved_backpropagates_as_on_numpy_every_layer(kind, device):
     net, x, t = problem()
     moved = net.to(kind, device)
     assert pp.backend.of(moved.W[0]).name == kind
-    convert = (lambda a: pp.backend.convert(a, kind, device))
+    xd, td = (pp.backend.convert(a, kind, device) for a in (x, t))
     for method in ("substitution", "cyclic-reduction", *ITERATIVE):
-        g = pp.backprop(moved, convert(x), convert(t), method=method)
+        g = pp.backprop(moved, xd, td, method=method)
         reference = pp.backprop(net, x, t, method="substitution")
         for k, (mine, theirs) in enumerate(zip(g.W, reference.W)):
             assert relative_error(host(mine), theirs) < 1e-10, (method, k)
