@@ -94,6 +94,7 @@ def test_method_names_in_messages_are_registered():
 
     not_methods = {"fnn", "rnn", "swish-doc"}  # network kinds, a doctest's activation
     not_methods |= set(LINEARIZATIONS) | set(CELL_LINEARIZATIONS) | set(DAMPED)
+    not_methods |= set(pp.backend.KINDS)  # backends, named in .to()'s messages
     assert quoted - not_methods <= names
 
 
