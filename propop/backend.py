@@ -227,8 +227,7 @@ def convert(array: Any, kind: str, device: Any = None) -> Any:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if array is None:
         return None
-    host = to_host(array) if not is_sparse(array) else (
-        array.get() if _name_of(array) == "cupy" else array)
+    host = to_host(array)  # dense or sparse: CuPy's .get() serves both
     if kind == "numpy":
         return host
     if is_sparse(host):

@@ -208,7 +208,8 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
                                               f"{best[1]}, nonlinear residual {best[0]:.2e})")
         if check:
             raise ConvergenceError(replace(failure, message=info["message"]))
-    _diagnose(net, trace, info)
+    newton = damping is None and linearization == "newton" and solutions  # full Jacobians
+    _diagnose(net, trace, info, system.coupling_stack if newton else None)
     return Trace(x=trace.x, y=trace.y, z=trace.z, info=info, stacked=trace.stacked)
 
 
@@ -228,12 +229,15 @@ def _damping(net: Any, linearization: str, options: dict) -> Any:
     return damping
 
 
-def _diagnose(net: Any, trace: Trace, info: dict) -> None:
-    """What the network says about its trajectory (a recurrence: its Lyapunov exponent)."""
+def _diagnose(net: Any, trace: Trace, info: dict, jacobians: Any) -> None:
+    """What the network says about its trajectory (a recurrence: its Lyapunov exponent).
+
+    ``jacobians``: the last Newton system's couplings, passed on rather than recomputed.
+    """
     diagnose = getattr(net, "forward_diagnostics", None)
     if diagnose is None:
         return
-    info.update(diagnose(trace))
+    info.update(diagnose(trace, jacobians))
     if info.get("lyapunov", -1.0) > 0:
         warnings.warn(f"the largest Lyapunov exponent along the trajectory is "
                       f"{info['lyapunov']:+.3f} > 0: the recurrence is chaotic here, and "

@@ -123,3 +123,13 @@ def test_float32_cells_stay_float32_with_tolerances_to_match():
                         np.zeros((200, 2, 16)), method="substitution")
     for name, value in exact.parameters.items():
         assert relative_error(g.parameters[name], value) < 1e-4, name
+
+
+def test_the_lyapunov_estimate_reuses_the_last_newton_jacobians_faithfully():
+    torch.manual_seed(8)
+    net = pp.from_torch(torch.nn.GRU(2, 3, num_layers=2).double())
+    xs = np.random.default_rng(9).standard_normal((30, 2, 2))
+    f = pp.forward(net, xs, method="cyclic-reduction")
+    recomputed = net.lyapunov(f)  # at the final trajectory itself
+    # the last step linearised at the iterate before: an estimate's worth apart, no more
+    assert f.info["lyapunov"] == pytest.approx(recomputed, abs=1e-6)

@@ -180,3 +180,21 @@ def test_bad_recurrences_are_named():
     trace = net.forward(np.ones((4, 2, 2)))
     with pytest.raises(ValueError, match=r"eps has shape \(4, 3\), expected the states'"):
         pp.backward_system(net, trace, np.ones((4, 3)))
+
+
+def test_gated_cells_without_biases_and_bad_settings():
+    torch.manual_seed(9)
+    module = nn.LSTM(3, 4, bias=False).double()
+    xs = np.random.default_rng(9).standard_normal((TAU, 3, R))
+    out, dx, _ = autograd(module, xs)
+    net = pp.from_torch(module)
+    assert relative_error(net.outputs(net.forward(xs)), out) < 1e-13  # zero biases
+    step = lambda p, h, x: torch.tanh(h + x)  # noqa: E731
+    with pytest.raises(ValueError, match="block_size 2 must divide the state size 3"):
+        pp.Recurrence(step, {}, state_size=3, input_size=3, block_size=2)
+    with pytest.raises(ValueError, match="dtype must be float32 or float64"):
+        pp.Recurrence(step, {}, state_size=3, input_size=3, dtype="int64")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        pp.Recurrence(step, {}, state_size=3, input_size=3, backend="jax")
+    with pytest.raises(ValueError, match="vjp is for backend='numpy'"):
+        pp.Recurrence(step, {}, state_size=3, input_size=3, vjp=lambda *a: None)

@@ -278,3 +278,39 @@ def test_hooks_and_missing_input_shapes_are_named():
         pp.from_torch(ConvNet())
     with pytest.raises(ValueError, match="bidirectional=True"):
         pp.from_torch(nn.GRU(2, 2, bidirectional=True))
+
+
+@pytest.mark.parametrize(("make", "shape"), [(ResidualMLP, (5,)), (ConvNet, (2, 9, 9))])
+def test_newton_forward_through_traced_softmax_batchnorm_and_overlapping_pools(make, shape):
+    """The new nodes' linearisations: Newton reaches the sequential pass node by node."""
+    torch.manual_seed(7)
+    module = randomised(make()).double()
+    graph = pp.from_torch(module, shape if len(shape) > 1 else None)
+    x = np.random.default_rng(7).standard_normal((3,) + shape).reshape(3, -1).T
+    exact = graph.forward(x)
+    newton = pp.forward(graph, x, method="level-scheduled", linearization="newton")
+    assert newton.info["converged"]
+    for k, name in enumerate(graph.order):
+        assert relative_error(newton.z[k], exact.z[k]) < 1e-9, name
+
+
+def test_the_new_layers_name_bad_inputs():
+    from propop import layers as L
+
+    with pytest.raises(ValueError, match="windows that do not overlap"):
+        L.WindowMaximum([[0, 1], [1, 2]], 3)
+    with pytest.raises(ValueError, match="indices below the input size 3"):
+        L.WindowMaximum([[0, 5]], 3)
+    with pytest.raises(ValueError, match=r"Windows\(4 -> 2\) takes an input of size 4, got 5"):
+        pp.Graph(5).add("w", L.Windows([0, 1], 4))
+    with pytest.raises(ValueError, match=r"takes inputs of sizes \[3, 1\], got \[3\]"):
+        pp.Graph(3).add("m", L.LinearMap([np.eye(3), np.ones((3, 1))]))
+    with pytest.raises(ValueError, match="BatchNorm of 2 channels needs an input shape"):
+        L.BatchNorm(np.zeros(2), np.ones(2), eps=1e-5, input_shape=(3, 4))
+    with pytest.raises(ValueError, match=r"Concat of shapes \[\(2,\), \(2,\)\] takes inputs"):
+        pp.Graph(3).add("a", L.Dense(np.eye(3))).add(
+            "c", L.Concat(dim=0, shapes=[(2,), (2,)]), ["input", "a"])
+    with pytest.raises(ValueError, match="Add with 2 weights takes 2 inputs, got 3"):
+        pp.Graph(3).add("a", L.Add(weights=(1, -1)), ["input", "input", "input"])
+    with pytest.raises(ValueError, match="out divisible by groups = 3"):
+        L.Conv2d(np.ones((4, 1, 2, 2)), input_shape=(3, 5, 5), groups=3)

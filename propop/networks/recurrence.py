@@ -215,15 +215,18 @@ class Recurrence:
         """``sum_s ||h_s - F(h_{s-1}, x_s)||^2`` per sample, ``(r,)``: what damping reduces."""
         return (self._defects(trace)[0] ** 2).sum(axis=(0, 2))
 
-    def lyapunov(self, trace: Trace) -> float:
+    def lyapunov(self, trace: Trace, jacobians: Any = None) -> float:
         """The largest Lyapunov exponent along the trajectory, estimated, worst sample.
 
         ``(1 / (tau - 1)) sum_s log ||J_s q_s||`` with ``q`` renormalised after each
         step (power iteration along the trajectory). Positive: nearby trajectories
         separate, and Newton-type parallel evaluation converges slowly
         (Gonzalez et al., NeurIPS 2025); negative: contractive, fast.
+        ``jacobians`` are ``J_1..J_{tau-1}`` (``(tau - 1[, r], n, n)``) where the
+        caller has them, else they are computed at the trace.
         """
-        J = self.jacobians_along(trace)[1:]  # (tau - 1, r, n, n)
+        J = self.jacobians_along(trace)[1:] if jacobians is None else (
+            jacobians if jacobians.ndim == 4 else jacobians[:, None])
         if J.shape[0] == 0:
             return float("-inf")
         q = np.ones(J.shape[1:3]) / np.sqrt(J.shape[2])
@@ -235,9 +238,13 @@ class Recurrence:
             q /= norm[:, None]
         return float((total / J.shape[0]).max())
 
-    def forward_diagnostics(self, trace: Trace) -> dict:
-        """What :func:`propop.forward` adds to ``info``: the Lyapunov exponent's estimate."""
-        return {"lyapunov": self.lyapunov(trace)}
+    def forward_diagnostics(self, trace: Trace, jacobians: Any = None) -> dict:
+        """What :func:`propop.forward` adds to ``info``: the Lyapunov exponent's estimate.
+
+        ``jacobians``: those of the last Newton step, at the converged trajectory to
+        within the tolerance, so that they are not computed again.
+        """
+        return {"lyapunov": self.lyapunov(trace, jacobians)}
 
     def linearized(self, xs: Any, trace: Trace | None, linearization: str) -> tuple[Any, Any]:
         """``(A, c)`` of the forward system around ``trace``: ``A`` ``(tau, r, n, n)``."""

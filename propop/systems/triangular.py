@@ -312,9 +312,12 @@ class TriangularSystem:
             return _chain_edges(self.lower, self.coupling_stack)
         return tuple(self.structure.edges())
 
-    @property
+    @functools.cached_property
     def unscaled_stack(self) -> bool:
-        """A chain given by its couplings alone: unit diagonal and no row scalings."""
+        """A chain given by its couplings alone: unit diagonal and no row scalings.
+
+        Cached: :meth:`apply` asks at every product, and the scalings are per block.
+        """
         return (self.coupling_stack is not None and self.scale_stack is None
                 and all(s is None for s in self._row_scale))
 
