@@ -34,6 +34,8 @@ def real_array(a: Any, what: str, dtype: Any = None) -> Any:
         raise ValueError(f"{what} is a {type(a).__module__}.{type(a).__name__}, but the arrays "
                          f"it meets are {'PyTorch tensors' if wants_tensor else 'NumPy arrays'}"
                          f": pass it as one ({'torch.as_tensor' if wants_tensor else '.numpy()'})")
+    if getattr(a, "requires_grad", False):  # a torch.nn.Parameter: its data, same storage
+        a = a.detach()
     xp = backend.namespace(a) if hasattr(a, "dtype") else np
     try:
         array = xp.asarray(a)

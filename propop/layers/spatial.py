@@ -74,8 +74,21 @@ class Conv2d(Linear):
         """The shared Jacobians ``J_i``."""
         return [self._jacobian]
 
-    @functools.cached_property
+    @property
     def _jacobian(self) -> Any:
+        """The sparse Jacobian with the kernel's current values (its pattern made once).
+
+        Built per call from :attr:`_pattern`: kernels changed in place are always seen.
+        """
+        gather, indices, indptr, shape = self._pattern
+        return sp.csr_array((self.W.reshape(-1)[gather], indices, indptr), shape=shape)
+
+    @functools.cached_property
+    def _pattern(self) -> tuple:
+        """``(kernel entry of each non-zero, indices, indptr, shape)`` of the CSR Jacobian.
+
+        Shapes alone decide it; the values are the kernel's, read per call.
+        """
         index = self._columns  # (C_g kh kw, P)
         out, ckk = self.W.shape[0], index.shape[0]
         positions = index.shape[1]
@@ -84,10 +97,12 @@ class Conv2d(Linear):
         cols = index[k, p]
         keep = cols >= 0
         cols = cols + self._group_offset(o // (out // self.groups))
-        data = self.W.reshape(out, ckk)[o, k][keep]
+        gather = (o * ckk + k)[keep]
         rows = (o * positions + p)[keep]
         shape = (out * positions, int(np.prod(self.input_shape)))
-        return sp.csr_array((data, (rows, cols[keep])), shape=shape)
+        order = sp.csr_array((np.arange(1, gather.size + 1, dtype=float), (rows, cols[keep])),
+                             shape=shape)  # where each entry lands in canonical CSR order
+        return gather[order.data.astype(np.int64) - 1], order.indices, order.indptr, shape
 
     def parameters(self) -> dict:
         """Trainable arrays by name."""
@@ -101,7 +116,6 @@ class Conv2d(Linear):
             self.b = _weight(value, f"{type(self).__name__}: b", ndim=1)
             return
         self.W = _weight(np.reshape(value, self.W.shape), f"{type(self).__name__}: W", ndim=4)
-        self.__dict__.pop("_jacobian", None)
 
     def gradients(self, inputs: Sequence[Any], grad: Any) -> dict:
         """``dE/dparameter`` from the inputs and ``grad = dE/dz``, summed over samples."""

@@ -108,25 +108,33 @@ class FNN:
             require_finite(Wk, f"layer {k}: W[{k}]")
             require_finite(bk, f"layer {k}: b[{k}]")
 
-    @functools.cached_property
+    @property
     def sizes(self) -> tuple[int, ...]:
         """Widths ``(n_0, n_1, ..., n_l)``."""
         return (self.W[0].shape[1],) + tuple(Wk.shape[0] for Wk in self.W)
 
-    @functools.cached_property
+    @property
     def WT(self) -> tuple:
-        """The transposed weights ``W[k]^T``, made once (sparse ones as canonical CSR)."""
+        """The transposed weights ``W[k]^T``: views of dense ones, CSR copies of sparse ones.
+
+        Made at every call, never kept: the network holds its parameters and nothing
+        derived from them, so weights changed in place are always seen.
+        """
         return tuple(transposed(Wk) for Wk in self.W)
 
-    @functools.cached_property
-    def stacked(self) -> dict:
-        """``{"W": (l, n, n), "WT": (l, n, n), "b": (l, n)}``: stacked once, or empty.
+    @property
+    def equal_widths(self) -> bool:
+        """Whether all weights are dense and square of one width (layers then stack)."""
+        n = self.W[0].shape[1]
+        return not self.sparse and all(Wk.shape == (n, n) for Wk in self.W)
 
-        Where all are dense and square of one width; chains then reduce without
-        gathering their couplings block by block.
+    def stacks(self) -> dict:
+        """``{"W": (l, n, n), "WT": (l, n, n), "b": (l, n)}`` stacked now, or empty.
+
+        Where :attr:`equal_widths`: chains then reduce without gathering their
+        couplings block by block. A copy of the current weights, made per call.
         """
-        n = self.sizes[0]
-        if self.sparse or any(n_k != n for n_k in self.sizes):
+        if not self.equal_widths:
             return {}
         xp = self.backend.xp
         W = xp.stack(self.W)
@@ -243,7 +251,7 @@ class FNN:
             Input; samples are columns.
         """
         x = self.check_input(x)
-        if self.stacked:  # equal widths: the states written into two stacked arrays
+        if self.equal_widths:  # the states written into two stacked arrays
             return self._stacked_forward(x)
         z, y = [x], []
         for Wk, bk, f in zip(self.W, self.b, self.activations):
@@ -256,7 +264,7 @@ class FNN:
         Y = xp.empty((self.depth,) + x.shape, dtype=self.dtype)
         Z = xp.empty((self.depth + 1,) + x.shape, dtype=self.dtype)
         Z[0] = x
-        biases = self.b if x.ndim == 1 else self._bias_columns
+        biases = self.b if x.ndim == 1 else [bk[:, None] for bk in self.b]
         zs = list(Z)  # views, made in C
         for Wk, bk, write, y, z, z_next in zip(self.W, biases, self._writers, Y, zs, zs[1:]):
             xp.matmul(Wk, z, out=y)
@@ -269,11 +277,6 @@ class FNN:
         """Each layer's in-place activation (:meth:`Activation.writer`), made once."""
         writers = {f: f.writer(self.backend.xp) for f in set(self.activations)}
         return tuple(writers[f] for f in self.activations)
-
-    @functools.cached_property
-    def _bias_columns(self) -> tuple:
-        """The biases as ``(n_k, 1)`` columns for batches, made once."""
-        return tuple(bk[:, None] for bk in self.b)
 
     def backward(self, trace: Trace, eps: Any) -> list[Any]:
         """Sequential reference backward propagation (eq. def_back_prop2).
@@ -308,7 +311,7 @@ class FNN:
 
         For equal widths one ``(l + 1, n[, r])`` array (a view), else a list.
         """
-        if self.stacked:
+        if self.equal_widths:
             return x.reshape((self.depth + 1, self.sizes[0]) + x.shape[1:])
         return system.split(x)
 
@@ -326,13 +329,14 @@ class FNN:
         x = self.check_input(x)
         if z is None:
             z = [x] + [xp.zeros((n,) + x.shape[1:], dtype=self.dtype) for n in self.sizes[1:]]
-        if self.stacked:  # all layers in one batched product
+        if self.equal_widths:  # all layers in one batched product
             later = xp.stack(z[1:]) if isinstance(z, (list, tuple)) else z[1:]
             Z = xp.concatenate([x[None], later])
-            bias = self.stacked["b"]
-            return _stacked_trace(x, self.stacked["W"] @ Z[:-1] + (
+            stacks = self.stacks()
+            bias = stacks["b"]
+            return _stacked_trace(x, stacks["W"] @ Z[:-1] + (
                 bias if x.ndim == 1 else bias[:, :, None]), Z)
-        y = [Wk @ zk + column(bk, x) for Wk, bk, zk in zip(self.W, self.b, z[:-1])]
+        y = [Wk @ zk + column(bk, x) for Wk, bk, zk in zip(self.W, self.b, [x] + list(z[1:-1]))]
         return Trace(x=x, y=tuple(y), z=tuple([x] + list(z[1:])))
 
     def gradients(self, trace: Trace, v: Sequence[Any]) -> Gradients:
@@ -344,7 +348,7 @@ class FNN:
         """
         if len(v) != self.depth + 1:
             raise ValueError(f"v has {len(v)} blocks, expected {self.depth + 1} (v[0..l])")
-        if self.stacked:  # equal widths, dense: one batched product for all layers
+        if self.equal_widths:  # one batched product for all layers
             xp = self.backend.xp
             V = v[1:] if not isinstance(v, (list, tuple)) else xp.stack(v[1:])
             Z = trace.stacked["z"][:-1] if trace.stacked else xp.stack(trace.z[:-1])
@@ -363,7 +367,7 @@ class FNN:
         ``(l, n[, r])`` array; otherwise a list of arrays.
         """
         first = self.activations[0]
-        if self.stacked and all(act is first for act in self.activations):
+        if self.equal_widths and all(act is first for act in self.activations):
             if trace.stacked and first.df_of_output is not None:  # z = f(y) is at hand
                 return first.df_of_output(trace.stacked["z"][1:])
             Y = trace.stacked["y"] if trace.stacked else self.backend.xp.stack(trace.y)

@@ -113,14 +113,14 @@ class RNN:
         """Number of layers ``l``."""
         return len(self.W)
 
-    @functools.cached_property
+    @property
     def WT(self) -> tuple:
-        """The transposed input weights, made once."""
+        """The transposed input weights, made per call (in-place changes to ``W`` are seen)."""
         return tuple(transposed(Wk) for Wk in self.W)
 
-    @functools.cached_property
+    @property
     def UT(self) -> tuple:
-        """The transposed recurrent weights, made once."""
+        """The transposed recurrent weights, made per call."""
         return tuple(transposed(Uk) for Uk in self.U)
 
     def __repr__(self) -> str:

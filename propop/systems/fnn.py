@@ -26,7 +26,8 @@ def _fnn_backward(net: FNN, trace: Trace, eps: Any, *, form: str = "scaled") -> 
     slopes = net.slopes(trace)
     rhs = xp.zeros((sum(net.sizes),) + eps.shape[1:], dtype=net.dtype)
     xp.multiply(slopes[-1], eps, out=rhs[-net.sizes[-1]:])
-    coupling, row_scale, stacks = _coefficients(net, net.WT, slopes, "WT")
+    coupling, row_scale, stacks = _coefficients(net, net.WT if not net.equal_widths else (),
+                                                slopes, "WT")
     return TriangularSystem(
         coupling, row_scale, rhs, lower=False, sizes=net.sizes, form=form,
         names=functools.partial(_name, "v"),
@@ -37,10 +38,10 @@ def _fnn_backward(net: FNN, trace: Trace, eps: Any, *, form: str = "scaled") -> 
 
 def _coefficients(net: FNN, couplings: Any, scales: Any, key: str) -> tuple[Any, Any, dict]:
     """``coupling, row_scale`` of a chain, or for equal widths the stacked arrays as keywords."""
-    if not net.stacked:
+    if not net.equal_widths:
         return list(couplings), [None] + list(scales), {}
     scales = scales if not isinstance(scales, (list, tuple)) else net.backend.xp.stack(scales)
-    return None, None, {"coupling_stack": net.stacked[key], "scale_stack": scales}
+    return None, None, {"coupling_stack": net.stacks()[key], "scale_stack": scales}
 
 
 def _points(net: FNN, x: Any, around: Any) -> list[Any]:

@@ -1,0 +1,164 @@
+"""No derived state outlives its source (trust round 2, cause 1).
+
+A hand-written training loop updates the weights in place between calls. Every
+network kind, on every backend, must then give what a network freshly built from
+the updated weights gives: every method's gradients and the Newton forward pass.
+Each case mutates weights after a first solve has had every chance to cache
+something derived from them (stacks, transposes, CSR copies, Jacobians).
+"""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import propop as pp
+from propop import layers as L
+
+METHODS = ["substitution", "level-scheduled", "cyclic-reduction", "parallel-cyclic-reduction",
+           "jacobi", "bicgstab", "batched-gmres", "scipy.gmres", "scipy.spsolve_triangular",
+           "auto"]
+
+
+def fnn_weights(widths, sparse=False, seed=0):
+    rng = np.random.default_rng(seed)
+    W = [rng.standard_normal((m, n)) / np.sqrt(n) for n, m in zip(widths, widths[1:])]
+    if sparse:
+        W = [sp.csr_array(Wk * (rng.random(Wk.shape) < 0.6)) for Wk in W]
+    b = [0.1 * rng.standard_normal(m) for m in widths[1:]]
+    return W, b
+
+
+def gradients(net, x, t, method):
+    g = pp.backprop(net, x, t, method=method)
+    return [np.asarray(a.toarray() if hasattr(a, "toarray") else a) for a in g.W + g.b] + [g.x]
+
+
+def assert_same(ours, fresh, method):
+    for k, (a, b) in enumerate(zip(ours, fresh)):
+        assert np.linalg.norm(a - b) <= 1e-10 * max(np.linalg.norm(b), 1e-300), (method, k)
+
+
+def in_place_updates(W):
+    """Every way a user changes weights without rebinding them."""
+    def numpy_step(W):
+        for Wk in W:
+            Wk -= 0.3 * np.sign(Wk)
+
+    def sparse_data(W):
+        for Wk in W:
+            Wk.data *= 3
+
+    return sparse_data if sp.issparse(W[0]) else numpy_step
+
+
+@pytest.mark.parametrize("widths", [(4, 4, 4, 4), (4, 6, 3, 5)], ids=["equal", "unequal"])
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+@pytest.mark.parametrize("through", ["network", "user"])
+def test_fnn_gradients_follow_weights_changed_in_place(widths, sparse, through):
+    W, b = fnn_weights(widths, sparse)
+    net = pp.FNN(W, b)
+    rng = np.random.default_rng(3)
+    x, t = rng.standard_normal((widths[0], 3)), rng.standard_normal((widths[-1], 3))
+    for method in METHODS:
+        gradients(net, x, t, method)  # everything a first solve may cache
+    target = net.W if through == "network" else W  # the network aliases the user's arrays
+    in_place_updates(target)(target)
+    for Wk in net.b:
+        Wk += 0.5
+    fresh = pp.FNN([Wk.copy() for Wk in net.W], [bk.copy() for bk in net.b])
+    for method in METHODS:
+        assert_same(gradients(net, x, t, method), gradients(fresh, x, t, "substitution"),
+                    method)
+    for method in ("substitution", "cyclic-reduction"):
+        ours = pp.forward(net, x, method=method).output
+        np.testing.assert_allclose(ours, fresh.forward(x).output, rtol=1e-10, atol=1e-12)
+
+
+def test_fnn_of_torch_parameters_follows_sub_():
+    torch = pytest.importorskip("torch")
+    W, b = fnn_weights((3, 3, 3))
+    Wt = [torch.nn.Parameter(torch.tensor(Wk)) for Wk in W]  # requires_grad, as a module's
+    bt = [torch.nn.Parameter(torch.tensor(bk)) for bk in b]
+    net = pp.FNN(Wt, bt)
+    x, t = torch.ones((3, 2), dtype=torch.float64), torch.zeros((3, 2), dtype=torch.float64)
+    for method in ("substitution", "cyclic-reduction", "jacobi"):
+        pp.backprop(net, x, t, method=method)
+    with torch.no_grad():
+        for Wk in Wt:
+            Wk.sub_(0.2)
+    fresh = pp.FNN([Wk.detach().clone() for Wk in Wt], [bk.detach().clone() for bk in bt])
+    want = pp.backprop(fresh, x, t)
+    for method in ("substitution", "cyclic-reduction", "jacobi"):
+        g = pp.backprop(net, x, t, method=method)
+        for a, c in zip(g.W, want.W):
+            assert torch.allclose(a, c, rtol=1e-10, atol=1e-13), method
+    assert torch.allclose(pp.forward(net, x, method="cyclic-reduction").output,
+                          fresh.forward(x).output, rtol=1e-10, atol=1e-13)
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+def test_rnn_gradients_follow_weights_changed_in_place(sparse):
+    rng = np.random.default_rng(0)
+    W = [rng.standard_normal((4, 3)) / 2, rng.standard_normal((5, 4)) / 2]
+    U = [rng.standard_normal((4, 4)) / 3, rng.standard_normal((5, 5)) / 3]
+    if sparse:
+        W, U = [sp.csr_array(a) for a in W], [sp.csr_array(a) for a in U]
+    rnn = pp.RNN(W, U)
+    xs, ts = rng.standard_normal((6, 3, 2)), rng.standard_normal((6, 5, 2))
+    methods = ["substitution", "cyclic-reduction", "jacobi", "bicgstab", "scipy.gmres"]
+    for method in methods:
+        pp.backprop(rnn, xs, ts, method=method)
+    for A in rnn.W + rnn.U:
+        if sparse:
+            A.data *= -2
+        else:
+            A *= -2
+    fresh = pp.RNN([A.copy() for A in rnn.W], [A.copy() for A in rnn.U], list(rnn.b))
+    want = pp.backprop(fresh, xs, ts)
+    for method in methods:
+        g = pp.backprop(rnn, xs, ts, method=method)
+        for a, c in zip(g.U + g.W, want.U + want.W):
+            a, c = (np.asarray(m.toarray() if hasattr(m, "toarray") else m) for m in (a, c))
+            np.testing.assert_allclose(a, c, rtol=1e-9, atol=1e-12, err_msg=method)
+
+
+def test_graph_of_convolutions_follows_kernels_changed_in_place():
+    rng = np.random.default_rng(0)
+    conv = L.Conv2d(rng.standard_normal((2, 1, 2, 2)), rng.standard_normal(2),
+                    input_shape=(1, 4, 4))
+    graph = pp.Graph(16).add("conv", conv).add("act", L.Activation("tanh"))
+    graph.add("fc", L.Dense(rng.standard_normal((3, 18)) / 4))
+    x, t = rng.standard_normal((16, 2)), rng.standard_normal((3, 2))
+    for method in ("substitution", "jacobi", "cyclic-reduction"):
+        pp.backprop(graph, x, t, method=method)
+    conv.W *= -1.5
+    graph.layers["fc"].W += 1
+    fresh = pp.Graph(16).add("conv", L.Conv2d(conv.W.copy(), conv.b, input_shape=(1, 4, 4)))
+    fresh.add("act", L.Activation("tanh")).add("fc", L.Dense(graph.layers["fc"].W.copy()))
+    want = pp.backprop(fresh, x, t)
+    assert np.allclose(graph.forward(x).output, fresh.forward(x).output, rtol=1e-12)
+    for method in ("substitution", "jacobi", "cyclic-reduction"):
+        g = pp.backprop(graph, x, t, method=method)
+        for node in ("conv", "fc"):
+            np.testing.assert_allclose(g.parameters[node]["W"], want.parameters[node]["W"],
+                                       rtol=1e-9, atol=1e-12, err_msg=method)
+
+
+def test_gru_gradients_and_newton_follow_parameters_changed_in_place():
+    torch = pytest.importorskip("torch")
+    gru = pp.GRU(2, 3, seed=0)
+    rng = np.random.default_rng(0)
+    xs, ts = rng.standard_normal((5, 2, 2)), rng.standard_normal((5, 3, 2))
+    for method in ("substitution", "cyclic-reduction"):
+        pp.backprop(gru, xs, ts, method=method)
+        pp.forward(gru, xs, method=method)
+    with torch.no_grad():
+        gru.parameters["weight_hh_l0"].mul_(-1.5)
+    fresh = pp.GRU(2, 3, parameters={k: v.clone().numpy() for k, v in gru.parameters.items()})
+    want = pp.backprop(fresh, xs, ts)
+    for method in ("substitution", "cyclic-reduction"):
+        g = pp.backprop(gru, xs, ts, method=method)
+        for name, value in want.parameters.items():
+            np.testing.assert_allclose(g.parameters[name], value, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(pp.forward(gru, xs, method=method).z[1],
+                                   fresh.forward(xs).z[1], rtol=1e-9, atol=1e-12)
