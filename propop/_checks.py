@@ -16,7 +16,19 @@ import numpy as np
 from . import backend
 
 __all__ = ["require_finite", "require_shape", "require_density", "require_samples",
-           "real_array", "canonical_matrix", "as_coupling"]
+           "real_array", "canonical_matrix", "as_coupling", "worst"]
+
+
+def worst(values: Any) -> float:
+    """The largest of ``values`` as a float, NaN if any is NaN (Python's ``max`` drops it).
+
+    Every convergence measure is a maximum over layers, steps or samples: a NaN
+    among them must fail the test ``measure <= rtol``, never pass it unseen.
+    """
+    values = [float(v) for v in values]
+    if any(v != v for v in values):
+        return float("nan")
+    return max(values, default=0.0)
 
 
 def real_array(a: Any, what: str, dtype: Any = None) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from dataclasses import replace
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from . import backend
+from ._checks import require_finite, worst
 from .networks.trace import Trace, require_trace
 from .progress import bar
 from .solvers.convergence import default_rtol
@@ -155,7 +157,7 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     rtol = default_rtol(net.dtype) if rtol is None else rtol
     linear_rtol = min(rtol, default_rtol(net.dtype)) if linear_rtol is None else linear_rtol
     x = _agreed(method, options, lambda: net.check_input(x))
-    trace = around if around is not None else net.trace_from_states(x, None)
+    trace = _start(net, x, around)
     residual = getattr(net, "nonlinear_residual", None) or (
         lambda t: _nonlinear_residual(net, t))
     deviation = getattr(net, "input_deviation", None) or (  # the input block's error
@@ -187,30 +189,34 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
                 solutions.append(solution)
                 states = net.unstack(system, solution.x)
                 trace = net.trace_from_states(x, states)
-            residuals.append(max(residual(trace), 0.0 if damping is not None
-                                 else deviation(states, x)))
+            residuals.append(worst([residual(trace), 0.0 if damping is not None
+                                    else deviation(states, x)]))
             changes.append(_change(previous, trace))
             if residuals[-1] < best[0]:
                 best = (residuals[-1], len(residuals) - 1, trace)
             shown.update()
             shown.set_postfix_str(f"residual {residuals[-1]:.1e}")
+            if not math.isfinite(residuals[-1]):  # overflow: no later iterate recovers
+                break
     iterations = len(steps) if damping is not None else len(solutions)
+    finite = math.isfinite(residuals[-1])
     info = {"iterations": iterations, "residuals": residuals, "changes": changes[1:],
-            "solutions": solutions, "converged": measure[-1] <= rtol}
+            "solutions": solutions, "converged": finite and measure[-1] <= rtol}
     if damping is not None:
         info["damping"] = [s["damping"] for s in steps]
         info["accepted"] = [s["accepted"] for s in steps]
     if not info["converged"]:  # the best iterate, said so
-        info["best_iteration"], trace = best[1], best[2]
         failure = _failed(solutions[-1] if solutions else None, iterations, stop, measure[-1],
-                          rtol)
+                          rtol, None if finite else _first_nonfinite(net, trace))
+        info["best_iteration"], trace = best[1], best[2]
         info["message"] = failure.message + (f"; returned the best iterate (iteration "
                                               f"{best[1]}, nonlinear residual {best[0]:.2e})")
         if check:
             raise ConvergenceError(replace(failure, message=info["message"]))
     newton = damping is None and linearization == "newton" and solutions  # full Jacobians
     _diagnose(net, trace, info, system.coupling_stack if newton else None)
-    return Trace(x=trace.x, y=trace.y, z=trace.z, info=info, stacked=trace.stacked)
+    return Trace(x=trace.x, y=trace.y, z=trace.z, info=info, stacked=trace.stacked,
+                 outputs=trace.outputs)
 
 
 def _damping(net: Any, linearization: str, options: dict) -> Any:
@@ -264,25 +270,76 @@ def _relative(a: Any, b: Any) -> float:
 
 def _change(before: Trace, after: Trace) -> float:
     """``max_k ||z_k - z_k'|| / ||z_k'||`` between two iterates."""
-    return max(float(np.linalg.norm(np.asarray(a) - np.asarray(b)))
-               / max(float(np.linalg.norm(np.asarray(a))), 1e-300)
-               for a, b in zip(after.z, before.z))
+    return worst(float(np.linalg.norm(np.asarray(a) - np.asarray(b)))
+                 / max(float(np.linalg.norm(np.asarray(a))), 1e-300)
+                 for a, b in zip(after.z, before.z))
 
 
 def _nonlinear_residual(net: Any, trace: Trace) -> float:
     """``max_k ||z_{k+1} - f_k(y_k)|| / max(||f_k(y_k)||, tiny)``: zero at the true pass."""
     xp = net.backend.xp
-    worst = 0.0
+    gaps = []
     for act, y, z in zip(net.activations, trace.y, trace.z[1:]):
         fy = act(y)
-        worst = max(worst, float(xp.linalg.norm(z - fy)) / max(float(xp.linalg.norm(fy)),
-                                                                1e-300))
-    return worst
+        gaps.append(float(xp.linalg.norm(z - fy)) / max(float(xp.linalg.norm(fy)), 1e-300))
+    return worst(gaps)
 
 
-def _failed(solution: Solution | None, iterations: int, stop: str, value: float, rtol: float
-            ) -> Solution:
+def _start(net: Any, x: Any, around: Trace | None) -> Trace:
+    """The first iterate: zeros, or the states of ``around`` with this input ``x``.
+
+    ``around`` may come from another input (a previous batch, a warm start), but
+    its states must have this input's shapes and be finite; its pre-activations
+    are recomputed from ``x``, so the first residual judges it for this input.
+    """
+    if around is None:
+        return net.trace_from_states(x, None)
+    if not isinstance(around, Trace):
+        raise TypeError(f"around must be a propop Trace, got {type(around).__name__}")
+    want = [tuple(shape) for shape in net.state_shapes(x)[0]]
+    have = [tuple(getattr(z, "shape", ())) for z in around.z]
+    if have != want:
+        bad = next(k for k in range(max(len(have), len(want)))
+                   if k >= len(have) or k >= len(want) or have[k] != want[k])
+        raise ValueError(f"around does not fit this input: its z[{bad}] has shape "
+                         f"{have[bad] if bad < len(have) else 'none'}, this x needs "
+                         f"{want[bad] if bad < len(want) else 'none'} ({len(want)} states; "
+                         "the batch size and sequence length must be x's)")
+    for k, z in enumerate(around.z[1:], start=1):
+        require_finite(z, f"around.z[{k}]")
+    states = net.states_of(around) if hasattr(net, "states_of") else around.z
+    return net.trace_from_states(x, states)
+
+
+def _first_nonfinite(net: Any, trace: Trace) -> str:
+    """Where ``trace`` first holds NaN or Inf, named for a message.
+
+    A state ``z``, a pre-activation ``y``, or (for layered networks) an activation
+    ``f(y)`` that overflows although ``y`` is finite.
+    """
+    xp = backend.namespace(trace.x)
+    finite = lambda a: a is None or bool(xp.all(xp.isfinite(xp.asarray(a))))  # noqa: E731
+    names = getattr(net, "order", None)
+    for letter, values, shift in (("z", trace.z, 0), ("y", trace.y, 1)):
+        for k, a in enumerate(values):
+            if not finite(a):
+                return f"node {names[k]!r}" if names else f"{letter}[{k}] (layer {k - shift})"
+    for k, (act, y) in enumerate(zip(getattr(net, "activations", ()), trace.y)):
+        with backend.quiet(xp):
+            if not finite(act(y)):
+                return f"f(y[{k}]) (layer {k}'s activation overflows)"
+    return "the nonlinear residual"
+
+
+def _failed(solution: Solution | None, iterations: int, stop: str, value: float, rtol: float,
+            nonfinite: str | None = None) -> Solution:
     base = solution or Solution(x=None, status=Status.MAX_ITER)
+    if nonfinite is not None:
+        return replace(base, status=Status.NONFINITE, message=(
+            f"forward iteration {iterations} gave non-finite values, first in {nonfinite}: "
+            "the forward pass overflows there (check net.forward(x) and the weights' "
+            "scale), or the iteration diverged (try linearization='newton' or a damped one "
+            "on a recurrence)"))
     measure = "nonlinear residual" if stop == "residual" else "relative change of the states"
     return replace(base, status=Status.MAX_ITER, message=(
         f"forward iteration stopped after {iterations} iterations with {measure} "

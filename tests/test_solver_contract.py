@@ -25,8 +25,7 @@ def check_solution(method, system, reference, dtype):
             pp.solve(system, method)
         return None
     exact = pp.solvers.info(method).exact
-    options = {"verify": True} if exact else {}
-    sol = pp.solve(system, method, rtol=rtol_for(dtype), **options)
+    sol = pp.solve(system, method, rtol=rtol_for(dtype))
     assert isinstance(sol, pp.Solution) and sol.method == method
     assert sol.x.shape == system.rhs.shape and sol.x.dtype == system.dtype
     assert sol.residuals and all(isinstance(r, float) for r in sol.residuals)
@@ -86,9 +85,17 @@ def rnn_system(tau=9):
     return pp.backward_system(rnn, trace, np.ones_like(trace.output))
 
 
+def shared_system(widths=(6,) * 9, r=2):
+    """A batch with one matrix exactly: one input repeated, a right-hand side per column."""
+    net = Case(widths).net()
+    x = np.repeat(np.random.default_rng(0).standard_normal((widths[0], 1)), r, axis=1)
+    eps = np.random.default_rng(1).standard_normal((widths[-1], r))
+    return pp.backward_system(net, net.forward(x), eps).shared()
+
+
 def some_system(method, fnn):
     """``fnn``, or a system with the structure ``method`` requires (an RNN's, one matrix)."""
-    for system in (fnn, rnn_system(), fnn.shared("mean")):
+    for system in (fnn, rnn_system(), shared_system(fnn.sizes)):
         if pp.solvers.info(method).applies_to(system):
             return system
     raise AssertionError(f"no test system suits {method}")
@@ -145,10 +152,13 @@ def test_richardson_damping_trades_exactness_for_damping():
 
 
 @pytest.mark.parametrize("method", [m for m in METHODS if pp.solvers.info(m).exact])
-def test_direct_methods_verify_only_on_request(method):
+def test_direct_methods_always_check_their_result(method):
     net, trace, eps, v = Case((4, 5, 3), r=2).problem()
     system = pp.backward_system(net, trace, eps)
-    fast = pp.solve(system, method)
-    assert fast.converged and fast.info["verified"] is False and len(fast.residuals) == 1
-    checked = pp.solve(system, method, verify=True)
-    assert checked.info["verified"] and checked.residuals[-1] < 1e-13 * checked.residuals[0]
+    sol = pp.solve(system, method)
+    assert sol.converged and sol.info["verified"] and len(sol.residuals) == 2
+    residual = np.linalg.norm(system.rhs - system.apply(sol.x), axis=0).max()
+    assert sol.residuals[-1] == pytest.approx(residual, rel=1e-12, abs=1e-300)
+    assert sol.residuals[-1] < 1e-13 * sol.residuals[0]
+    with pytest.raises(TypeError, match="no option 'verify'"):
+        pp.solve(system, method, verify=True)

@@ -43,7 +43,7 @@ def _info(d: DistributedSystem, **more: Any) -> dict:
 @register("mpi.substitution", kind="direct", exact=True, backends=("numpy",), needs=("mpi4py",),
           extra="mpi", guard=COLLECTIVE)
 def mpi_substitution(system: Any, *, comm: Any = None, rtol: float | None = None,
-                     atol: float = 0.0, verify: bool = False) -> Solution:
+                     atol: float = 0.0) -> Solution:
     """Pipelined block substitution over MPI ranks: the distributed baseline.
 
     ``levels`` is the number of blocks: the ranks take their turns.
@@ -53,9 +53,8 @@ def mpi_substitution(system: Any, *, comm: Any = None, rtol: float | None = None
     x_local = d.solve_local(d.local.rhs + d.external_rhs(imported))
     if d.rank + 1 < d.size:
         d.send(d.split(x_local))
-    tol = Tolerance.of(system, rtol, atol) if verify else None
-    return finish(system, d.gather(x_local), tol=tol, levels=system.nblocks, verify=verify,
-                  info=_info(d))
+    return finish(system, d.gather(x_local), tol=Tolerance.of(system, rtol, atol),
+                  levels=system.nblocks, info=_info(d), direct=True)
 
 
 def _boundary_relation(d: DistributedSystem) -> tuple[Any, Any, int]:
@@ -122,7 +121,7 @@ def _composed(Ag: Any, incoming: Any, m: int) -> Any:
 @register("mpi.cyclic-reduction", kind="direct", exact=True, backends=("numpy",),
           needs=("mpi4py",), extra="mpi", guard=COLLECTIVE)
 def mpi_cyclic_reduction(system: Any, *, comm: Any = None, rtol: float | None = None,
-                         atol: float = 0.0, verify: bool = False) -> Solution:
+                         atol: float = 0.0) -> Solution:
     """Local reduction to boundary relations, cyclic reduction over the ranks, local solves.
 
     ``levels`` counts the blocks of the largest rank (its local solves run in
@@ -137,10 +136,10 @@ def mpi_cyclic_reduction(system: Any, *, comm: Any = None, rtol: float | None = 
     d.comm.Sendrecv(y, dest=d.next, recvbuf=y_prev, source=d.previous)
     x = expand(Y, y_prev[:, : Y.shape[2] - 1], Counter())  # (r, local entries)
     x_local = x[0] if d.local.rhs.ndim == 1 else x.T
-    tol = Tolerance.of(system, rtol, atol) if verify else None
     local_levels = max(d.comm.allgather(len(d.blocks)))
-    return finish(system, d.gather(x_local), tol=tol, levels=local_levels + rank_levels,
-                  verify=verify, info=_info(d, rank_levels=rank_levels,
+    return finish(system, d.gather(x_local), tol=Tolerance.of(system, rtol, atol),
+                  levels=local_levels + rank_levels, direct=True,
+                  info=_info(d, rank_levels=rank_levels,
                                             expected_rank_levels=math.ceil(math.log2(d.size))
                                             if d.size > 1 else 0))
 

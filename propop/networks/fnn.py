@@ -333,9 +333,10 @@ class FNN:
             later = xp.stack(z[1:]) if isinstance(z, (list, tuple)) else z[1:]
             Z = xp.concatenate([x[None], later])
             stacks = self.stacks()
-            bias = stacks["b"]
-            return _stacked_trace(x, stacks["W"] @ Z[:-1] + (
-                bias if x.ndim == 1 else bias[:, :, None]), Z)
+            if x.ndim == 1:  # one vector per layer: (l, n, n) @ (l, n, 1)
+                return _stacked_trace(x, (stacks["W"] @ Z[:-1, :, None])[..., 0]
+                                      + stacks["b"], Z)
+            return _stacked_trace(x, stacks["W"] @ Z[:-1] + stacks["b"][:, :, None], Z)
         y = [Wk @ zk + column(bk, x) for Wk, bk, zk in zip(self.W, self.b, [x] + list(z[1:-1]))]
         return Trace(x=x, y=tuple(y), z=tuple([x] + list(z[1:])))
 

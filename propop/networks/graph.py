@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from .._checks import real_array, require_finite, require_samples
+from .._checks import real_array, require_finite, require_samples, worst
 from ..layers import Layer
 from ..losses import loss_gradient
 from .trace import Trace
@@ -217,7 +217,7 @@ class Graph:
     def _trace(self, z: dict) -> Trace:
         y = tuple(None if self.is_linear(n) else z[self.inputs[n][0]] for n in self._order)
         return Trace(x=z[INPUT], y=y, z=tuple(z[n] for n in self._order),
-                     info={"outputs": self.outputs})
+                     outputs=tuple(self._order.index(o) for o in self.outputs))
 
     def output_values(self, trace: Trace) -> list:
         """The outputs' values in :attr:`outputs` order."""
@@ -295,12 +295,27 @@ class Graph:
     def nonlinear_residual(self, trace: Trace) -> float:
         """``max_k ||z_k - layer_k(inputs)|| / ||layer_k(inputs)||``: zero at the true pass."""
         z = dict(zip(self._order, trace.z))
-        worst = 0.0
+        gaps = []
         for name in self._order[1:]:
             want = self.layers[name].forward([z[p] for p in self.inputs[name]])
             scale = max(float(np.linalg.norm(want)), 1e-300)
-            worst = max(worst, float(np.linalg.norm(z[name] - want)) / scale)
-        return worst
+            gaps.append(float(np.linalg.norm(z[name] - want)) / scale)
+        return worst(gaps)
+
+    def states_of(self, trace: Trace) -> list:
+        """The forward blocks of ``trace``: outputs of linear nodes, ``a y + beta`` of others.
+
+        The inverse of :meth:`trace_from_states` at a trace (``a, beta`` the secant
+        linearization at the node's input, which reproduces the node exactly).
+        """
+        blocks = []
+        for k, name in enumerate(self._order):
+            if self.is_linear(name):
+                blocks.append(trace.z[k])
+            else:
+                a, beta = self.layers[name].linearize(trace.y[k], "secant")
+                blocks.append(a * trace.y[k] + beta)
+        return blocks
 
 
 def _like(z: Any, size: int) -> Any:

@@ -104,7 +104,8 @@ class Recurrence:
         self.cell = CELLS[backend](step, parameters, jacobian, vjp, self._dtype)
         self.parameters = self.cell.parameters
         self.state_size, self.input_size = int(state_size), int(input_size)
-        self.output = np.arange(self.state_size) if output is None else np.asarray(output)
+        self.output = np.arange(self.state_size) if output is None else _rows(output,
+                                                                               self.state_size)
         self.block_size = int(block_size)
         if self.block_size < 1 or self.state_size % self.block_size:
             raise ValueError(f"block_size {block_size} must divide the state size "
@@ -163,8 +164,9 @@ class Recurrence:
         target = np.asarray(target)
         if target.shape == self.outputs(trace).shape:
             target = np.moveaxis(target, 1, 0)
-        eps = np.zeros_like(trace.z[1])
-        eps[:, self.output] = np.moveaxis(loss_gradient(out, target, loss, reduction), 0, 1)
+        eps = np.zeros_like(trace.z[1])  # a row listed twice in output counts twice
+        np.add.at(eps, (slice(None), self.output),
+                  np.moveaxis(loss_gradient(out, target, loss, reduction), 0, 1))
         return eps
 
     def gradients(self, trace: Trace, v: Sequence[Any]) -> RecurrenceGradients:
@@ -344,6 +346,18 @@ class _NumpyCell:
 
 
 CELLS = {"torch": _TorchCell, "numpy": _NumpyCell}
+
+
+def _rows(output: Any, size: int) -> Any:
+    """``output`` as integer rows of a state of ``size``, or ``ValueError`` naming the bad one."""
+    rows = np.asarray(output)
+    if rows.ndim != 1 or rows.size == 0 or rows.dtype.kind not in "iu":
+        raise ValueError(f"output must be a non-empty list of state rows (integers), got "
+                         f"{output!r}")
+    bad = rows[(rows < 0) | (rows >= size)]
+    if bad.size:
+        raise ValueError(f"output row {int(bad[0])} is not a row of the state (0..{size - 1})")
+    return rows
 
 
 def _samples_first(a: Any, dtype: Any) -> Any:

@@ -8,7 +8,6 @@ Time is the leading axis: ``xs`` is ``(tau, n_in)`` or ``(tau, n_in, r)``.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -250,8 +249,8 @@ class RNN:
         xp = self.backend.xp
         xs = self.check_input(xs)
         tau, batch = xs.shape[0], xs.shape[2:]
-        if z is None:
-            z = [xs] + [xp.zeros((tau, h) + batch, dtype=self.dtype) for h in self.sizes[1:]]
+        z = [xs] + (list(z[1:]) if z is not None else
+                    [xp.zeros((tau, h) + batch, dtype=self.dtype) for h in self.sizes[1:]])
         y = []
         for k, (Wk, Uk, bk) in enumerate(zip(self.W, self.U, self.b)):
             previous = xp.concatenate([xp.zeros_like(z[k + 1][:1]), z[k + 1][:-1]])

@@ -29,6 +29,9 @@ class Trace:
         For a network of equal widths: ``{"y": (l, n[, r]), "z": (l + 1, n[, r])}``,
         the arrays whose slices ``y`` and ``z`` are (no copies), so that all
         layers can be processed in one call; empty otherwise.
+    outputs : tuple of int
+        Which states are the network's outputs (a graph's output nodes); empty
+        means the last, ``z[-1]``.
     """
 
     x: Any
@@ -36,11 +39,15 @@ class Trace:
     z: tuple
     info: dict = field(default_factory=dict, compare=False)
     stacked: dict = field(default_factory=dict, compare=False, repr=False)
+    outputs: tuple = ()
 
     @property
     def output(self) -> Any:
-        """The network's output ``z^(l)``."""
-        return self.z[-1]
+        """The network's output: ``z^(l)``, a graph's output node, or a tuple of several."""
+        if not self.outputs:
+            return self.z[-1]
+        values = tuple(self.z[k] for k in self.outputs)
+        return values[0] if len(values) == 1 else values
 
 
 @dataclass(frozen=True)

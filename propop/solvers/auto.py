@@ -212,13 +212,13 @@ def _prepare_auto(system: Any, *, candidates: tuple[str, ...] = CANDIDATES,
 
 @register("auto", kind="direct", exact=True, backends=("numpy", "cupy", "torch"),
           prepare=_prepare_auto)
-def auto(system: Any, *, rtol: float | None = None, atol: float = 0.0, verify: bool = False,
+def auto(system: Any, *, rtol: float | None = None, atol: float = 0.0,
          candidates: tuple[str, ...] = CANDIDATES) -> Solution:
     """The exact method predicted fastest for this system by the calibrated cost model.
 
     Parameters
     ----------
-    rtol, atol, verify
+    rtol, atol
         Passed to the chosen method.
     candidates : tuple of str
         The methods to choose from; default substitution, cyclic reduction and
@@ -232,5 +232,4 @@ def auto(system: Any, *, rtol: float | None = None, atol: float = 0.0, verify: b
     words; :func:`propop.solvers.explain` prints the same. The model and its
     constants: :mod:`propop.solvers.auto`, :mod:`propop.calibration`.
     """
-    return _prepare_auto(system, candidates=candidates, rtol=rtol, atol=atol,
-                         verify=verify)(system)
+    return _prepare_auto(system, candidates=candidates, rtol=rtol, atol=atol)(system)

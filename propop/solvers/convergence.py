@@ -128,15 +128,33 @@ class Tolerance:
         system's own form; ``columns`` picks the columns of the right-hand side
         that ``R`` and ``X`` hold (default: all).
         """
+        return self.assess(R, X, columns)[0]
+
+    def assess(self, R: Any, X: Any, columns: Any = None) -> tuple[np.ndarray, tuple]:
+        """``(block ratios, floored blocks)`` of a residual ``R`` at ``X``, in one pass.
+
+        The floored blocks meet the contract only through the absolute floor: their
+        residual exceeds ``rtol (||x_k|| + ||c_k||)`` in some column but not the
+        bound. Such a block is below ``eps^2`` of its column, numerically zero at
+        the column's scale: it may come back as zero, or with a relative error of
+        any size, its absolute error under that floor. Named in block order.
+        """
         r = np.sqrt(block_squares(self.system, self.system.unit_rows(R)))
-        x2 = block_squares(self.system, X)
+        relative = block_squares(self.system, X)  # ||x_k||^2, made the bound in place:
         c = self.rhs_norms if columns is None else self.rhs_norms[:, columns]
-        whole = np.sqrt(x2.sum(axis=0)) + np.sqrt((c * c).sum(axis=0))
-        bound = self.rtol * (np.sqrt(x2) + c) + self.floor_factor * whole
+        whole = np.sqrt(relative.sum(axis=0)) + np.sqrt((c * c).sum(axis=0))
+        np.sqrt(relative, out=relative)
+        relative += c
+        relative *= self.rtol  # rtol (||x_k|| + ||c_k||)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            ratios = r / bound  # 0/0 (a zero block, solved) is NaN: made 0 below
+            floored = r > relative
+            ratios = relative + self.floor_factor * whole  # the bound
+            floored &= r <= ratios
+            ratios = np.divide(r, ratios, out=ratios)  # 0/0 (a zero block): made 0 below
         ratios[r == 0] = 0.0
-        return np.where(np.isnan(ratios), np.inf, ratios)
+        ratios[np.isnan(ratios)] = np.inf
+        names = tuple(self.system.names[k] for k in np.flatnonzero(floored.any(axis=1)))
+        return ratios, names
 
     @property
     def floor_factor(self) -> float:
@@ -182,28 +200,27 @@ def _first_nonfinite(system: Any, x: Any) -> str:
     return "the solution"
 
 
-def finish(system: Any, x: Any, *, tol: Tolerance | None, iterations: int = 0,
+def finish(system: Any, x: Any, *, tol: Tolerance, iterations: int = 0,
            history: Sequence[float] = (), levels: int = 0, info: dict | None = None,
            maxiter: int | None = None, breakdown: str = "", estimates: bool = False,
-           verify: bool = True, initial: float | None = None) -> Solution:
+           direct: bool = False) -> Solution:
     """Build the :class:`Solution`: status from the true residual, block by block, never silent.
 
-    ``history`` holds the residual norms the method recorded (initial first);
-    with ``estimates=True`` its last entry is replaced by the true final norm.
-    ``verify=False`` (for exact direct methods, whose residual costs as much as
-    the solve) only checks that ``x`` is finite; ``residuals`` then holds the
-    initial norm alone (``initial`` where the method knows it) and
-    ``info["verified"]`` is ``False``. Otherwise
-    ``info["block_ratios"]`` holds each sample's worst block ratio (the
-    contract holds where it is at most 1).
+    Every method ends here, direct ones included: the true residual ``c - A x``
+    costs one product and is the only ground for CONVERGED. ``history`` holds
+    the residual norms the method recorded (initial first); with
+    ``estimates=True`` its last entry is replaced by the true final norm.
+    ``direct=True``: a result that misses the tolerance is ``INACCURATE`` (rounding
+    amplified beyond ``rtol``), not ``MAX_ITER``. ``info["block_ratios"]`` holds
+    each sample's worst block ratio (the contract holds where it is at most 1),
+    ``info["floored"]`` the blocks held only to the absolute floor (see
+    :meth:`Tolerance.assess`).
     """
-    info = dict(info or {}, verified=verify)
-    if not verify:
-        return _unverified(system, x, levels, info, initial)
+    info = dict(info or {}, verified=True)
     with backend.quiet(system.backend.xp):
         R = system.residual(x)
         norms = column_norms(R)
-        ratios = tol.block_ratios(R, x)
+        ratios, floored = tol.assess(R, x)
     history = [float(h) for h in history] or [float(column_norms(system.rhs).max())]
     final = float(norms.max())
     if estimates and len(history) > 1:
@@ -212,31 +229,25 @@ def finish(system: Any, x: Any, *, tol: Tolerance | None, iterations: int = 0,
         history.append(final)
     worst = ratios.max(axis=0)
     info.update(residual_estimates=estimates, sample_residuals=norms, block_ratios=worst,
-                rtol=tol.rtol, atol=tol.atol)
+                rtol=tol.rtol, atol=tol.atol, floored=floored)
     met = tol.met(worst, norms)
-    if met.all():
+    finite = bool(np.isfinite(norms).all()) and _finite(system.backend.xp, x)
+    if met.all() and finite:
         status, message = Status.CONVERGED, (
             f"converged in {iterations} iterations, residual {final:.2e}, every block "
-            f"within rtol={tol.rtol:.1e}")
+            f"within rtol={tol.rtol:.1e}" + (
+                f" ({len(floored)} blocks below eps^2 of their column held to the absolute "
+                f"floor only, first {floored[0]})" if floored else ""))
     elif breakdown:
         status, message = Status.BREAKDOWN, breakdown
-    elif not np.isfinite(norms).all() or not bool(system.backend.xp.isfinite(x).all()):
+    elif not finite:
         status, message = Status.NONFINITE, _nonfinite_message(system, x)
+    elif direct:
+        status, message = Status.INACCURATE, _inaccurate_message(system, tol, ratios, met)
     else:
         status, message = Status.MAX_ITER, _max_iter_message(system, tol, ratios, met, maxiter)
     return Solution(x=x, status=status, message=message, iterations=iterations,
                     residuals=tuple(history), levels=levels, info=info)
-
-
-def _unverified(system: Any, x: Any, levels: int, info: dict, initial: float | None
-                ) -> Solution:
-    initial = (float(column_norms(system.rhs).max()) if initial is None else initial,)
-    if _finite(system.backend.xp, x):
-        return Solution(x=x, status=Status.CONVERGED, message="solved exactly (unverified: "
-                        "pass verify=True for the true residual)", residuals=initial,
-                        levels=levels, info=info)
-    return Solution(x=x, status=Status.NONFINITE, message=_nonfinite_message(system, x),
-                    residuals=initial, levels=levels, info=info)
 
 
 def _finite(xp: Any, x: Any) -> bool:
@@ -253,6 +264,18 @@ def _nonfinite_message(system: Any, x: Any) -> str:
     return (f"non-finite values, first in {_first_nonfinite(system, x)} in solve order: a "
             "long product of Jacobians overflowed or the iteration diverged; check the "
             "weights' scale, use float64, or a direct method such as 'substitution'")
+
+
+def _inaccurate_message(system: Any, tol: Tolerance, ratios: np.ndarray, met: np.ndarray
+                        ) -> str:
+    """A direct method's result that misses the tolerance: where, by how much, what to do."""
+    short = np.where(met[None, :], 0, ratios)
+    block, sample = np.unravel_index(int(np.argmax(short)), short.shape)
+    where = "" if met.size == 1 else f" of sample {sample}"
+    return (f"the result misses the tolerance: block {system.names[block]}{where} has a "
+            f"residual {short[block, sample]:.1e} times rtol={tol.rtol:.1e} relative to its "
+            f"own size; rounding was amplified beyond rtol ({np.dtype(system.dtype).name}): "
+            "use float64, raise rtol, or 'substitution' if this was another method")
 
 
 def _max_iter_message(system: Any, tol: Tolerance, ratios: np.ndarray, met: np.ndarray,

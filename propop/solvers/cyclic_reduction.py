@@ -249,7 +249,7 @@ def _check_sparse(cores: list, level: int, blocks: list) -> None:
             raise _OverflowError.between(level, a, b)
 
 
-def _plan(system: Any, factor: Callable, rtol: float | None, atol: float, verify: bool,
+def _plan(system: Any, factor: Callable, rtol: float | None, atol: float,
           shared_diagonal: str | None, peak: int) -> Callable[..., Solution]:
     """The memory guard, then ``factor``'s work on the matrix; returns the per-rhs solve.
 
@@ -283,11 +283,9 @@ def _plan(system: Any, factor: Callable, rtol: float | None, atol: float, verify
                             message=overflow.message, levels=expected,
                             info={"flops": counter.flops})
         info.update(flops=counter.flops, peak_bytes=info.get("peak_bytes", peak))
-        approximate = shared_diagonal is not None
-        tol = Tolerance.of(s, rtol, atol) if (verify or approximate) else None
-        solution = finish(s, x, tol=tol, levels=levels, info=info,
-                          verify=verify or approximate)
-        return approximation_report(s, solution) if approximate else solution
+        solution = finish(s, x, tol=Tolerance.of(s, rtol, atol), levels=levels, info=info,
+                          direct=True)
+        return approximation_report(s, solution) if shared_diagonal is not None else solution
 
     return solve
 
@@ -299,7 +297,7 @@ def _applies(option: str, value: Any, where: str) -> None:
 
 
 def _prepare_cyclic_reduction(system: Any, *, rtol: float | None = None, atol: float = 0.0,
-                              verify: bool = False, shared_diagonal: str | None = None,
+                              shared_diagonal: str | None = None,
                               sparse: bool | None = None, dense_threshold: float | None = None,
                               within: str | None = None, groups: bool = False) -> Callable:
     """The matrix work of ``cyclic-reduction`` (its plan): the per-rhs solve it returns.
@@ -313,13 +311,12 @@ def _prepare_cyclic_reduction(system: Any, *, rtol: float | None = None, atol: f
         _applies("dense_threshold", dense_threshold, "chains")
         within = within or WITHIN[0]
         return _plan(system, _one_shot(functools.partial(_over_time, within=within)), rtol,
-                     atol, verify, shared_diagonal, footprint.time_cyclic_reduction(system,
-                                                                                    within))
+                     atol, shared_diagonal, footprint.time_cyclic_reduction(system, within))
     _applies("within", within, "RNN systems")
     if groups and not system.is_chain:
         _applies("sparse", sparse, "chains")
         _applies("dense_threshold", dense_threshold, "chains")
-        return _plan(system, _one_shot(_over_groups), rtol, atol, verify, shared_diagonal,
+        return _plan(system, _one_shot(_over_groups), rtol, atol, shared_diagonal,
                      footprint.groups(system))
     if not system.is_chain:
         raise ValueError("this system is not block bi-diagonal (a chain): each block row "
@@ -332,16 +329,15 @@ def _prepare_cyclic_reduction(system: Any, *, rtol: float | None = None, atol: f
         # worst dense, in CSR (12 bytes an entry): 3 times the dense path bounds it
         run = functools.partial(_sparse_reduce, dense_threshold=0.25 if dense_threshold is None
                                 else dense_threshold)
-        return _plan(system, _one_shot(run), rtol, atol, verify, shared_diagonal,
-                     3 * dense_peak)
+        return _plan(system, _one_shot(run), rtol, atol, shared_diagonal, 3 * dense_peak)
     _applies("dense_threshold", dense_threshold, "sparse reductions (sparse=True)")
-    return _plan(system, _factored_chain, rtol, atol, verify, shared_diagonal, dense_peak)
+    return _plan(system, _factored_chain, rtol, atol, shared_diagonal, dense_peak)
 
 
 @register("cyclic-reduction", kind="direct", exact=True, backends=("numpy", "cupy", "torch"),
           requires=("reducible",), prepare=_prepare_cyclic_reduction)
 def cyclic_reduction(system: Any, *, rtol: float | None = None, atol: float = 0.0,
-                     verify: bool = False, shared_diagonal: Literal["mean"] | None = None,
+                     shared_diagonal: Literal["mean"] | None = None,
                      sparse: bool | None = None, dense_threshold: float | None = None,
                      within: Literal["cyclic-reduction", "substitution"] | None = None,
                      groups: bool = False) -> Solution:
@@ -355,9 +351,6 @@ def cyclic_reduction(system: Any, *, rtol: float | None = None, atol: float = 0.
 
     Parameters
     ----------
-    verify : bool
-        Compute the true residual (as costly as a substitution) and judge it by
-        the accuracy contract (:mod:`propop.solvers.convergence`).
     shared_diagonal : {None, "mean"}
         ``"mean"``: one reduced block per pair for the whole batch, from the
         batch-mean scalings. Approximate; ``info["approximation_error"]`` holds
@@ -394,14 +387,13 @@ def cyclic_reduction(system: Any, *, rtol: float | None = None, atol: float = 0.
     an RNN system) raises ``ValueError``.
     """
     return _prepare_cyclic_reduction(
-        system, rtol=rtol, atol=atol, verify=verify, shared_diagonal=shared_diagonal,
+        system, rtol=rtol, atol=atol, shared_diagonal=shared_diagonal,
         sparse=sparse, dense_threshold=dense_threshold, within=within, groups=groups)(system)
 
 
 @register("parallel-cyclic-reduction", kind="direct", exact=True,
           backends=("numpy", "cupy", "torch"), requires=("chain",))
 def parallel_cyclic_reduction(system: Any, *, rtol: float | None = None, atol: float = 0.0,
-                              verify: bool = False,
                               shared_diagonal: Literal["mean"] | None = None) -> Solution:
     """Parallel cyclic reduction (the paper's form): ceil(log2 nblocks) levels.
 
@@ -413,5 +405,5 @@ def parallel_cyclic_reduction(system: Any, *, rtol: float | None = None, atol: f
     system.require_chain()  # a clear error for systems that are not block bi-diagonal
     peak = footprint.dense_cyclic_reduction(system, shared_diagonal is not None,
                                             parallel_form=True)
-    return _plan(system, _one_shot(_dense(_parallel_reduce)), rtol, atol, verify,
-                 shared_diagonal, peak)(system)
+    return _plan(system, _one_shot(_dense(_parallel_reduce)), rtol, atol, shared_diagonal,
+                 peak)(system)

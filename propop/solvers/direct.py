@@ -19,36 +19,42 @@ __all__ = ["substitution", "level_scheduled", "spsolve_triangular", "approximati
 
 
 @register("substitution", kind="direct", exact=True, backends=("numpy", "cupy", "torch"))
-def substitution(system: Any, *, rtol: float | None = None, atol: float = 0.0,
-                 verify: bool = False) -> Solution:
+def substitution(system: Any, *, rtol: float | None = None, atol: float = 0.0) -> Solution:
     """Block forward/back substitution: the sequential baseline.
 
     Eqs. def_forw_prop2 and def_back_prop2, written on the system's blocks.
 
     Block row ``k`` is ``x_k = (c_k + s_k * (M x_nbr)) / d_k``; one product with
     the shared coupling matrix serves all samples. ``levels`` is the number of
-    blocks, each a sequential step. With ``verify=True`` the true residual is
-    computed (as costly as the solve) and judged by ``rtol``/``atol``; otherwise
-    only finiteness is checked: overflow is reported, never returned.
+    blocks, each a sequential step. The true residual is computed at the end (one
+    product, parallel over the blocks) and judged by ``rtol``/``atol``: rounding
+    amplified beyond the tolerance is ``INACCURATE``, overflow ``NONFINITE``.
 
     A system with a time structure (an RNN's) is solved on its stacked arrays
     (:func:`_substitute_over_time`), never unrolled into per-block objects; so
     is a chain given by its stacked couplings (:func:`_substitute_stacked`).
     """
-    nonzero, initial = _rhs_blocks(system)
+    return finish(system, substitute(system), tol=Tolerance.of(system, rtol, atol),
+                  levels=system.nblocks, direct=True)
+
+
+def substitute(system: Any) -> Any:
+    """The solution by block substitution, unchecked: the kernel of :func:`substitution`.
+
+    For solves inside other methods (preconditioners) whose results the outer
+    method checks.
+    """
+    nonzero = _rhs_blocks(system)
     if system.structure is not None:
-        x = _substitute_over_time(system)
-    elif system.coupling_stack is not None:
-        x = _substitute_stacked(system, nonzero)
-    else:
-        x = _substitute(system, system.blocks.steps, nonzero)
-    tol = Tolerance.of(system, rtol, atol) if verify else None
-    return finish(system, x, tol=tol, levels=system.nblocks, verify=verify, initial=initial)
+        return _substitute_over_time(system)
+    if system.coupling_stack is not None:
+        return _substitute_stacked(system, nonzero)
+    return _substitute(system, system.blocks.steps, nonzero)
 
 
 @register("level-scheduled", kind="direct", exact=True, backends=("numpy", "cupy"))
 def level_scheduled(system: Any, *, rtol: float | None = None,
-                    atol: float = 0.0, verify: bool = False) -> Solution:
+                    atol: float = 0.0) -> Solution:
     """Substitution by topological levels: the classic parallel sparse triangular solve.
 
     The blocks of a level (:attr:`Blocks.levels`) read only earlier levels, so
@@ -59,32 +65,27 @@ def level_scheduled(system: Any, *, rtol: float | None = None,
     parallelism each level offers.
     """
     if system.coupling_stack is not None:  # a chain: one block per level
-        x, sizes = _substitute_stacked(system, _rhs_blocks(system)[0]), [1] * system.nblocks
+        x, sizes = _substitute_stacked(system, _rhs_blocks(system)), [1] * system.nblocks
     else:
         levels = system.blocks.levels
         x = _substitute(system, [step for level in levels for step in level],
-                        _rhs_blocks(system)[0])
+                        _rhs_blocks(system))
         sizes = [len(level) for level in levels]
-    tol = Tolerance.of(system, rtol, atol) if verify else None
-    return finish(system, x, tol=tol, levels=len(sizes), verify=verify,
-                  info={"level_sizes": sizes})
+    return finish(system, x, tol=Tolerance.of(system, rtol, atol), levels=len(sizes),
+                  info={"level_sizes": sizes}, direct=True)
 
 
-def _rhs_blocks(system: Any) -> tuple[Any, float]:
-    """Which blocks of the right-hand side are non-zero, and its largest column norm.
+def _rhs_blocks(system: Any) -> Any:
+    """Which blocks of the right-hand side are non-zero (a host array of booleans).
 
     From :attr:`TriangularSystem.rhs_support` where the builder knows it (no look
     at the zeros), else from one pass over the right-hand side.
     """
     if system.rhs_support is None:
-        squares = block_squares(system, system.rhs)
-        return (squares > 0).any(axis=1), float(np.sqrt(squares.sum(axis=0).max()))
-    support = sorted(system.rhs_support)
+        return (block_squares(system, system.rhs) > 0).any(axis=1)
     nonzero = np.zeros(system.nblocks, dtype=bool)
-    nonzero[support] = True
-    cs = system.split(system.rhs)
-    squares = sum(backend.to_host((cs[k] * cs[k]).sum(axis=0)) for k in support)
-    return nonzero, float(np.sqrt(np.max(squares))) if support else 0.0
+    nonzero[sorted(system.rhs_support)] = True
+    return nonzero
 
 
 def _substitute(system: Any, steps: Any, nonzero: Any) -> Any:
@@ -219,11 +220,11 @@ def _layer_at_once(x: list, c: list, scales: list, incoming: list, k: int) -> No
 
 @register("scipy.spsolve_triangular", kind="direct", exact=True)
 def spsolve_triangular(system: Any, *, rtol: float | None = None,
-                       atol: float = 0.0, verify: bool = False) -> Solution:
+                       atol: float = 0.0) -> Solution:
     """SciPy's ``spsolve_triangular`` on the explicit matrix (all samples in one call).
 
-    Row by row: ``levels`` is the number of unknowns of a sample. ``verify`` as
-    for :func:`substitution`.
+    Row by row: ``levels`` is the number of unknowns of a sample. Checked by its
+    true residual as :func:`substitution` is.
     """
     peak = footprint.explicit_matrix(system)
     memory.require(peak, f"scipy.spsolve_triangular with the explicit matrix of "
@@ -234,16 +235,14 @@ def spsolve_triangular(system: Any, *, rtol: float | None = None,
     x = scipy_solve(matrix, rhs, lower=system.lower, unit_diagonal=system.form == "scaled")
     if system.nrhs is not None:
         x = x.reshape(system.nrhs, system.size).T
-    tol = Tolerance.of(system, rtol, atol) if verify else None
-    return finish(system, x, tol=tol, levels=system.size,
+    return finish(system, x, tol=Tolerance.of(system, rtol, atol), levels=system.size,
                   info={"matrix_format": matrix.format, "nnz": matrix.nnz,
-                        "peak_bytes": peak},
-                  verify=verify)
+                        "peak_bytes": peak}, direct=True)
 
 
 def approximation_report(system: Any, solution: Solution) -> Solution:
     """Mark a ``shared_diagonal="mean"`` answer approximate, with its error against the exact."""
-    exact = substitution(system).x
+    exact = substitute(system)
     xp = system.backend.xp
     scale = max(float(xp.linalg.norm(exact)), 1e-300)
     error = float(xp.linalg.norm(solution.x - exact)) / scale

@@ -32,10 +32,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from .. import backend
 from ..progress import Silent, bar
 from .options import OptionError, validate
-from .solution import ConvergenceError, Solution
+from .solution import ConvergenceError, Solution, Status
 
 __all__ = ["Plan", "prepare"]
 
@@ -86,6 +88,8 @@ class Plan:
             elapsed = time.perf_counter() - start
         if system is not self.system:  # the matrix work of this solve serves the next
             self.system.adopt_caches(system)
+        solution = judged(system, system.approximates, _as_solution(self.method, solution),
+                          self.options)
         solution = dataclasses.replace(solution, time=elapsed, method=self.method)
         if check and not solution.converged:
             raise ConvergenceError(solution)
@@ -157,6 +161,56 @@ def _as_system(system: Any, options: dict) -> Any:
     raise TypeError(f"pp.solve takes a TriangularSystem (pp.backward_system, "
                     f"pp.forward_system, or pp.TriangularSystem(...)) or a triangular "
                     f"scipy.sparse matrix with b=..., got {type(system).__name__}")
+
+
+def _as_solution(method: str, solution: Any) -> Solution:
+    """``solution`` if it is one; a method that returns something else is named."""
+    if not isinstance(solution, Solution):
+        raise TypeError(f"solver {method!r} returned a {type(solution).__name__}, not a "
+                        "propop Solution (build one with propop.solvers.convergence.finish)")
+    return solution
+
+
+def judged(system: Any, exact: Any, solution: Solution, options: dict) -> Solution:
+    """Every CONVERGED checked against the true residual, once (DESIGN section 3).
+
+    A method that judged its own result by :func:`~.convergence.finish` (every
+    method of propop's) is taken as it is; a user's method claiming convergence
+    is judged here, and its result is ``INACCURATE`` where it misses the
+    tolerance. An approximate system (``exact``, from :meth:`TriangularSystem.shared`
+    with ``how="mean"``) is judged against the true one: ``APPROXIMATE`` unless
+    the answer meets the true system's tolerance.
+    """
+    from .convergence import Tolerance, finish
+
+    rtol, atol = options.get("rtol"), options.get("atol", 0.0)
+    if solution.converged and not solution.info.get("verified"):
+        x = solution.x
+        if tuple(getattr(x, "shape", ())) != tuple(system.rhs.shape):
+            raise TypeError(f"the method returned x of shape {getattr(x, 'shape', None)}, "
+                            f"expected the right-hand side's {tuple(system.rhs.shape)}")
+        solution = dataclasses.replace(finish(
+            system, x, tol=Tolerance.of(system, rtol, atol), iterations=solution.iterations,
+            levels=solution.levels, info=solution.info, direct=True), method=solution.method)
+    if exact is None or solution.status not in (Status.CONVERGED, Status.INACCURATE):
+        return solution
+    if exact is False:
+        return dataclasses.replace(solution, status=Status.APPROXIMATE, message=(
+            "solved the batch-mean approximation (B.shared('mean')); not judged against the "
+            "true system, which has another number of samples"))
+    truth = finish(exact, solution.x, tol=Tolerance.of(exact, rtol, atol),
+                   iterations=solution.iterations, levels=solution.levels, direct=True)
+    if truth.converged:
+        return dataclasses.replace(solution, residuals=truth.residuals, info={
+            **solution.info, "true_residual": truth.residuals[-1]})
+    worst = float(np.max(truth.info["block_ratios"]))
+    return dataclasses.replace(solution, status=Status.APPROXIMATE, residuals=truth.residuals,
+                               info={**solution.info, "true_residual": truth.residuals[-1]},
+                               message=(
+        f"solved the batch-mean approximation (B.shared('mean')) of the system: the true "
+        f"system's residual is {truth.residuals[-1]:.2e}, its worst block {worst:.1e} times "
+        f"its bound at rtol={truth.info['rtol']:.1e}; solve the system itself with a "
+        "batched method for the exact answer"))
 
 
 def _takes_callback(function: Callable) -> bool:

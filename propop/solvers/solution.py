@@ -13,8 +13,11 @@ class Status(enum.Enum):
     """How a solve ended (as lineax's ``RESULTS`` and PETSc's ``KSPConvergedReason``).
 
     ``APPROXIMATE``: an explicitly approximate option (such as cyclic reduction's
-    ``shared_diagonal="mean"``) returned its approximation, which misses the
-    tolerance; ``info`` holds its error.
+    ``shared_diagonal="mean"``) or an approximate system (``B.shared("mean")``)
+    gave an answer that misses the tolerance of the true system; ``info`` holds
+    its error. ``INACCURATE``: a method that stops by itself (a direct one, or a
+    user's method claiming convergence) returned a result whose true residual
+    misses the tolerance.
     """
 
     CONVERGED = "converged"
@@ -22,6 +25,7 @@ class Status(enum.Enum):
     BREAKDOWN = "breakdown"
     NONFINITE = "non-finite values"
     APPROXIMATE = "approximate by request"
+    INACCURATE = "missed the tolerance"
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ back_prop_sys_shifted).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import itertools
 import math
@@ -248,6 +249,9 @@ class TriangularSystem:
                  scale_stack: Any = None) -> None:
         if form not in FORMS:
             raise ValueError(f"unknown form {form!r}; choose one of {FORMS}")
+        coupling, row_scale, rhs, edges, structure, layer_scales, coupling_stack, \
+            scale_stack = _one_dtype(coupling, row_scale, rhs, edges, structure, layer_scales,
+                                     coupling_stack, scale_stack)
         if backend.of(rhs).name == "torch" and coupling_stack is None:
             raise ValueError(_TORCH_STACKS)
         self.sizes = tuple(map(int, sizes))
@@ -394,11 +398,17 @@ class TriangularSystem:
         n = self.size * (self.nrhs or 1)
         return (n, n)
 
+    # The true system of a batch-mean one (shared("mean")); False where it cannot take
+    # this system's right-hand side (another number of columns).
+    approximates: TriangularSystem | None | bool = None
+
     def __repr__(self) -> str:
         kind = "lower" if self.lower else "upper"
         batch = "" if self.nrhs is None else f", r={self.nrhs}"
+        approximate = ("" if self.approximates is None else
+                       ", approximate: batch-mean scalings of a per-sample system")
         return (f"TriangularSystem({kind}, nblocks={self.nblocks}, N={self.size}{batch}, "
-                f"form={self.form!r}, dtype={self.dtype})")
+                f"form={self.form!r}, dtype={self.dtype}{approximate})")
 
     def _validate(self) -> None:
         nb = self.nblocks
@@ -646,12 +656,22 @@ class TriangularSystem:
             ``"exact"``: every row scaling must be the same for all samples (a
             linear network, or a batch repeated), else ``ValueError`` names the
             first block that differs. ``"mean"``: the batch mean of each scaling,
-            an approximation (the scaled right-hand side is kept).
+            an approximation (the scaled right-hand side is kept). The result
+            records the system it stands for in :attr:`approximates` and says so
+            in its repr; :func:`propop.solve` judges its answer against that true
+            system and reports ``APPROXIMATE`` unless it meets the tolerance there.
         """
         if how not in ("exact", "mean"):
             raise ValueError(f"how must be one of ('exact', 'mean'), got {how!r}")
         if self._scaled_once:
             return self
+        shared = self._shared(how)
+        if how == "mean" and not self.shares_matrix:
+            shared.approximates = self
+        return shared
+
+    def _shared(self, how: str) -> TriangularSystem:
+        """:meth:`shared`'s system, without saying whether it approximates this one."""
         xp = self.backend.xp
         if self.per_sample_couplings:
             C = self.coupling_stack
@@ -737,6 +757,10 @@ class TriangularSystem:
                         and (same_columns or k not in _COLUMN_CACHES)}
         new._scaled_rhs = rhs
         new.rhs_support = None  # a new right-hand side may be non-zero anywhere
+        if self.approximates:  # the true system with the same right-hand side, if it fits
+            exact = self.approximates
+            new.approximates = exact._rebound(rhs) if rhs.shape == exact._scaled_rhs.shape \
+                else False
         return new
 
     def adopt_caches(self, rebound: TriangularSystem) -> None:
@@ -979,6 +1003,39 @@ _PER_SAMPLE = ("each sample of this system has its own couplings (a per-sample "
                "sample's system with sample(i)")
 _RHS_CACHES = ("rhs",)  # cached views that hold the right-hand side
 _COLUMN_CACHES = ("matrix", "csr", "operator")  # built for the number of samples
+
+
+def _one_dtype(coupling: Any, row_scale: Any, rhs: Any, edges: Any, structure: Any,
+               layer_scales: Any, coupling_stack: Any, scale_stack: Any) -> tuple:
+    """Every coefficient and the right-hand side in one floating type, the widest given.
+
+    A float64 right-hand side with float32 couplings (or the reverse) would be
+    solved in a mix of precisions and miss the float64 tolerance: the arrays are
+    promoted once, here, and the system's dtype is that one type.
+    """
+    arrays = [rhs, coupling_stack, scale_stack, *(coupling or ()), *(row_scale or ()),
+              *(layer_scales or ()), *(M for _, _, M in edges or ()),
+              *(t.M for t in (structure.templates if structure is not None else ()))]
+    present = [a for a in arrays if a is not None]
+    backend.of(*present)  # mixed backends are named before dtypes are compared
+    kinds = {a.dtype for a in present if backend.is_real_floating(a)}
+    if len(kinds) <= 1:
+        return (coupling, row_scale, rhs, edges, structure, layer_scales, coupling_stack,
+                scale_stack)
+    wide = max(kinds, key=lambda d: backend.eps(d) ** -1)
+
+    def cast(a: Any) -> Any:
+        return a if a is None or not backend.is_real_floating(a) else backend.astype(a, wide)
+
+    def each(items: Any) -> Any:
+        return None if items is None else [cast(a) for a in items]
+
+    if structure is not None:
+        structure = dataclasses.replace(structure, templates=tuple(
+            dataclasses.replace(t, M=cast(t.M)) for t in structure.templates))
+    return (each(coupling), each(row_scale), cast(rhs),
+            None if edges is None else [(i, j, cast(M)) for i, j, M in edges], structure,
+            each(layer_scales), cast(coupling_stack), cast(scale_stack))
 
 
 def _sizes(sizes: Sequence[int]) -> str:
