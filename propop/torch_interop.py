@@ -61,6 +61,12 @@ def from_torch(module: nn.Module, input_shape: Sequence[int] | None = None) -> A
         A graph's ``origins[node]`` says which module's parameters a node holds.
     """
     _refuse_hooks(module)
+    if isinstance(module, nn.RNNBase) and module.training and module.dropout > 0 and \
+            module.num_layers > 1:
+        raise ValueError(f"from_torch: {type(module).__name__}(dropout={module.dropout}) in "
+                         "training mode drops out between layers at random, which a propop "
+                         "network does not; call module.eval() first (no dropout), or import "
+                         "one with dropout=0")
     if isinstance(module, nn.RNN):
         return _rnn(module)
     if isinstance(module, (nn.GRU, nn.LSTM)):
@@ -98,10 +104,10 @@ def state_dict(network: Any) -> OrderedDict:
     if origins is None:
         raise ValueError("state_dict needs a network made by from_torch (it names the module "
                          "each parameter came from)")
-    for node, (path, names) in origins.items():
-        parameters = network.layers[node].parameters()
-        for ours, theirs in names.items():
-            out[f"{path}.{theirs}" if path else theirs] = _tensor(parameters[ours])
+    names, ties = network.parameter_names(), network.ties()
+    for (node, ours), name in names.items():
+        if ties[(node, ours)] == (node, ours):  # a tied parameter once, by its first name
+            out[name] = _tensor(network.layers[node].parameters()[ours])
     return out
 
 

@@ -30,6 +30,7 @@ naming the traced node and the line of ``forward()`` it comes from.
 from __future__ import annotations
 
 import operator
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -84,16 +85,24 @@ def trace(module: nn.Module, example: torch.Tensor) -> tuple[Graph, dict]:
     """
     tracer = fx.Tracer()
     tracer.record_stack_traces = True
-    graph_module = fx.GraphModule(module, tracer.trace(module))
+    try:
+        graph = tracer.trace(module)
+    except fx.proxy.TraceError as error:
+        raise ValueError(f"from_torch: {_traced_frame(module, error)}: data-dependent control "
+                         "flow (an if, a loop or a bool() on a tensor's values) cannot be "
+                         "traced: propop imports one fixed graph; write it with tensor "
+                         f"operations (torch.where) instead ({error})") from None
+    graph_module = fx.GraphModule(module, graph)
     ShapeProp(graph_module).propagate(example)
-    return _Translator(graph_module).run()
+    return _Translator(graph_module, module).run()
 
 
 class _Translator:
     """Walks the traced nodes in order, adding propop nodes to one :class:`Graph`."""
 
-    def __init__(self, graph_module: fx.GraphModule) -> None:
+    def __init__(self, graph_module: fx.GraphModule, original: nn.Module) -> None:
         self.module = graph_module
+        self.arrays: dict[int, Any] = {}  # one array per parameter: tied ones stay one
         self.values: dict[fx.Node, Any] = {}
         self.graph: Graph | None = None
         self.origins: dict[str, tuple] = {}
@@ -106,6 +115,7 @@ class _Translator:
                 if node.op == "output":
                     outputs = self._outputs(node)
                 else:
+                    _require_safe_in_place(self.module, node)
                     self.values[node] = getattr(self, f"_{node.op}")(node)
             except _UnsupportedError as why:
                 raise ValueError(f"from_torch: {_where(node)}: {why}") from None
@@ -169,6 +179,14 @@ class _Translator:
         return [v.node for v in self._tensors(values)]
 
     # -- adding nodes -----------------------------------------------------------------
+    def array(self, tensor: torch.Tensor | None) -> Any:
+        """``tensor`` as a float64 array, the same array each time: tied weights stay tied."""
+        if tensor is None:
+            return None
+        if id(tensor) not in self.arrays:
+            self.arrays[id(tensor)] = (tensor, to_numpy(tensor))  # the tensor kept alive
+        return self.arrays[id(tensor)][1]
+
     def _name(self, wanted: str, node: fx.Node) -> str:
         """``wanted`` the first time, the traced node's unique name after (a reused module)."""
         name = wanted if wanted not in self.used else node.name
@@ -323,8 +341,8 @@ def _linear(self: _Translator, module: nn.Linear, x: Value, name: str, node: fx.
     if len(x.shape) != 1:
         raise _UnsupportedError(f"Linear on an input of shape {x.shape}: propop applies Linear to "
                            "(batch, features) inputs")
-    self.origins[name] = (node.target, {"W": "weight", "b": "bias"})
-    return self._add(name, L.Dense(to_numpy(module.weight), to_numpy(module.bias)), [x],
+    self.origins[name] = (node.target, _names(module, W="weight", b="bias"))
+    return self._add(name, L.Dense(self.array(module.weight), self.array(module.bias)), [x],
                      (module.out_features,))
 
 
@@ -335,7 +353,7 @@ def _convolution(self: _Translator, module: Any, x: Value, name: str, node: fx.N
     if len(x.shape) != (2 if one_d else 3):
         raise _UnsupportedError(f"{type(module).__name__} on an input of shape {x.shape}")
     padding = _padding(module)
-    W, b = to_numpy(module.weight), to_numpy(module.bias)
+    W, b = self.array(module.weight), self.array(module.bias)
     options = dict(stride=module.stride, padding=padding, dilation=module.dilation,
                    groups=module.groups)
     if one_d:
@@ -343,7 +361,7 @@ def _convolution(self: _Translator, module: Any, x: Value, name: str, node: fx.N
         layer = L.Conv1d(W, b, input_shape=x.shape, **options)
     else:
         layer = L.Conv2d(W, b, input_shape=x.shape, **options)
-    self.origins[name] = (node.target, {"W": "weight", "b": "bias"})
+    self.origins[name] = (node.target, _names(module, W="weight", b="bias"))
     return self._add(name, layer, [x], _shape(node))
 
 
@@ -390,8 +408,8 @@ def _batch_norm(self: _Translator, module: Any, x: Value, name: str, node: fx.No
                            "statistics): call module.eval() first, propop imports the affine "
                            "map of evaluation mode")
     layer = L.BatchNorm(to_numpy(module.running_mean), to_numpy(module.running_var),
-                        eps=module.eps, input_shape=x.shape, weight=to_numpy(module.weight),
-                        bias=to_numpy(module.bias))
+                        eps=module.eps, input_shape=x.shape, weight=self.array(module.weight),
+                        bias=self.array(module.bias))
     if module.affine:
         self.origins[name] = (node.target, {"weight": "weight", "bias": "bias"})
     return self._add(name, layer, [x], x.shape)
@@ -463,7 +481,7 @@ def _f_linear(self: _Translator, node: fx.Node) -> Value:
     name = self._name(path or node.name, node)
     self.origins[name] = (path, {"W": W.target.rpartition(".")[2]} | (
         {} if b is None else {"b": b.target.rpartition(".")[2]}))
-    layer = L.Dense(to_numpy(W.tensor), None if b is None else to_numpy(b.tensor))
+    layer = L.Dense(self.array(W.tensor), None if b is None else self.array(b.tensor))
     return self._add(name, layer, [x], _shape(node))
 
 
@@ -548,6 +566,80 @@ def _attribute(module: nn.Module, target: str) -> torch.Tensor:
 def _callable_name(target: Any) -> str:
     module = getattr(target, "__module__", None) or ""
     return f"{module}.{getattr(target, '__name__', repr(target))}".lstrip(".")
+
+
+def _names(module: nn.Module, **ours: str) -> dict:
+    """``{propop name: torch name}`` of the parameters ``module`` has (a bias may be None)."""
+    return {k: theirs for k, theirs in ours.items() if getattr(module, theirs) is not None}
+
+
+_IN_PLACE = {operator.iadd: "+=", operator.isub: "-=", operator.imul: "*=",
+             operator.itruediv: "/="}
+
+
+def _overwrites(module: fx.GraphModule, node: fx.Node) -> str | None:
+    """How ``node`` overwrites its first input in place (``None`` if it does not)."""
+    if node.op == "call_module":
+        sub = module.get_submodule(node.target)
+        return f"{type(sub).__name__}(inplace=True)" if getattr(sub, "inplace", False) else None
+    if node.op == "call_function":
+        if node.target in _IN_PLACE:
+            return _IN_PLACE[node.target]
+        if node.kwargs.get("inplace") or (getattr(node.target, "__name__", "").endswith("_")
+                                          and not node.target.__name__.startswith("_")):
+            return f"{_callable_name(node.target)}(inplace)"
+    if node.op == "call_method" and node.target.endswith("_") and \
+            not node.target.startswith("_"):
+        return f".{node.target}()"
+    return None
+
+
+def _require_safe_in_place(module: fx.GraphModule, node: fx.Node) -> None:
+    """An in-place operation is its out-of-place twin only if nothing else reads the input.
+
+    PyTorch overwrites the tensor (and every view of it): a node that reads it,
+    or a tensor it is a view of, would see the new values, which a propop graph
+    (one value per node) cannot say. Refused by name, with its readers.
+    """
+    how = _overwrites(module, node)
+    if how is None or not node.args or not isinstance(node.args[0], fx.Node):
+        return
+    aliases, current = [], node.args[0]
+    while isinstance(current, fx.Node):  # the tensor and what it is a view of
+        aliases.append(current)
+        views = current.op == "call_method" and current.target in _RESHAPES or (
+            current.op == "call_function" and current.target in (torch.flatten, torch.reshape))
+        current = current.args[0] if views and current.args else None
+    readers = sorted({user.name for alias in aliases for user in alias.users
+                      if user is not node and user not in aliases})
+    if readers:
+        raise _UnsupportedError(f"{how} overwrites {node.args[0].name!r}, which "
+                                f"{', '.join(map(repr, readers))} also read: the imported "
+                                "graph would give them the old values; use the out-of-place "
+                                "operation (inplace=False, or x = x + y)")
+
+
+def _traced_frame(module: nn.Module, error: BaseException) -> str:
+    """``Block.forward (module 'layer1') at model.py:12: if x.sum() > 0:`` of a tracing error.
+
+    The innermost frame of the error's traceback outside PyTorch and propop, and
+    the module whose ``forward`` it is (by its ``self``).
+    """
+    import traceback
+
+    paths = {id(m): path for path, m in module.named_modules()}
+    ours = (os.path.dirname(torch.__file__), os.path.dirname(__file__))
+    found = "forward()"
+    frames = traceback.walk_tb(error.__traceback__)
+    for (frame, _), summary in zip(frames, traceback.extract_tb(error.__traceback__)):
+        if summary.filename.startswith(ours):
+            continue
+        owner = frame.f_locals.get("self")
+        where = f"{type(owner).__name__}.{summary.name}"
+        if id(owner) in paths:
+            where += f" (module {paths[id(owner)] or 'the top'!r})"
+        found = f"{where} at {summary.filename}:{summary.lineno}: {(summary.line or '').strip()}"
+    return found
 
 
 def _where(node: fx.Node) -> str:

@@ -48,10 +48,14 @@ class History:
 
 
 def parameters(model: Any) -> dict:
-    """The trainable arrays of ``model`` by name (``W0``, ``U0``, ``b0`` or ``node.W``)."""
+    """The trainable arrays of ``model`` by name (``W0``, ``U0``, ``b0`` or ``node.W``).
+
+    A graph's tied parameters (:meth:`~propop.Graph.ties`) appear once, under
+    their first node's name.
+    """
     if isinstance(model, Graph):
-        return {f"{node}.{name}": value for node, layer in model.layers.items()
-                if layer.linear for name, value in layer.parameters().items()}
+        return {f"{node}.{name}": model.layers[node].parameters()[name]
+                for (node, name), first in model.ties().items() if first == (node, name)}
     return _by_name(model, model)
 
 
@@ -62,18 +66,22 @@ def _by_name(model: Any, arrays: Any) -> dict:
 
 
 def _gradients(model: Any, g: Any) -> dict:
-    if isinstance(model, Graph):
-        return {f"{node}.{name}": v for node, grads in g.parameters.items()
-                for name, v in grads.items()}
-    return _by_name(model, g)
+    """The gradients by :func:`parameters`' names; a tie's parts summed into its first."""
+    if not isinstance(model, Graph):
+        return _by_name(model, g)
+    ties, out = model.ties(), {}
+    for node, grads in g.parameters.items():
+        for name, value in grads.items():
+            key = "{}.{}".format(*ties[(node, name)])
+            out[key] = value if key not in out else out[key] + value
+    return out
 
 
 def _rebuilt(model: Any, params: dict) -> Any:
     """``model`` with ``params`` (a new FNN or RNN; a graph's layers updated in place)."""
-    if isinstance(model, Graph):
-        for key, value in params.items():
-            node, name = key.rsplit(".", 1)
-            model.layers[node].set_parameter(name, value)
+    if isinstance(model, Graph):  # every node of a tie gets the one new array
+        for (node, name), first in model.ties().items():
+            model.layers[node].set_parameter(name, params["{}.{}".format(*first)])
         return model
     depth = len(model.W)
     pick = [[params[f"{n}{k}"] for k in range(depth)] for n in ("W", "U", "b")

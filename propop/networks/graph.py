@@ -42,15 +42,35 @@ class GraphGradients:
     Attributes
     ----------
     parameters : dict
-        ``parameters[node][name]``, e.g. ``g.parameters["fc1"]["W"]``.
+        ``parameters[node][name]``, e.g. ``g.parameters["fc1"]["W"]``: each node's
+        own part (a parameter tied to another node's has its part there too).
     x : array
         ``dE/dx`` for the input.
     solution : Solution or None
+    names : dict
+        ``(node, name) -> (public name, the tie's first (node, name))``, from
+        :meth:`Graph.parameter_names` and :meth:`Graph.ties`.
     """
 
     parameters: dict
     x: Any
     solution: Any = field(default=None, compare=False)
+    names: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def named_parameters(self) -> Any:
+        """``(name, gradient)`` per parameter, as ``module.named_parameters()`` yields them.
+
+        The names are the PyTorch module's for an imported graph (``"fc1.weight"``),
+        else ``"node.W"``; a parameter tied to several nodes comes once, under its
+        first name, with the parts of every node summed.
+        """
+        total: dict = {}
+        for node, grads in self.parameters.items():
+            for name, value in grads.items():
+                first = self.names.get((node, name), (f"{node}.{name}", (node, name)))[1]
+                total[first] = value if first not in total else total[first] + value
+        for first, value in total.items():
+            yield self.names.get(first, (f"{first[0]}.{first[1]}",))[0], value
 
 
 class Graph:
@@ -182,6 +202,41 @@ class Graph:
         """float64 (the layers' arrays decide; mixed inputs are cast)."""
         return np.dtype("float64")
 
+    def parameter_names(self) -> dict:
+        """``(node, name) -> public name`` of every parameter, in node order.
+
+        An imported graph's are the PyTorch module's (``"layer1.0.conv1.weight"``,
+        from ``origins``); others are ``"node.name"``.
+        """
+        origins = getattr(self, "origins", None) or {}
+        out = {}
+        for node in self._trainable():
+            path, theirs = origins.get(node, ("", {}))
+            for ours in self.layers[node].parameters():
+                name = theirs.get(ours)
+                out[(node, ours)] = (f"{path}.{name}" if path else name) if name else \
+                    f"{node}.{ours}"
+        return out
+
+    def ties(self) -> dict:
+        """``(node, name) -> (node, name)`` of the first parameter holding the same array.
+
+        Parameters are tied when two nodes hold the same array object (an imported
+        module's tied weights, or the same array given to two layers): their
+        gradients add up and training keeps them one. Untied parameters map to
+        themselves.
+        """
+        first: dict[int, tuple] = {}
+        out = {}
+        for node in self._trainable():
+            for ours, value in self.layers[node].parameters().items():
+                out[(node, ours)] = first.setdefault(id(value), (node, ours))
+        return out
+
+    def _trainable(self) -> list:
+        """The nodes that may hold parameters: the linear layers, in order."""
+        return [n for n in self._order[1:] if self.layers[n].linear]
+
     def is_linear(self, name: str) -> bool:
         """Whether node ``name`` is the input or a linear layer (its block is its output)."""
         return name == INPUT or self.layers[name].linear
@@ -266,7 +321,9 @@ class Graph:
                 grads = self.layers[name].gradients([z[p] for p in self.inputs[name]], block)
                 if grads:
                     out[name] = grads
-        return GraphGradients(parameters=out, x=blocks[0])
+        names, ties = self.parameter_names(), self.ties()
+        return GraphGradients(parameters=out, x=blocks[0],
+                              names={key: (names[key], ties[key]) for key in names})
 
     # -- systems ------------------------------------------------------------------------
     def unstack(self, system: Any, x: Any) -> list:

@@ -236,8 +236,10 @@ def finish(system: Any, x: Any, *, tol: Tolerance, iterations: int = 0,
         status, message = Status.CONVERGED, (
             f"converged in {iterations} iterations, residual {final:.2e}, every block "
             f"within rtol={tol.rtol:.1e}" + (
-                f" ({len(floored)} blocks below eps^2 of their column held to the absolute "
-                f"floor only, first {floored[0]})" if floored else ""))
+                f"; {len(floored)} blocks below eps^2 of their column held to the absolute "
+                f"floor only, first {_first_in_solve_order(system, floored)}: it and the "
+                "blocks solved after it are accurate to that absolute level, not to rtol"
+                if floored else ""))
     elif breakdown:
         status, message = Status.BREAKDOWN, breakdown
     elif not finite:
@@ -264,6 +266,15 @@ def _nonfinite_message(system: Any, x: Any) -> str:
     return (f"non-finite values, first in {_first_nonfinite(system, x)} in solve order: a "
             "long product of Jacobians overflowed or the iteration diverged; check the "
             "weights' scale, use float64, or a direct method such as 'substitution'")
+
+
+def _first_in_solve_order(system: Any, names: tuple) -> str:
+    """The first of the named blocks in solve order."""
+    index = {system.names[k]: i for i, k in enumerate(system.blocks.order())} if \
+        system.structure is None and system.coupling_stack is None else None
+    if index is None:  # a chain or time structure: solve order is block order or its reverse
+        return names[0] if system.lower else names[-1]
+    return min(names, key=index.__getitem__)
 
 
 def _inaccurate_message(system: Any, tol: Tolerance, ratios: np.ndarray, met: np.ndarray
