@@ -65,7 +65,17 @@ def gradient_error(g: Any, reference: Any) -> float:
 
 def _problem(network: str, layers: int, width: int, batch: int, activation: str,
              density: float, dtype: str, seed: int, tau: int) -> tuple:
-    """``(net, trace, eps)`` of a random FNN, RNN or residual graph with random data."""
+    """``(net, trace, eps)`` of a random FNN, RNN or residual graph with random data.
+
+    Its memory is estimated from the sizes alone first: no list of ``layers``
+    widths is made for a problem beyond the budget.
+    """
+    what = f"a {network} of {layers} layers of width {width}"
+    memory.require_arrays((1 if network == "fnn" else 2) * layers * width * width,
+                          np.dtype(dtype).itemsize, what, "use fewer or narrower layers")
+    memory.require_arrays(2 * (layers + 1) * width * batch * (tau if network == "rnn" else 1),
+                          np.dtype(dtype).itemsize, f"the forward pass of {what} with batch "
+                          f"{batch}", "use a smaller batch or fewer layers")
     rng = np.random.default_rng(seed)
     if network == "graph":
         net = Graph.residual_mlp(width, layers, activation, seed)
@@ -625,7 +635,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return _command(args)
-    except (KeyError, ValueError, OSError, ImportError, ConvergenceError) as error:
+    except (KeyError, ValueError, OSError, ImportError, ConvergenceError,
+            MemoryError) as error:
         parser.error(_message(error))
 
 

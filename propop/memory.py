@@ -26,7 +26,8 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-__all__ = ["MemoryBudgetError", "available", "budget", "set_budget", "limit", "require"]
+__all__ = ["MemoryBudgetError", "available", "budget", "set_budget", "limit", "require",
+           "require_arrays"]
 
 DEFAULT_FRACTION = 0.5
 SMALL = 2**24  # estimates below 16 MiB pass without a look at the available memory
@@ -116,6 +117,15 @@ def _size(nbytes: float) -> str:
         if nbytes >= scale:
             return f"{nbytes / scale:.1f} {unit}"
     return f"{int(nbytes)} bytes"
+
+
+def require_arrays(entries: float, itemsize: int, what: str, cheaper: str) -> None:
+    """:func:`require` for ``entries`` floats of ``itemsize`` bytes, checked before allocating.
+
+    For networks, traces and systems, whose sizes are products of user input
+    (``layers * width**2``): one look at the product, no allocation.
+    """
+    require(int(entries) * int(itemsize), what, cheaper)
 
 
 def require(estimate: int, what: str, cheaper: str) -> None:

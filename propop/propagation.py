@@ -84,6 +84,12 @@ def backprop(net: Any, x: Any, target: Any, loss: str = "mse",
         else:
             checked = net.check_input(x)
             require_trace(trace, checked, net.state_shapes(checked))
+        outputs = trace.output if isinstance(trace.output, tuple) else (trace.output,)
+        xp = backend.namespace(outputs[0])
+        if not all(bool(xp.all(xp.isfinite(out))) for out in outputs):
+            raise ValueError(f"the forward pass gave non-finite values, first in "
+                             f"{_first_nonfinite(net, trace)}: no gradient exists there; "
+                             "check the weights' scale and the input")
         return trace, backward_system(net, trace, net.loss_gradient(trace, target, loss,
                                                                     reduction))
 
@@ -181,7 +187,8 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
                     forward_system, net, x, around=trace, linearization=linearization))
                 if maxiter is None:  # the longest chain of dependencies is shorter than this
                     exact = linearization == "newton" or not hasattr(net, "merit")
-                    maxiter = shown.total = (system.nblocks - 1 + (stop == "change") if exact
+                    steps = system.nblocks - getattr(net, "input_blocks", 1)
+                    maxiter = shown.total = (max(steps, 1) + (stop == "change") if exact
                                              else 2 * system.nblocks + 10)
                 if len(solutions) >= maxiter:
                     break
@@ -320,10 +327,11 @@ def _first_nonfinite(net: Any, trace: Trace) -> str:
     xp = backend.namespace(trace.x)
     finite = lambda a: a is None or bool(xp.all(xp.isfinite(xp.asarray(a))))  # noqa: E731
     names = getattr(net, "order", None)
-    for letter, values, shift in (("z", trace.z, 0), ("y", trace.y, 1)):
+    for letter, values, shift in (("z", trace.z, 1), ("y", trace.y, 0)):
         for k, a in enumerate(values):
             if not finite(a):
-                return f"node {names[k]!r}" if names else f"{letter}[{k}] (layer {k - shift})"
+                return f"node {names[k]!r}" if names else (
+                    f"{letter}[{k}] (layer {k - shift}'s {'output' if shift else 'input'})")
     for k, (act, y) in enumerate(zip(getattr(net, "activations", ()), trace.y)):
         with backend.quiet(xp):
             if not finite(act(y)):

@@ -250,3 +250,105 @@ def test_blocks_below_eps_squared_are_named_when_held_to_the_floor_only():
             assert error <= np.finfo(float).eps ** 2 * whole, B.names[k]
         else:  # before it: relative, per block
             assert error <= 1e-9 * np.linalg.norm(want) + 1e-300, B.names[k]
+
+
+# -- internal errors turned into right answers or named errors -------------------------
+
+@pytest.mark.parametrize("tau", [1, 2, 3, 4])
+@pytest.mark.parametrize("cell", ["GRU", "LSTM"])
+def test_newton_forward_of_gated_cells_for_every_sequence_length(cell, tau):
+    pytest.importorskip("torch")
+    net = getattr(pp, cell)(2, 3, num_layers=2, seed=0)
+    xs = np.random.default_rng(tau).standard_normal((tau, 2, 3))
+    tr = pp.forward(net, xs)  # Newton is exact after tau iterations, so never needs more
+    assert tr.info["converged"] and tr.info["iterations"] <= tau
+    np.testing.assert_allclose(tr.z[1], net.forward(xs).z[1], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", [s.name for s in pp.solvers.available()
+                                    if s.available and not s.name.startswith("mpi.")])
+def test_a_graph_without_layers_is_its_input(method):
+    graph = pp.Graph(3)
+    if not pp.solvers.info(method).applies_to(pp.backward_system(
+            graph, graph.forward(np.ones((3, 2))), np.ones((3, 2)))):
+        return
+    x, t = np.arange(6.0).reshape(3, 2), np.ones((3, 2))
+    g = pp.backprop(graph, x, t, method=method, check=False)
+    if g.solution.status is pp.Status.BREAKDOWN:  # shadow residual r0: a known limitation
+        assert method in ("pyamg.bicgstab", "scipy.bicgstab", "scipy.cgs", "scipy.tfqmr")
+        return
+    assert g.solution.converged
+    np.testing.assert_allclose(g.x, x - t, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("index", [1.5, "1", True, None, np.float64(0)])
+def test_sample_takes_integers_only(index):
+    net = pp.FNN.random([3, 4, 2], seed=0)
+    B = pp.backward_system(net, net.forward(np.ones((3, 2))), np.ones((2, 2)))
+    with pytest.raises(TypeError, match="integer index"):
+        B.sample(index)
+    assert B.sample(np.int64(1)).nrhs is None
+
+
+def recurrence(step, **parameters):
+    return pp.Recurrence(step, parameters or {"W": np.eye(2)}, state_size=2, input_size=1)
+
+
+def test_a_recurrence_step_of_the_wrong_shape_is_named():
+    torch = pytest.importorskip("torch")
+    rec = recurrence(lambda p, h, x: torch.cat([h, h]))
+    with pytest.raises(ValueError, match=r"the step returned shape \(4,\).*expected \(2,\)"):
+        rec.forward(np.ones((3, 1)))
+
+
+def test_a_recurrence_step_of_the_wrong_dtype_is_named():
+    torch = pytest.importorskip("torch")
+    rec = recurrence(lambda p, h, x: (p["W"] @ h).to(torch.int64))
+    with pytest.raises(TypeError, match="the step returned torch.int64 values"):
+        rec.forward(np.ones((3, 1)))
+    half = recurrence(lambda p, h, x: (p["W"] @ h).to(torch.float32))
+    with pytest.raises(TypeError, match="float32 values in a torch.float64 recurrence"):
+        half.forward(np.ones((3, 1)))
+
+
+def test_nan_parameters_are_named_not_blamed_on_eps():
+    pytest.importorskip("torch")
+    with pytest.raises(ValueError, match="parameter 'W' contains NaN"):
+        recurrence(lambda p, h, x: p["W"] @ h, W=np.full((2, 2), np.nan))
+
+
+def test_a_step_leaving_its_domain_is_named_by_time_step():
+    torch = pytest.importorskip("torch")
+    rec = recurrence(lambda p, h, x: torch.log(p["W"] @ h + x - 1.5))
+    with pytest.raises(ValueError, match="NaN or Inf at time step 0"):
+        pp.backprop(rec, np.ones((3, 1)), np.zeros((3, 2)))
+
+
+def test_backprop_through_an_overflowing_forward_pass_names_the_layer():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with pytest.raises(ValueError, match=r"non-finite values, first in z\[2\] "
+                                             r"\(layer 1's output\)"):
+            pp.backprop(overflowing(), np.ones(3), np.zeros(3))
+
+
+@pytest.mark.parametrize("build", [
+    lambda: pp.FNN.random([10**5] * 10**4),
+    lambda: pp.RNN.random([10**5] * 4),
+    lambda: pp.Graph.residual_mlp(10**5, 10**3),
+    lambda: pp.FNN.random([4, 4]).forward(np.ones((4, 1))) and
+    pp.FNN.random([4] * 10**3).forward(np.broadcast_to(1.0, (4, 10**8))),
+], ids=["fnn", "rnn", "graph", "trace"])
+def test_memory_is_estimated_before_a_network_or_trace_is_allocated(build):
+    with pytest.raises(pp.MemoryBudgetError, match="would need about .* over the memory budget"):
+        build()
+
+
+def test_the_cli_refuses_a_network_beyond_memory_in_one_line(capsys):
+    from propop.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "--layers", "100000000", "--width", "100000"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "fnn of 100000000 layers of width 100000" in err and "Traceback" not in err

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from .. import backend
+from .. import backend, memory
 from .._checks import (canonical_matrix, real_array, require_density, require_finite,
                        require_samples, require_shape)
 from ..activations import Activation, get_activation
@@ -202,6 +202,11 @@ class FNN:
         if output_activation is not None:
             names[-1] = output_activation
         acts = [get_activation(a) for a in names]
+        entries = sum(m * n for m, n in zip(sizes, sizes[1:])) * (1 if density == 1 else
+                                                                  3 * density)
+        memory.require_arrays(entries, np.dtype(dtype).itemsize, f"FNN.random of "
+                              f"{layers} layers of widths up to {max(sizes)}",
+                              "use fewer or narrower layers, or a lower density")
         rng = np.random.default_rng(seed)
         W, b = [], []
         for n_in, n_out, act in zip(sizes[:-1], sizes[1:], acts):
@@ -251,6 +256,10 @@ class FNN:
             Input; samples are columns.
         """
         x = self.check_input(x)
+        states = 2 * sum(self.sizes) * (x.shape[1] if x.ndim == 2 else 1)
+        memory.require_arrays(states, self.dtype.itemsize,
+                              f"the forward pass of {self.depth} layers",
+                              "use a smaller batch, fewer layers or float32")
         if self.equal_widths:  # the states written into two stacked arrays
             return self._stacked_forward(x)
         z, y = [x], []

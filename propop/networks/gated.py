@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import memory
 from .recurrence import Recurrence
 
 __all__ = ["GRU", "LSTM"]
@@ -77,6 +78,9 @@ class _Gated(Recurrence):
         """PyTorch's initialisation: uniform in ``+-1/sqrt(hidden_size)``."""
         rng, bound, H = np.random.default_rng(seed), 1 / np.sqrt(self.hidden_size), \
             self.hidden_size
+        memory.require_arrays(self.gates * H * (input_size + H + 2 * (self.num_layers - 1) * H),
+                              8, f"{type(self).__name__} of {self.num_layers} layers of "
+                              f"hidden size {H}", "use fewer or smaller layers")
         out = {}
         for k in range(self.num_layers):
             m = input_size if k == 0 else H

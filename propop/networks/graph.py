@@ -130,8 +130,11 @@ class Graph:
         Nodes ``fc{k}a, act{k}, fc{k}b, add{k}, out{k}``; weights scaled by
         ``0.5 / sqrt(width)`` so that the signal stays of order one.
         """
+        from .. import memory
         from ..layers import Activation, Add, Dense
 
+        memory.require_arrays(2 * blocks * width * width, 8, f"Graph.residual_mlp of {blocks} "
+                              f"blocks of width {width}", "use fewer or narrower blocks")
         rng = np.random.default_rng(seed)
         graph, source = cls(width), INPUT
         for k in range(blocks):

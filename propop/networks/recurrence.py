@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import backend
+from .. import backend, memory
 from .._checks import real_array, require_finite, require_samples
 from ..losses import loss_gradient
 from .trace import Trace
@@ -111,6 +111,10 @@ class Recurrence:
             raise ValueError(f"block_size {block_size} must divide the state size "
                              f"{self.state_size}")
 
+    # The input is no block of a recurrence's systems: Newton makes one more state exact
+    # per iteration from h_{-1} = 0, tau iterations in all (an FNN's x is block 0: l).
+    input_blocks = 0
+
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(input {self.input_size}, state {self.state_size}, "
                 f"output {self.output.size})")
@@ -151,6 +155,11 @@ class Recurrence:
         h = np.zeros(states.shape[1:], dtype=self.dtype)
         for s in range(X.shape[0]):
             h = states[s] = self.cell(h, X[s])
+        if not np.isfinite(states).all():  # inputs and parameters are finite: the step
+            s, i = (int(k) for k in np.argwhere(~np.isfinite(states))[0][:2])
+            raise ValueError(f"the step returned NaN or Inf at time step {s} (sample {i}) from "
+                             "finite states, inputs and parameters: it overflows or leaves "
+                             "its domain there")
         return self.trace_from_states(xs, [None, _samples_last(states, xs)])
 
     def outputs(self, trace: Trace) -> Any:
@@ -254,6 +263,7 @@ class Recurrence:
             raise ValueError(f"unknown linearization {linearization!r} for a recurrence; "
                              f"choose one of {LINEARIZATIONS}")
         trace = trace if trace is not None else self.trace_from_states(xs, None)
+        self._require_jacobians(trace.x)
         previous, X, r = self._rows(trace.x, trace.z[1])
         F, J = self.cell(previous, X), self.cell.jacobians(previous, X)
         if linearization != "newton":  # the diagonal blocks only (quasi: of size one)
@@ -264,8 +274,17 @@ class Recurrence:
         tau = trace.x.shape[0]
         return J.reshape(tau, r, self.state_size, -1), c.reshape(tau, r, -1)
 
+    def _require_jacobians(self, xs: Any) -> None:
+        """The Jacobian stack ``(tau, r, n, n)`` checked against the memory budget first."""
+        r = xs.shape[2] if xs.ndim == 3 else 1
+        memory.require_arrays(2 * xs.shape[0] * r * self.state_size ** 2, self.dtype.itemsize,
+                              f"the Jacobians of {xs.shape[0]} steps and {r} samples "
+                              f"(state size {self.state_size})",
+                              "use shorter sequences or fewer samples per call")
+
     def jacobians_along(self, trace: Trace) -> Any:
         """``J_s = dF/dh`` at the trace's states, ``(tau, r, n, n)``."""
+        self._require_jacobians(trace.x)
         previous, X, r = self._rows(trace.x, trace.z[1])
         J = self.cell.jacobians(previous, X)
         return J.reshape(trace.x.shape[0], r, self.state_size, -1)
@@ -286,7 +305,7 @@ class _TorchCell:
             raise ValueError("vjp is for backend='numpy'; torch.func differentiates a "
                              "PyTorch step")
         self.dtype = getattr(torch, dtype.name)
-        self.parameters = {k: torch.as_tensor(np.asarray(v), dtype=self.dtype).clone()
+        self.parameters = {k: torch.as_tensor(_parameter(k, v, dtype), dtype=self.dtype).clone()
                            for k, v in parameters.items()}
         self.step = step
         self._batched = vmap(step, in_dims=(None, 0, 0))
@@ -296,13 +315,15 @@ class _TorchCell:
         import torch
 
         with torch.no_grad():
-            return self._batched(self.parameters, self._tensor(H), self._tensor(X)).numpy()
+            out = self._batched(self.parameters, self._tensor(H), self._tensor(X))
+        return _checked(out, H.shape, self.dtype, "the step").numpy()
 
     def jacobians(self, H: Any, X: Any) -> Any:
         import torch
 
         with torch.no_grad():
-            return self._jacobian(self.parameters, self._tensor(H), self._tensor(X)).numpy()
+            out = self._jacobian(self.parameters, self._tensor(H), self._tensor(X))
+        return _checked(out, H.shape + H.shape[-1:], self.dtype, "the Jacobian").numpy()
 
     def pullback(self, H: Any, X: Any, V: Any) -> tuple[dict, Any]:
         from torch.func import vjp
@@ -328,14 +349,17 @@ class _NumpyCell:
                              "nothing differentiates a NumPy step (or write the step in "
                              "PyTorch, backend='torch')")
         self.dtype = dtype
-        self.parameters = {k: np.array(v, dtype=dtype) for k, v in parameters.items()}
+        self.parameters = {k: np.array(_parameter(k, v, dtype), dtype=dtype)
+                           for k, v in parameters.items()}
         self.step, self._jacobian, self._vjp = step, jacobian, vjp
 
     def __call__(self, H: Any, X: Any) -> Any:
-        return np.asarray(self.step(self.parameters, H, X), dtype=self.dtype)
+        return _checked(np.asarray(self.step(self.parameters, H, X)), H.shape, self.dtype,
+                        "the step")
 
     def jacobians(self, H: Any, X: Any) -> Any:
-        return np.asarray(self._jacobian(self.parameters, H, X), dtype=self.dtype)
+        return _checked(np.asarray(self._jacobian(self.parameters, H, X)),
+                        H.shape + H.shape[-1:], self.dtype, "jacobian()")
 
     def pullback(self, H: Any, X: Any, V: Any) -> tuple[dict, Any]:
         if self._vjp is None:
@@ -346,6 +370,31 @@ class _NumpyCell:
 
 
 CELLS = {"torch": _TorchCell, "numpy": _NumpyCell}
+
+
+def _parameter(name: str, value: Any, dtype: Any) -> Any:
+    """A parameter as a finite real array of ``dtype``, or ``ValueError`` naming it."""
+    if hasattr(value, "detach"):  # a tensor, a Parameter
+        value = value.detach().cpu().numpy()
+    value = real_array(value, f"parameter {name!r}", dtype)
+    require_finite(value, f"parameter {name!r}")
+    return value
+
+
+def _checked(out: Any, shape: tuple, dtype: Any, what: str) -> Any:
+    """What the step (or its Jacobian) returned for a batch, checked: shape and dtype.
+
+    ``shape`` is the batch's expected shape; messages give one sample's.
+    """
+    got = tuple(getattr(out, "shape", ()))
+    if got != tuple(shape):
+        raise ValueError(f"{what} returned shape {got[1:] if got[:1] == shape[:1] else got} for "
+                         f"one sample, expected {tuple(shape[1:])} (a state of size "
+                         f"{shape[1]})")
+    if backend.kind(out.dtype) != "f" or backend.eps(out.dtype) != backend.eps(dtype):
+        raise TypeError(f"{what} returned {out.dtype} values in a {dtype} recurrence: compute "
+                        "in the parameters' floating type")
+    return out
 
 
 def _rows(output: Any, size: int) -> Any:

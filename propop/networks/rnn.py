@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import backend
+from .. import backend, memory
 from .._checks import real_array, require_finite, require_samples, require_shape
 from ..activations import Activation, get_activation
 from ..losses import loss_gradient
@@ -132,6 +132,10 @@ class RNN:
         sizes = [int(n) for n in sizes]
         if len(sizes) < 2 or min(sizes) < 1:
             raise ValueError(f"sizes must list at least two positive widths, got {sizes}")
+        memory.require_arrays(sum((m + n) * n for m, n in zip(sizes, sizes[1:])),
+                              np.dtype(dtype).itemsize, f"RNN.random of {len(sizes) - 1} "
+                              f"layers of widths up to {max(sizes)}",
+                              "use fewer or narrower layers")
         rng = np.random.default_rng(seed)
         W, U, b = [], [], []
         for n_in, h in zip(sizes[:-1], sizes[1:]):
@@ -168,6 +172,10 @@ class RNN:
         """
         xp = self.backend.xp
         z = [self.check_input(xs)]
+        tau, batch = z[0].shape[0], z[0].shape[2] if z[0].ndim == 3 else 1
+        memory.require_arrays(2 * tau * sum(self.sizes) * batch, self.dtype.itemsize,
+                              f"the forward pass of {tau} steps",
+                              "use a shorter sequence, a smaller batch or float32")
         y = []
         for Wk, Uk, bk, f in zip(self.W, self.U, self.b, self.activations):
             inputs = over_time(Wk, z[-1]) + (bk[:, None] if z[-1].ndim == 3 else bk)

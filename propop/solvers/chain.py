@@ -172,6 +172,8 @@ def _stack_columns(xp: Any, arrays: list, n: int, dtype: Any) -> Any:
     if len(shapes) > 1:
         return None
     shape = shapes.pop() if shapes else (n,)
+    if not arrays:  # a chain of one block has no couplings
+        return xp.ones((0,) + shape + ((1,) if len(shape) == 1 else ()), dtype=dtype)
     ones = xp.ones(shape, dtype=dtype)
     flat = xp.concatenate([ones if a is None else a for a in arrays])  # one copy, no per-block
     out = flat.reshape((len(arrays),) + shape).astype(dtype, copy=False)
@@ -233,6 +235,8 @@ def _coupling_scales(system: Any, couplings: list) -> Any:
 def _stack_matrices(be: backend.Backend, matrices: list, n: int, dtype: Any) -> Any:
     """Dense ``(m, n, n)`` stack of ``n x n`` matrices, sparse ones scattered in one go."""
     xp = be.xp
+    if not matrices:  # a chain of one block
+        return xp.zeros((0, n, n), dtype=dtype)
     if not all(be.sparse.issparse(M) for M in matrices):  # dense, or dense and sparse mixed
         return xp.stack([backend.dense(M) for M in matrices]).astype(dtype, copy=False)
     # canonical CSR (TriangularSystem makes them so): no duplicates, one scatter

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from .. import memory
 from ..networks.fnn import FNN, column
 from ..networks.trace import Trace
 from .builders import backward_system, forward_system
@@ -23,6 +24,7 @@ def _fnn_backward(net: FNN, trace: Trace, eps: Any, *, form: str = "scaled") -> 
     """Unit-diagonal rows ``v_k - f'_k * (W[k]^T v_{k+1}) = 0``, ``v_l = f'_l * eps``."""
     xp = net.backend.xp
     eps = net.check_eps(trace, eps)
+    _require_memory(net, eps)
     slopes = net.slopes(trace)
     rhs = xp.zeros((sum(net.sizes),) + eps.shape[1:], dtype=net.dtype)
     xp.multiply(slopes[-1], eps, out=rhs[-net.sizes[-1]:])
@@ -34,6 +36,15 @@ def _fnn_backward(net: FNN, trace: Trace, eps: Any, *, form: str = "scaled") -> 
         paper_hint=", where f'(y) = 0 so that E = 1/f'(y) does not exist",
         rhs_support=[net.depth], **stacks,
     )
+
+
+def _require_memory(net: FNN, like: Any) -> None:
+    """A system's right-hand side, scalings and (equal widths) stacked couplings, estimated."""
+    columns = like.shape[1] if like.ndim == 2 else 1
+    stacks = net.depth * net.sizes[0] ** 2 if net.equal_widths else 0
+    memory.require_arrays(2 * sum(net.sizes) * columns + stacks, net.dtype.itemsize,
+                          f"the system of {net.depth} layers and {columns} samples",
+                          "use a smaller batch or fewer layers")
 
 
 def _coefficients(net: FNN, couplings: Any, scales: Any, key: str) -> tuple[Any, Any, dict]:
@@ -66,6 +77,7 @@ def _fnn_forward(net: FNN, x: Any, around: Any = None, *, linearization: str = "
     """Unit-diagonal rows ``z_0 = x``, ``z_k - a_k * (W[k-1] z_{k-1}) = a_k * b + beta_k``."""
     xp = net.backend.xp
     x = net.check_input(x)
+    _require_memory(net, x)
     scales, rhs = [], [x]
     for act, bk, y in zip(net.activations, net.b, _points(net, x, around)):
         a, beta = act.linearize(y, linearization)

@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -608,6 +609,9 @@ class TriangularSystem:
         r = self.nrhs
         if r is None:
             raise ValueError("sample(i) needs a batch system; this one has a single rhs")
+        if isinstance(i, bool) or not isinstance(i, numbers.Integral):
+            raise TypeError(f"sample(i) takes an integer index, got {i!r}")
+        i = int(i)
         if not -r <= i < r:
             raise IndexError(f"sample {i} out of range for a batch of {r}")
         if self._layer_scales is not None:  # stacked over time: one column of each layer
