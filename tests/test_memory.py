@@ -29,8 +29,15 @@ def rnn_system(sizes, tau, r, lower=False):
 
 
 def traced_peak(system, method, **options):
-    """The solve's peak of traced memory (NumPy reports its arrays to tracemalloc)."""
+    """The solve's peak of traced memory (NumPy reports its arrays to tracemalloc).
+
+    A tiny solve by the same method first: the first solve of a process also
+    allocates once-only things (modules imported on first use, caches), which are
+    no part of a method's peak.
+    """
     assert system.blocks.sizes  # built once, as by any earlier solve
+    pp.solve(fnn_system([2, 2, 2], 1) if system.structure is None else
+             rnn_system([2, 2], 3, 1), method, **options)
     gc.collect()
     tracemalloc.start()
     try:
