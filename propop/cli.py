@@ -300,7 +300,8 @@ def _parser() -> _Parser:
                      help="Newton forward with this solver (default: the sequential pass)")
     fit.add_argument("--seed", type=int, default=0, help="of the weights and the batches")
     run.add_argument("--distributed", action="store_true",
-                     help="under mpiexec: the mpi.* methods (default), times per rank")
+                     help="the mpi.* methods (default), times per rank; run as mpiexec -n P "
+                          "python -m mpi4py -m propop run --distributed")
     return parser
 
 
@@ -394,8 +395,20 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _require_abort_on_failure() -> None:
+    """Warn when several ranks run without ``python -m mpi4py`` (a failing rank would hang)."""
+    from .distributed.system import world
+
+    if world().Get_size() > 1 and "mpi4py.run" not in sys.modules and world().Get_rank() == 0:
+        print("propop: warning: not started as 'mpiexec -n P python -m mpi4py -m propop run "
+              "--distributed': an exception on one rank would leave the others waiting "
+              "instead of aborting the job", file=sys.stderr)
+
+
 def _report(settings: dict) -> None:
     start = time.perf_counter()
+    if settings.get("distributed"):
+        _require_abort_on_failure()
     rows = experiment(**settings)
     if settings.get("distributed"):
         from .distributed.system import world

@@ -65,7 +65,7 @@ def test_a_fault_on_one_rank_stops_every_rank_and_none_hangs(ranks):
                "-q", "-p", "no:cacheprovider", "mpi/check_faults.py"]
     result = subprocess.run(command, cwd=TESTS, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    assert "35 passed" in result.stdout
+    assert "44 passed" in result.stdout
 
 
 @pytest.mark.parametrize("method", ["mpi.substitution", "mpi.cyclic-reduction", "mpi.jacobi",
@@ -77,3 +77,13 @@ def test_an_exception_inside_a_solve_aborts_the_job_instead_of_hanging(method):
     assert result.returncode != 0, output
     assert "MPI rank 1 failed inside a solve" in output, output
     assert "injected fault on rank 1" in output and "not reached" not in output, output
+
+
+def test_a_script_raising_on_one_rank_ends_under_python_m_mpi4py():
+    """The documented way to run: an uncaught exception on one rank aborts the job."""
+    command = [mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py",
+               "mpi/check_script_raises.py"]
+    result = subprocess.run(command, cwd=TESTS, capture_output=True, text=True, timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "the user's own code failed on rank 1" in output and "not reached" not in output

@@ -4,17 +4,26 @@ An exception on one rank while the others wait in a collective hangs the job
 for ever. Every ``mpi.*`` solve therefore runs in two phases (:class:`Collective`):
 
 1. **Checks, agreed on by all ranks.** Each rank validates its options, its
-   partition of the system and a fingerprint of the system and the options;
-   one ``allgather`` then shares the outcomes. If any rank failed, or the
-   ranks' fingerprints differ (different systems, options, ``maxiter``), every
-   rank raises: the failing rank its own exception, the others a
-   :class:`RankError` naming that rank and its message. No point-to-point
-   message has been sent, so nobody hangs.
-2. **The solve.** A user's ``callback`` that raises is agreed on the same way
-   after every call (one small ``allreduce``). Any other exception escaping a
-   rank mid-solve cannot be agreed on, because the other ranks may be waiting
-   for a message that never comes: the rank prints it with its rank number to
-   standard error and calls ``MPI.Abort``, which ends the job on every rank.
+   partition of the system and a fingerprint of the method, the system and the
+   options; one ``allgather`` then shares the outcomes. If any rank failed, or
+   the ranks' fingerprints differ (another method, system, options,
+   ``maxiter``), every rank raises: the failing rank its own exception, the
+   others a :class:`RankError` naming that rank and its message. No
+   point-to-point message has been sent, so nobody hangs.
+2. **The solve.** A ``callback`` given on some ranks only (logging on rank 0,
+   the usual case) is fine: if any rank has one, every rank calls one at the
+   same points (a no-op where none was given), and one that raises is agreed
+   on after every call (one small ``allgather``). Any other exception escaping
+   a rank mid-solve cannot be agreed on, because the other ranks may be
+   waiting for a message that never comes: the rank prints it with its rank
+   number to standard error and calls ``MPI.Abort``, which ends the job on
+   every rank.
+
+What no library can agree on is a call made on some ranks only: every rank
+must make every ``mpi.*`` call (MPI's rule for collectives). Scripts run as
+``mpiexec -n P python -m mpi4py script.py``, so that an uncaught exception on
+one rank (or ``sys.exit`` with a non-zero status) aborts the job instead of
+leaving the other ranks waiting.
 """
 
 from __future__ import annotations
@@ -40,27 +49,30 @@ class RankError(RuntimeError):
     """Another rank failed (or disagreed); raised on every rank but the failing one."""
 
 
-def agree(comm: Any, error: BaseException | None, digest: str = "") -> None:
+def agree(comm: Any, error: BaseException | None, digest: str = "", flag: bool = False
+          ) -> bool:
     """One ``allgather`` of every rank's outcome; raise on every rank if any failed.
 
     ``digest`` is compared too: ranks whose digests differ from rank 0's fail
     with a message naming the first differing part (see :func:`fingerprint`).
+    Returns whether any rank raised ``flag`` (has a callback, say).
     """
     mine = None if error is None else f"{type(error).__name__}: {error}"
-    outcomes = comm.allgather((mine, digest))
-    failed = [(rank, message) for rank, (message, _) in enumerate(outcomes) if message]
+    outcomes = comm.allgather((mine, digest, bool(flag)))
+    failed = [(rank, message) for rank, (message, _, _) in enumerate(outcomes) if message]
     if failed:
         if error is not None:
             raise error
         rank, message = failed[0]
         raise RankError(f"rank {rank} failed, so every rank stops: {message}")
     reference = outcomes[0][1]
-    differing = [rank for rank, (_, d) in enumerate(outcomes) if d != reference]
+    differing = [rank for rank, (_, d, _) in enumerate(outcomes) if d != reference]
     if differing:
         part = _first_difference(reference, outcomes[differing[0]][1])
         raise ValueError(f"the MPI ranks hold different problems: rank {differing[0]}'s "
                          f"{part} differs from rank 0's; every rank must call with the same "
-                         "system and options")
+                         "method, system and options")
+    return any(flagged for _, _, flagged in outcomes)
 
 
 def _first_difference(a: str, b: str) -> str:
@@ -86,11 +98,11 @@ def digest(*arrays: Any) -> str:
     return h.hexdigest()
 
 
-def fingerprint(system: Any, options: dict) -> str:
-    """``part=digest;...`` of the system and the options.
+def fingerprint(system: Any, options: dict, method: str = "") -> str:
+    """``part=digest;...`` of the method, the system and the options.
 
-    The parts: structure, couplings, row scalings, right-hand side and options
-    (``comm`` and ``callback`` excepted), named in :func:`agree`'s message.
+    The parts: method, structure, couplings, row scalings, right-hand side and
+    options (``comm`` and ``callback`` excepted), named in :func:`agree`'s message.
     """
     structure = (system.lower, system.form, system.sizes, system.nrhs, str(system.dtype),
                  tuple((row, col, tuple(M.shape)) for row, col, M in system._edges))
@@ -99,7 +111,8 @@ def fingerprint(system: Any, options: dict) -> str:
     scales = (system.periodic_scales(per) if per else system._row_scale)
     settings = sorted((key, digest(value) if hasattr(value, "shape") else repr(value))
                       for key, value in options.items() if key not in IGNORED)
-    parts = {"structure": repr(structure), "couplings": digest(*distinct.values()),
+    parts = {"method": method, "structure": repr(structure),
+             "couplings": digest(*distinct.values()),
              "row scalings": digest(*scales), "right-hand side": digest(system.rhs),
              "options": repr(settings)}
     return ";".join(f"{part}={hashlib.blake2b(text.encode(), digest_size=8).hexdigest()}"
@@ -125,22 +138,26 @@ class Collective:
         agree(options.get("comm") or world(), error)
         return out
 
-    def solve(self, system: Any, options: dict, checks: Callable[[], None],
+    def solve(self, method: str, system: Any, options: dict, checks: Callable[[], None],
               run: Callable[[], Any]) -> Any:
-        """``checks()`` agreed on by every rank with the fingerprints, then ``run()``."""
+        """``checks()`` agreed on by every rank with the fingerprints, then ``run()``.
+
+        ``system`` may be a callable making the system (a plan's new right-hand
+        side): its failure on one rank is agreed on with the checks.
+        """
         comm = options.get("comm") or world()
-        error, mine = None, ""
+        error, mine, callback = None, "", options.get("callback")
         try:
-            checks()
+            system = system() if callable(system) else system
+            checks(system)
             check_partition(system, comm.Get_size())
-            mine = fingerprint(system, options)
+            mine = fingerprint(system, options, method)
         except Exception as failure:  # agreed on below, then raised on every rank
             error = failure
-        agree(comm, error, mine)
-        if options.get("callback") is not None:
-            options["callback"] = _agreed(comm, options["callback"])
+        if agree(comm, error, mine, flag=callback is not None):  # some rank has a callback
+            options["callback"] = _agreed(comm, callback or _nothing)
         try:
-            return run()
+            return system, run(system)
         except RankError:  # agreed: every rank raises
             raise
         except _CallbackError as failure:  # agreed: this rank raises its own
@@ -155,6 +172,10 @@ class Collective:
 
 
 COLLECTIVE = Collective()
+
+
+def _nothing(x: Any) -> None:
+    """The callback of a rank that gave none while another rank gave one."""
 
 
 class _CallbackError(Exception):

@@ -26,7 +26,6 @@ Examples
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import time
 from collections.abc import Callable
@@ -74,15 +73,14 @@ class Plan:
         raises :class:`~propop.ConvergenceError` on failure; ``progress`` shows a
         bar over the method's callbacks (:mod:`propop.progress`).
         """
-        system = self.system if rhs is None else self.system.with_rhs(rhs)
         extra = {}
         with bar(progress, self.options.get("maxiter"), self.method) as shown:
             if not isinstance(shown, Silent) and _takes_callback(self._function):
                 extra["callback"] = _advancing(shown, self.options.get("callback"))
             start = time.perf_counter()
             try:  # overflow is reported by the Solution's status, not by NumPy's warnings
-                with backend.quiet(system.backend.xp):
-                    solution = self._solve(system, extra)
+                with backend.quiet(self.system.backend.xp):
+                    system, solution = self._solve(rhs, extra)
             except OptionError as error:
                 raise OptionError(f"{self.method}: {error}") from None
             elapsed = time.perf_counter() - start
@@ -95,13 +93,19 @@ class Plan:
             raise ConvergenceError(solution)
         return solution
 
-    def _solve(self, system: Any, extra: dict) -> Solution:
+    def _solve(self, rhs: Any, extra: dict) -> tuple[Any, Solution]:
+        """``(system, solution)`` for ``rhs``; under MPI, every check agreed on by all ranks."""
+        def system() -> Any:
+            return self.system if rhs is None else self.system.with_rhs(rhs)
+
         if self._guard is None:
-            return self._run(system, **extra)
+            made = system()
+            return made, self._run(made, **extra)
         options = {**self.options, **extra}  # under MPI the checks are agreed on per solve
-        checks = functools.partial(validate, self.method, self._function, system, options)
-        return self._guard.solve(system, options, checks,
-                                 lambda: self._function(system, **options))
+        return self._guard.solve(
+            self.method, system, options,
+            lambda made: validate(self.method, self._function, made, options),
+            lambda made: self._function(made, **options))
 
 
 def prepare(system: Any, method: str | Callable[..., Solution] = "substitution",

@@ -109,9 +109,10 @@ def register(name: str, *, kind: str, exact: bool, backends: tuple = ("numpy",),
     extra : str
         The ``propop[extra]`` that installs ``needs``.
     guard : object, optional
-        For a method that communicates: ``guard.solve(system, options, checks,
-        run)`` runs the option checks and the solve so that a failure on one
-        process ends the solve on all, and ``guard.prepare(options, work)`` does
+        For a method that communicates: ``guard.solve(name, system, options,
+        checks, run)`` makes the system (``system()``), runs the option checks and
+        the solve so that a failure on one process ends the solve on all, and
+        returns ``(system, solution)``; ``guard.prepare(options, work)`` does
         the same for the work before a solve
         (:class:`propop.distributed.guard.Collective`).
     prepare : callable, optional

@@ -131,3 +131,33 @@ def test_data_parallel_backprop_refuses_different_batches_and_agrees_on_failures
                    "contains NaN or Inf")
     with pytest.raises(ValueError, match="splits one system over the ranks"):
         backprop(net, trace.x, np.zeros((3, 3)), method="mpi.jacobi")
+
+
+def test_different_methods_on_different_ranks_are_refused_on_every_rank():
+    _, _, system = problem()
+    method = "mpi.jacobi" if RANK == 1 else "mpi.gmres"
+    with pytest.raises(ValueError, match="rank 1's method differs from rank 0's"):
+        pp.solve(system, method)
+    still_works()
+
+
+@pytest.mark.parametrize("method", ITERATIVE)
+def test_a_callback_on_rank_0_only_logs_and_every_rank_finishes(method):
+    _, _, system = problem()
+    seen = []
+    callback = (lambda x: seen.append(float(np.linalg.norm(x)))) if RANK == 0 else None
+    sol = pp.solve(system, method, callback=callback, check=True)
+    assert sol.converged
+    assert (len(seen) >= 1) if RANK == 0 else not seen
+    still_works()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_plan_given_a_nan_right_hand_side_on_one_rank_stops_every_rank(method):
+    _, _, system = problem()
+    plan = pp.prepare(system, method)
+    rhs = np.array(system.rhs)
+    if RANK == 1:
+        rhs[0, 0] = np.nan
+    everyone_fails(lambda: plan.solve(rhs), ValueError, "rhs contains NaN")
+    assert plan.solve(system.rhs).converged
