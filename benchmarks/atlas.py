@@ -4,7 +4,7 @@ Two maps on this machine: MLP backpropagation over (width, depth), one sample, a
 RNN backpropagation through time over (hidden size, sequence length), one sample.
 Each cell is the whole job with ``pp.backprop(..., method=...)`` (forward pass,
 backward solve, every gradient) for ``substitution`` and ``cyclic-reduction``,
-timed against the bare NumPy loop of ``benchmarks.peers`` in the same run (warm-up,
+timed against the tight NumPy loop of ``benchmarks.baselines`` in the same run (warm-up,
 median of 5). The colour is the faster method's time against the loop (below 1: it
 beats the loop); the letter names it (S substitution, C cyclic reduction); a
 circle marks the cells where ``method="auto"``'s calibrated cost model predicts
@@ -22,7 +22,7 @@ import propop as pp
 from propop.solvers.auto import choose
 
 from .common import destination, each, median_times, publish, pyplot
-from .peers import mlp_loop, rnn_loop
+from .baselines import TightMLP, TightRNN
 
 WIDTHS, DEPTHS = (4, 8, 16, 32, 64), (16, 64, 256, 1024)
 HIDDENS, TAUS = (4, 8, 16, 32), (256, 1024, 4096, 16384)
@@ -34,10 +34,10 @@ def mlp_cell(width: int, depth: int) -> dict:
     net = pp.FNN.random([width] * (depth + 1), activation="tanh", seed=0, bias=0.1)
     rng = np.random.default_rng(1)
     x, t = rng.standard_normal((width, 1)), rng.standard_normal((width, 1))
-    W, b = np.stack(net.W), np.stack(net.b)
+    loop = TightMLP(net.W, net.b, 1)
     trace = net.forward(x)
     predicted = choose(pp.backward_system(net, trace, net.loss_gradient(trace, t))).method
-    jobs = {"loop": lambda: mlp_loop(W, b, x, t)}
+    jobs = {"loop": lambda: loop(x, t)}
     jobs.update({m: (lambda m=m: pp.backprop(net, x, t, method=m)) for m in METHODS})
     return _cell("mlp", width, depth, median_times(jobs, repeats=5), predicted)
 
@@ -47,10 +47,10 @@ def rnn_cell(hidden: int, tau: int) -> dict:
     rnn = pp.RNN.random([hidden, hidden], activation="tanh", seed=0)
     rng = np.random.default_rng(1)
     xs, t = rng.standard_normal((tau, hidden, 1)), rng.standard_normal((tau, hidden, 1))
-    W, U, b = rnn.W[0], rnn.U[0], rnn.b[0]
+    loop = TightRNN(rnn.W[0], rnn.U[0], rnn.b[0], tau, 1)
     trace = rnn.forward(xs)
     predicted = choose(pp.backward_system(rnn, trace, rnn.loss_gradient(trace, t))).method
-    jobs = {"loop": lambda: rnn_loop(W, U, b, xs, t)}
+    jobs = {"loop": lambda: loop(xs, t)}
     jobs.update({m: (lambda m=m: pp.backprop(rnn, xs, t, method=m)) for m in METHODS})
     return _cell("rnn", hidden, tau, median_times(jobs, repeats=5), predicted)
 

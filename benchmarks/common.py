@@ -26,18 +26,20 @@ import scipy
 from propop.progress import bar
 
 RESULTS = pathlib.Path(__file__).parent / "results"
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                    "XLA_FLAGS")
 
 
-def median_times(functions: dict[str, Callable[[], Any]], repeats: int = 7,
-                 warmup: int = 1, settle: bool = True) -> dict[str, float]:
-    """Median wall-clock seconds of each function over ``repeats`` rounds.
+def timings(functions: dict[str, Callable[[], Any]], repeats: int = 7, warmup: int = 1,
+            settle: bool = True) -> dict[str, dict[str, float]]:
+    """``{name: {"median", "min", "max"}}`` wall-clock seconds over ``repeats`` rounds.
 
-    The functions run round-robin after ``warmup`` calls each, so slow phases
-    of a noisy machine hit every contender alike and ratios stay fair. With
-    ``settle`` each timed call follows an untimed call of the same function, so
-    that no contender pays for the caches and freed pages the one before it left
-    (a 2 ms solve timed right after a 70 ms reduction takes twice as long).
+    The functions run in interleaved rounds (round-robin) after ``warmup`` calls
+    each, so slow phases of a noisy machine hit every contender alike and ratios
+    stay fair. With ``settle`` each timed call follows an untimed call of the same
+    function, so that no contender pays for the caches and freed pages the one
+    before it left (a 2 ms solve timed right after a 70 ms reduction takes twice
+    as long).
     """
     if repeats < 5:
         raise ValueError(f"repeats must be >= 5 for a trustworthy median, got {repeats}")
@@ -52,7 +54,30 @@ def median_times(functions: dict[str, Callable[[], Any]], repeats: int = 7,
             start = time.perf_counter()
             function()
             times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+    return {name: {"median": statistics.median(t), "min": min(t), "max": max(t)}
+            for name, t in times.items()}
+
+
+def median_times(functions: dict[str, Callable[[], Any]], repeats: int = 7,
+                 warmup: int = 1, settle: bool = True) -> dict[str, float]:
+    """The medians of :func:`timings`."""
+    return {name: t["median"] for name, t in
+            timings(functions, repeats, warmup, settle).items()}
+
+
+def threads() -> int:
+    """The thread count every contender gets (``OMP_NUM_THREADS``, one by default).
+
+    Sets PyTorch's where it is installed; BLAS and XLA read the environment
+    (:mod:`benchmarks`).
+    """
+    count = int(os.environ.get("OMP_NUM_THREADS", "1"))
+    try:
+        import torch
+    except ImportError:
+        return count
+    torch.set_num_threads(count)
+    return count
 
 
 def _blas() -> str:
@@ -75,7 +100,18 @@ def environment() -> dict[str, Any]:
         "blas": _blas(),
         "scipy": scipy.__version__,
         "pyamg": pyamg.__version__,
+        **{name: _version(name) for name in ("torch", "jax")},
     }
+
+
+def _version(module: str) -> str:
+    """A package's version, or "not installed"."""
+    try:
+        from importlib.metadata import version
+
+        return version(module)
+    except Exception:
+        return "not installed"
 
 
 def describe(env: dict[str, Any]) -> str:
@@ -83,7 +119,7 @@ def describe(env: dict[str, Any]) -> str:
     threads = ", ".join(f"{k}={v}" for k, v in env["threads"].items())
     return (f"{env['machine']}, {env['cpu_count']} cores ({threads}); Python {env['python']}, "
             f"NumPy {env['numpy']} ({env['blas']}), SciPy {env['scipy']}, "
-            f"PyAMG {env['pyamg']}")
+            f"PyAMG {env['pyamg']}, PyTorch {env.get('torch', '?')}, JAX {env.get('jax', '?')}")
 
 
 def arguments(name: str) -> argparse.ArgumentParser:

@@ -26,7 +26,8 @@ import propop as pp
 from propop import cost
 
 from .common import each, median_times, save
-from .substitution import derivatives, numpy_loop
+from .baselines import TightBackward
+from .substitution import derivatives
 
 GRID = [(4096, 8, 1), (1024, 32, 1), (256, 128, 1), (64, 256, 32)]
 METHODS = ["substitution", "cyclic-reduction", "parallel-cyclic-reduction",
@@ -74,8 +75,9 @@ def measure(label: str, net: pp.FNN, r: int) -> list[dict]:
     system = pp.backward_system(net, trace, eps)
     loop_flops = 2 * r * sum(Wk.nnz if sp.issparse(Wk) else Wk.size for Wk in net.W)
     slopes = derivatives(net, trace)  # the loop gets f'(y) ready, as the solvers do
-    reference = np.concatenate(numpy_loop(net.WT, slopes, eps))
-    contenders = {"loop": lambda: numpy_loop(net.WT, slopes, eps)}
+    loop = TightBackward(net.W, r)
+    reference = np.concatenate(loop(slopes, eps))
+    contenders = {"loop": lambda: loop(slopes, eps)}
     skipped = {}
     for method in METHODS:
         flops = predicted_flops(method, net.sizes, r)

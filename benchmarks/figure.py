@@ -3,7 +3,7 @@
 Left: ``Solution.levels`` of substitution (``l + 1`` sequential steps) and cyclic
 reduction (``ceil(log2(l + 1))``) on tanh MLPs of width 8. Right: the time of the
 whole job (forward, backward, every gradient of an MSE loss) with
-``pp.backprop(..., method=...)`` against the bare NumPy loop of
+``pp.backprop(..., method=...)`` against the tight NumPy loop of
 ``benchmarks.peers``, width 8, one sample, measured in the same run (warm-up,
 median of 5): where depth dominates width, cyclic reduction beats the loop even
 on a CPU.
@@ -19,7 +19,7 @@ import propop as pp
 from propop import plot
 
 from .common import destination, each, median_times, publish, pyplot
-from .peers import mlp_loop
+from .baselines import TightMLP
 
 DEPTHS = (64, 256, 1024, 4096)
 METHODS = ("substitution", "cyclic-reduction")
@@ -30,8 +30,8 @@ def row(layers: int, width: int = 8) -> dict:
     net = pp.FNN.random([width] * (layers + 1), activation="tanh", seed=0, bias=0.1)
     rng = np.random.default_rng(1)
     x, t = rng.standard_normal((width, 1)), rng.standard_normal((width, 1))
-    W, b = np.stack(net.W), np.stack(net.b)
-    jobs = {"loop": lambda: mlp_loop(W, b, x, t)}
+    loop = TightMLP(net.W, net.b, 1)
+    jobs = {"loop": lambda: loop(x, t)}
     jobs.update({m: (lambda m=m: pp.backprop(net, x, t, method=m)) for m in METHODS})
     times = median_times(jobs, repeats=5)
     return {"layers": layers, "width": width, "loop_s": times["loop"],

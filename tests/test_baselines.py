@@ -1,0 +1,61 @@
+"""The benchmarks' baselines compute the job they stand for (against PyTorch autograd).
+
+A baseline that computes less than propop does would flatter propop; one that
+computes something else would make every ratio meaningless.
+"""
+
+import numpy as np
+import pytest
+
+import propop as pp
+from benchmarks.baselines import TightBackward, TightMLP, TightRNN, TightRNNForward, torch_mlp
+
+torch = pytest.importorskip("torch")
+
+
+def test_the_tight_mlp_loop_is_autograd():
+    net = pp.FNN.random([5, 6, 6, 4], activation="tanh", seed=0, bias=0.1)
+    rng = np.random.default_rng(1)
+    x, t = rng.standard_normal((5, 3)), rng.standard_normal((4, 3))
+    loop = TightMLP(net.W, net.b, 3)
+    for _ in range(2):  # the preallocated arrays are reused without leftovers
+        dW, db, dx = loop(x, t)
+    W = [torch.tensor(Wk, requires_grad=True) for Wk in net.W]
+    b = [torch.tensor(bk, requires_grad=True) for bk in net.b]
+    z0 = torch.tensor(x, requires_grad=True)
+    z = z0
+    for Wk, bk in zip(W, b):
+        z = torch.tanh(Wk @ z + bk[:, None])
+    (0.5 * ((z - torch.tensor(t)) ** 2).sum()).backward()
+    for ours, theirs in zip(dW + db + [dx], W + b + [z0]):
+        np.testing.assert_allclose(ours, theirs.grad.numpy(), rtol=1e-12, atol=1e-14)
+    job = torch_mlp(net.W, net.b)
+    grads = job(torch.tensor(x.T.copy()), torch.tensor(t.T.copy()))
+    for ours, theirs in zip(dW, grads):
+        np.testing.assert_allclose(ours, theirs.numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_the_tight_rnn_loop_is_autograd():
+    rnn = pp.RNN.random([3, 3], activation="tanh", seed=0)
+    W, U, b = rnn.W[0], rnn.U[0], rnn.b[0]
+    rng = np.random.default_rng(2)
+    xs, t = rng.standard_normal((7, 3, 2)), rng.standard_normal((7, 3, 2))
+    loop = TightRNN(W, U, b, 7, 2)
+    loop(xs, t)
+    dW, dU, db = loop(xs, t)
+    g = pp.backprop(rnn, xs, t)  # propop's sequential reference, itself tested on autograd
+    for ours, theirs in ((dW, g.W[0]), (dU, g.U[0]), (db, g.b[0])):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-14)
+    states = TightRNNForward(W, U, b, 7)(xs[:, :, 0])
+    np.testing.assert_allclose(states, rnn.forward(xs[:, :, :1]).output[:, :, 0], rtol=1e-14)
+
+
+@pytest.mark.parametrize("density", [1.0, 0.5])
+def test_the_tight_backward_loop_is_the_sequential_reference(density):
+    net = pp.FNN.random([6, 6, 6], activation="tanh", density=density, seed=0)
+    trace = net.forward(np.ones((6, 2)))
+    eps = np.arange(12.0).reshape(6, 2)
+    slopes = [act.df(y) for act, y in zip(net.activations, trace.y)]
+    ours = TightBackward(net.W, 2)(slopes, eps)
+    for a, b in zip(ours, net.backward(trace, eps)):
+        np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-15)
