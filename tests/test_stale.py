@@ -162,3 +162,16 @@ def test_gru_gradients_and_newton_follow_parameters_changed_in_place():
             np.testing.assert_allclose(g.parameters[name], value, rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(pp.forward(gru, xs, method=method).z[1],
                                    fresh.forward(xs).z[1], rtol=1e-9, atol=1e-12)
+
+
+def test_weights_rebound_to_other_shapes_are_seen():
+    net = pp.FNN.random([3, 3, 3], seed=0)
+    assert net.equal_widths and net.sizes == (3, 3, 3)
+    rng = np.random.default_rng(0)
+    net.W = (rng.standard_normal((5, 3)), rng.standard_normal((3, 5)))
+    net.b = (np.zeros(5), np.zeros(3))
+    assert not net.equal_widths and net.sizes == (3, 5, 3)
+    fresh = pp.FNN(list(net.W), list(net.b))
+    x, t = np.ones((3, 2)), np.zeros((3, 2))
+    for ours, want in zip(pp.backprop(net, x, t).W, pp.backprop(fresh, x, t).W):
+        np.testing.assert_allclose(ours, want, rtol=1e-14)

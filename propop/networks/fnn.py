@@ -111,7 +111,22 @@ class FNN:
     @property
     def sizes(self) -> tuple[int, ...]:
         """Widths ``(n_0, n_1, ..., n_l)``."""
-        return (self.W[0].shape[1],) + tuple(Wk.shape[0] for Wk in self.W)
+        return self._shape()[0]
+
+    def _shape(self) -> tuple:
+        """``(sizes, sparse, equal widths)``: what the weights' shapes and kinds decide.
+
+        Kept for the tuple :attr:`W` it was read from, and read again when ``W`` is
+        rebound: values change in place (they are never kept), shapes and sparsity
+        cannot.
+        """
+        kept = self.__dict__.get("_shape_of")
+        if kept is None or kept[0] is not self.W:
+            sizes = (self.W[0].shape[1],) + tuple(Wk.shape[0] for Wk in self.W)
+            sparse = any(backend.is_sparse(Wk) for Wk in self.W)
+            equal = not sparse and all(Wk.shape == (sizes[0],) * 2 for Wk in self.W)
+            kept = self.__dict__["_shape_of"] = (self.W, (sizes, sparse, equal))
+        return kept[1]
 
     @property
     def WT(self) -> tuple:
@@ -125,8 +140,7 @@ class FNN:
     @property
     def equal_widths(self) -> bool:
         """Whether all weights are dense and square of one width (layers then stack)."""
-        n = self.W[0].shape[1]
-        return not self.sparse and all(Wk.shape == (n, n) for Wk in self.W)
+        return self._shape()[2]
 
     def stacks(self) -> dict:
         """``{"W": (l, n, n), "WT": (l, n, n), "b": (l, n)}`` stacked now, or empty.
@@ -148,7 +162,7 @@ class FNN:
     @property
     def sparse(self) -> bool:
         """Whether any weight matrix is sparse."""
-        return any(backend.is_sparse(Wk) for Wk in self.W)
+        return self._shape()[1]
 
     def __repr__(self) -> str:
         runs: list[list] = []  # the activations in layer order, repeats counted
