@@ -47,6 +47,7 @@ class TightMLP:
         self.db = [np.empty(Wk.shape[0]) for Wk in W]
 
     def __call__(self, x: np.ndarray, t: np.ndarray) -> tuple[list, list, np.ndarray]:
+        """``(dW, db, dx)``, in this object's arrays (overwritten by the next call)."""
         z, v, slope = self.z, self.v, self.slope
         z[0][...] = x
         for k, (Wk, bk) in enumerate(zip(self.W, self.b)):  # forward: z_(k+1) = tanh(W z + b)
@@ -83,6 +84,7 @@ class TightBackward:
         self.v = [np.empty((n, r)) for n in sizes]
 
     def __call__(self, slopes: Sequence[np.ndarray], eps: np.ndarray) -> list:
+        """``v[0..l]``, in this object's arrays."""
         v = self.v
         np.multiply(slopes[-1], eps, out=v[-1])
         for k in range(len(self.WT) - 1, -1, -1):
@@ -114,6 +116,7 @@ class TightRNN:
         self.carry = np.empty((h, r))
 
     def __call__(self, xs: np.ndarray, t: np.ndarray) -> tuple:
+        """``(dW, dU, db)``."""
         z, v, tau = self.z, self.v, xs.shape[0]
         np.matmul(self.W, xs, out=self.inputs)  # W x_s for every step at once
         self.inputs += self.b
@@ -142,6 +145,7 @@ class TightRNNForward:
         self.states = np.empty((tau, U.shape[0]))
 
     def __call__(self, xs: np.ndarray) -> np.ndarray:
+        """The states ``(tau, h)``, in this object's array."""
         np.dot(xs, self.W.T, out=self.inputs)
         self.inputs += self.b
         h, out = np.zeros(self.U.shape[0]), self.states

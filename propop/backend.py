@@ -18,7 +18,8 @@ from types import ModuleType
 from typing import Any
 
 __all__ = ["Backend", "of", "namespace", "is_sparse", "is_real_floating", "matmul_into",
-           "matmul_writer", "kind", "astype", "indices", "eps", "to_host", "quiet", "erf",
+           "matmul_writer", "kind", "astype", "contiguous", "indices", "eps", "to_host",
+           "quiet", "erf",
            "is_matrix_like", "convert", "KINDS"]
 
 
@@ -195,6 +196,13 @@ def astype(array: Any, dtype: Any) -> Any:
     if array.dtype == dtype:
         return array
     return array.to(dtype) if _name_of(array) == "torch" else array.astype(dtype)
+
+
+def contiguous(array: Any) -> Any:
+    """``array`` in C order (row-major), itself where it already is: BLAS's fast layout."""
+    if _name_of(array) == "torch":
+        return array.contiguous()
+    return of(array).xp.ascontiguousarray(array)
 
 
 def indices(values: Any, like: Any) -> Any:

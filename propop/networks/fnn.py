@@ -142,17 +142,19 @@ class FNN:
         """Whether all weights are dense and square of one width (layers then stack)."""
         return self._shape()[2]
 
-    def stacks(self) -> dict:
-        """``{"W": (l, n, n), "WT": (l, n, n), "b": (l, n)}`` stacked now, or empty.
+    def stacks(self, transposed: bool = False) -> dict:
+        """``{"W": (l, n, n), "b": (l, n)}`` stacked now, or empty; ``W^T`` if ``transposed``.
 
         Where :attr:`equal_widths`: chains then reduce without gathering their
-        couplings block by block. A copy of the current weights, made per call.
+        couplings block by block. A contiguous copy of the current weights, made per
+        call (a transposed view would make every batched product slower).
         """
         if not self.equal_widths:
             return {}
         xp = self.backend.xp
         W = xp.stack(self.W)
-        return {"W": W, "WT": xp.permute_dims(W, (0, 2, 1)), "b": xp.stack(self.b)}
+        W = backend.contiguous(xp.permute_dims(W, (0, 2, 1))) if transposed else W
+        return {"W": W, "b": xp.stack(self.b)}
 
     @property
     def depth(self) -> int:

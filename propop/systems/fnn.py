@@ -52,7 +52,8 @@ def _coefficients(net: FNN, couplings: Any, scales: Any, key: str) -> tuple[Any,
     if not net.equal_widths:
         return list(couplings), [None] + list(scales), {}
     scales = scales if not isinstance(scales, (list, tuple)) else net.backend.xp.stack(scales)
-    return None, None, {"coupling_stack": net.stacks()[key], "scale_stack": scales}
+    return None, None, {"coupling_stack": net.stacks(transposed=key == "WT")["W"],
+                        "scale_stack": scales}
 
 
 def _points(net: FNN, x: Any, around: Any) -> list[Any]:

@@ -886,8 +886,10 @@ class TriangularSystem:
             source = X[rows] if scales is None else scales * X[rows]
             out[cols] -= outer(xp.matrix_transpose(M) @ inner(source))
         else:
-            product = outer(M @ inner(X[cols]))
-            out[rows] -= product if scales is None else scales * product
+            product = outer(M @ inner(X[cols]))  # a new array: scaled in place
+            if scales is not None:
+                product *= scales
+            out[rows] -= product
         return xp.reshape(out, tuple(x.shape))
 
     @functools.cached_property
