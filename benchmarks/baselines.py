@@ -32,7 +32,10 @@ class TightMLP:
     """The tanh MLP's whole job, ``__call__(x, t) -> (dW, db, dx)``, in preallocated arrays.
 
     ``W`` and ``b`` are one array per layer (as a network keeps them); ``x`` and ``t``
-    are ``(n, r)`` with samples as columns, of the shape given here.
+    are ``(n, r)`` with samples as columns, of the shape given here. Where all
+    widths are equal the states and errors live in two stacks, so that the
+    gradients of all layers are one batched product after the backward loop
+    (fewer NumPy calls per layer than any per-layer form).
     """
 
     def __init__(self, W: Sequence[np.ndarray], b: Sequence[np.ndarray], r: int) -> None:
@@ -40,13 +43,22 @@ class TightMLP:
         self.WT = [np.ascontiguousarray(Wk.T) for Wk in W]  # made once, kept
         self.b = [bk[:, None].copy() for bk in b]
         sizes = [W[0].shape[1]] + [Wk.shape[0] for Wk in W]
-        self.z = [np.empty((n, r)) for n in sizes]
-        self.slope = [np.empty((n, r)) for n in sizes[1:]]
-        self.v = [np.empty((n, r)) for n in sizes]
-        self.dW = [np.empty_like(Wk) for Wk in W]
-        self.db = [np.empty(Wk.shape[0]) for Wk in W]
+        self.stacked = len(set(sizes)) == 1
+        if self.stacked:  # views of two stacks, and the slopes as one array
+            self.Z, self.V = (np.empty((len(sizes), sizes[0], r)) for _ in range(2))
+            self.z, self.v = list(self.Z), list(self.V)
+            self.S = np.empty((len(W), sizes[0], r))
+            self.slope = list(self.S)
+            self.dW, self.db = np.empty((len(W), sizes[0], sizes[0])), np.empty((len(W),
+                                                                                  sizes[0]))
+        else:
+            self.z = [np.empty((n, r)) for n in sizes]
+            self.slope = [np.empty((n, r)) for n in sizes[1:]]
+            self.v = [np.empty((n, r)) for n in sizes]
+            self.dW = [np.empty_like(Wk) for Wk in W]
+            self.db = [np.empty(Wk.shape[0]) for Wk in W]
 
-    def __call__(self, x: np.ndarray, t: np.ndarray) -> tuple[list, list, np.ndarray]:
+    def __call__(self, x: np.ndarray, t: np.ndarray) -> tuple[Any, Any, np.ndarray]:
         """``(dW, db, dx)``, in this object's arrays (overwritten by the next call)."""
         z, v, slope = self.z, self.v, self.slope
         z[0][...] = x
@@ -54,18 +66,26 @@ class TightMLP:
             np.dot(Wk, z[k], out=z[k + 1])
             z[k + 1] += bk
             np.tanh(z[k + 1], out=z[k + 1])
-        for k, s in enumerate(slope):  # f'(y) = 1 - z^2, once for all layers
-            np.multiply(z[k + 1], z[k + 1], out=s)
-            np.subtract(1.0, s, out=s)
+        if self.stacked:  # f'(y) = 1 - z^2, once for all layers
+            np.multiply(self.Z[1:], self.Z[1:], out=self.S)
+            np.subtract(1.0, self.S, out=self.S)
+        else:
+            for k, s in enumerate(slope):
+                np.multiply(z[k + 1], z[k + 1], out=s)
+                np.subtract(1.0, s, out=s)
         depth = len(self.W)
         np.subtract(z[depth], t, out=v[depth])
         v[depth] *= slope[depth - 1]
         for k in range(depth - 1, -1, -1):  # backward: v_k = f'_(k-1) (W_k^T v_(k+1))
-            np.dot(v[k + 1], z[k].T, out=self.dW[k])
-            np.sum(v[k + 1], axis=1, out=self.db[k])
+            if not self.stacked:
+                np.dot(v[k + 1], z[k].T, out=self.dW[k])
+                np.sum(v[k + 1], axis=1, out=self.db[k])
             np.dot(self.WT[k], v[k + 1], out=v[k])
             if k > 0:
                 v[k] *= slope[k - 1]
+        if self.stacked:  # every layer's gradients in one batched product
+            np.matmul(self.V[1:], self.Z[:-1].transpose(0, 2, 1), out=self.dW)
+            np.sum(self.V[1:], axis=2, out=self.db)
         return self.dW, self.db, v[0]
 
 

@@ -13,10 +13,11 @@ from benchmarks.baselines import TightBackward, TightMLP, TightRNN, TightRNNForw
 torch = pytest.importorskip("torch")
 
 
-def test_the_tight_mlp_loop_is_autograd():
-    net = pp.FNN.random([5, 6, 6, 4], activation="tanh", seed=0, bias=0.1)
+@pytest.mark.parametrize("widths", [(5, 6, 6, 4), (5, 5, 5, 5)], ids=["unequal", "stacked"])
+def test_the_tight_mlp_loop_is_autograd(widths):
+    net = pp.FNN.random(widths, activation="tanh", seed=0, bias=0.1)
     rng = np.random.default_rng(1)
-    x, t = rng.standard_normal((5, 3)), rng.standard_normal((4, 3))
+    x, t = rng.standard_normal((5, 3)), rng.standard_normal((widths[-1], 3))
     loop = TightMLP(net.W, net.b, 3)
     for _ in range(2):  # the preallocated arrays are reused without leftovers
         dW, db, dx = loop(x, t)
@@ -27,7 +28,7 @@ def test_the_tight_mlp_loop_is_autograd():
     for Wk, bk in zip(W, b):
         z = torch.tanh(Wk @ z + bk[:, None])
     (0.5 * ((z - torch.tensor(t)) ** 2).sum()).backward()
-    for ours, theirs in zip(dW + db + [dx], W + b + [z0]):
+    for ours, theirs in zip(list(dW) + list(db) + [dx], W + b + [z0]):
         np.testing.assert_allclose(ours, theirs.grad.numpy(), rtol=1e-12, atol=1e-14)
     job = torch_mlp(net.W, net.b)
     grads = job(torch.tensor(x.T.copy()), torch.tensor(t.T.copy()))
