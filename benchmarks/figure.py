@@ -4,9 +4,9 @@ Left: ``Solution.levels`` of substitution (``l + 1`` sequential steps) and cycli
 reduction (``ceil(log2(l + 1))``) on tanh MLPs of width 8. Right: the time of the
 whole job (forward, backward, every gradient of an MSE loss) with
 ``pp.backprop(..., method=...)`` against the tight NumPy loop of
-``benchmarks.peers``, width 8, one sample, measured in the same run (warm-up,
-median of 5): where depth dominates width, cyclic reduction beats the loop even
-on a CPU.
+``benchmarks.baselines``, width 8, one sample, measured in the same run (warm-up,
+median of 5): with depth, cyclic reduction closes on the loop but does not reach it
+on this CPU.
 
 Run: ``python -m benchmarks.figure [--save]`` (about 30 s); writes ``figure.png``.
 """
