@@ -25,7 +25,7 @@ from .propagation import backprop
 from .progress import bar
 from .sparsity import PATTERNS
 from .solvers import solve
-from .solvers.solution import ConvergenceError
+from .solvers.solution import ConvergenceError, Solution, Status
 from .systems import TriangularSystem, backward_system
 
 __all__ = ["main", "experiment", "Row", "gradient_error"]
@@ -540,6 +540,7 @@ def _demo_trust() -> None:
         errors = [np.linalg.norm(a - b) / np.linalg.norm(b) for a, b in zip(g.W, exact.W)]
         print(f"| {name} | {g.solution.status.name} | {g.solution.iterations} | "
               f"{max(errors):.1e} | {errors[0]:.1e} |")
+    _demo_nothing_unchecked(net, x, t)
     rnn = RNN.random([256] * 7, activation="tanh", seed=0)
     trace = rnn.forward(rng.standard_normal((100, 256, 32)))
     try:  # 16 GiB at most: never attempted, even where more memory is available
@@ -551,6 +552,27 @@ def _demo_trust() -> None:
               f"{error.estimate / 2**30:.0f} GiB; it raised MemoryBudgetError before "
               f"allocating (budget {error.budget / 2**30:.1f} GiB), and propop run marks it "
               "N/A.\n")
+
+
+def _demo_nothing_unchecked(net: FNN, x: Any, t: Any) -> None:
+    """Weights updated in place, a method that lies, an approximate system: none slips by."""
+    W = [Wk.copy() for Wk in net.W]
+    net = FNN(W, net.b, net.activations)
+    backprop(net, x, t, method="cyclic-reduction")
+    g = backprop(net, x, t)
+    for Wk, dW in zip(W, g.W):  # a hand-written SGD step, in place
+        Wk -= 0.5 * dW
+    fresh = backprop(FNN([Wk.copy() for Wk in W], net.b, net.activations), x, t)
+    again = backprop(net, x, t, method="cyclic-reduction")
+    drift = max(float(np.abs(a - b).max()) for a, b in zip(again.W, fresh.W))
+    B = backward_system(net, net.forward(x), net.loss_gradient(net.forward(x), t))
+    lie = solvers.solve(B, lambda s, **o: Solution(x=0 * s.rhs, status=Status.CONVERGED))
+    mean = solvers.solve(B.shared("mean"), "substitution")
+    print(f"\nNothing unchecked: after an in-place SGD step (W[k] -= lr * dW) the next "
+          f"gradients equal a fresh network's to {drift:.0e}; a method that returns zeros "
+          f"and claims CONVERGED is judged {lie.status.name} by its true residual; the "
+          f"batch-mean system B.shared('mean') solves {mean.status.name}: its worst layer "
+          f"misses the true system's bound {mean.info['true_block_ratio']:.0e} times.")
 
 
 DEMO_TRAINING = (("substitution", None, 1.0), ("cyclic-reduction", None, 1.0),

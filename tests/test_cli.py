@@ -78,6 +78,10 @@ def test_demo_runs_every_method_quickly():
     for method in ("jacobi", "bicgstab", "batched-gmres", "scipy.gmres"):
         assert f"| {method} | CONVERGED |" in vanishing
     assert "| scipy.bicgstab | BREAKDOWN |" in vanishing
+    unchecked = vanishing.split("Nothing unchecked:")[1]
+    drift = float(unchecked.split("fresh network's to ")[1].split(";")[0])
+    assert drift < 1e-14 and "judged INACCURATE" in unchecked
+    assert "solves APPROXIMATE" in unchecked
     assert "raised MemoryBudgetError before allocating" in result.stdout
 
 

@@ -209,7 +209,8 @@ def judged(system: Any, exact: Any, solution: Solution, options: dict) -> Soluti
             **solution.info, "true_residual": truth.residuals[-1]})
     worst = float(np.max(truth.info["block_ratios"]))
     return dataclasses.replace(solution, status=Status.APPROXIMATE, residuals=truth.residuals,
-                               info={**solution.info, "true_residual": truth.residuals[-1]},
+                               info={**solution.info, "true_residual": truth.residuals[-1],
+                                     "true_block_ratio": worst},
                                message=(
         f"solved the batch-mean approximation (B.shared('mean')) of the system: the true "
         f"system's residual is {truth.residuals[-1]:.2e}, its worst block {worst:.1e} times "
