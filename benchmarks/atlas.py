@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 import propop as pp
-from propop.solvers.auto import choose
+from propop.solvers.selection.auto import choose
 
 from .common import destination, each, median_times, publish, pyplot
 from .baselines import TightMLP, TightRNN

@@ -23,7 +23,7 @@ import numpy as np
 import scipy.sparse as sp
 
 import propop as pp
-from propop import cost
+from propop.solvers.selection import cost
 
 from .common import each, median_times, save
 from .baselines import TightBackward

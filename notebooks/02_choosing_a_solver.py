@@ -74,10 +74,11 @@ print("preconditioned:", pp.solve(B, "batched-gmres", M=("block-jacobi", {"group
 
 # %% [markdown]
 # Cyclic reduction's depth grows as `log2 l` where substitution's grows as `l`; its work
-# grows as `n^3` per block product, `r` of them per pair for a batch (`propop.cost`).
+# grows as `n^3` per block product, `r` of them per pair for a batch
+# (`propop.solvers.selection.cost`).
 
 # %%
-from propop import cost
+from propop.solvers.selection import cost
 
 for depth in (4, 16, 64, 256):
     sizes = (32,) * (depth + 1)

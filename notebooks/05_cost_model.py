@@ -1,7 +1,7 @@
 # %% [markdown]
 # # Cost model vs measurement
 #
-# A jupytext `py:percent` notebook. `propop.cost` holds the paper's section 4
+# A jupytext `py:percent` notebook. `propop.solvers.selection.cost` holds the paper's section 4
 # formulas (sequential, direct and iterative work, time and memory) and the
 # mini-batch correction: cyclic reduction's reduced blocks are per sample, so a batch
 # of `r` costs `O(r l n^3)`, not the paper's `O(l n^3)`. Here the formulas meet the
@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 import propop as pp
-from propop import cost
+from propop.solvers.selection import cost
 
 
 def system(depth: int, n: int, r: int) -> pp.TriangularSystem:

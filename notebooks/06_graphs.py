@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import propop as pp
-from propop.torch_interop import Residual
+from propop.interop.torch_import import Residual
 
 torch.manual_seed(0)
 module = nn.Sequential(

@@ -1,47 +1,37 @@
 """propop: forward and backward propagation as block bi-diagonal triangular solves.
 
 After M. Naumov, "Parallel Complexity of Forward and Backward Propagation".
-The public API is DESIGN section 6; everything is re-exported here.
+The public API is DESIGN section 6. Names are resolved on first use (PEP 562),
+so ``import propop`` loads no solver, no PyAMG and no ``scipy.sparse.linalg``:
+each is imported when a method asks for it.
 """
 
-from typing import Any
+from __future__ import annotations
 
-from . import data, layers, memory, solvers, sparsity
-from .activations import Activation, available_activations, get_activation, register_activation
-from .losses import loss_gradient, loss_value
-from .memory import MemoryBudgetError
-from .networks import (FNN, GRU, LSTM, RNN, Gradients, Graph, GraphGradients, Recurrence,
-                       RecurrenceGradients, RNNGradients, Trace)
-from .propagation import backprop, forward
-from .solvers import ConvergenceError, Plan, Solution, Status, prepare, solve
-from .training import History, train
-from .systems import Blocks, TriangularSystem, backward_system, forward_system
-from .distributed import krylov as _mpi_krylov  # noqa: F401  (registers mpi.gmres, ...)
-from .distributed import solvers as _mpi_solvers  # noqa: F401  (registers mpi.*)
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-
-def from_torch(module: Any, input_shape: Any = None) -> Any:
-    """A propop network with a PyTorch module's weights (:mod:`propop.torch_interop`).
-
-    Needs PyTorch (``pip install "propop[torch]"``).
-    """
-    from .torch_interop import from_torch as convert
-
-    return convert(module, input_shape)
-
-
-def state_dict(network: Any) -> Any:
-    """A network's parameters under PyTorch's names (:func:`propop.torch_interop.state_dict`).
-
-    ``module.load_state_dict(pp.state_dict(net), strict=False)`` writes them back
-    into the module ``net`` came from. Needs PyTorch.
-    """
-    from .torch_interop import state_dict as convert
-
-    return convert(network)
-
+# public name -> the module that defines it
+_WHERE = {
+    **dict.fromkeys(("FNN", "RNN", "Graph", "Trace", "Gradients", "RNNGradients",
+                     "GraphGradients", "Recurrence", "RecurrenceGradients", "GRU", "LSTM"),
+                    "propop.networks"),
+    **dict.fromkeys(("Activation", "register_activation", "get_activation",
+                     "available_activations"), "propop.activations"),
+    **dict.fromkeys(("loss_gradient", "loss_value"), "propop.losses"),
+    **dict.fromkeys(("TriangularSystem", "Blocks", "backward_system", "forward_system"),
+                    "propop.systems"),
+    **dict.fromkeys(("solve", "prepare", "Plan"), "propop.solvers.plan"),
+    **dict.fromkeys(("Solution", "Status", "ConvergenceError"), "propop.solvers.solution"),
+    "backprop": "propop.propagation", "forward": "propop.newton.loop",
+    "from_torch": "propop.interop", "state_dict": "propop.interop",
+    **dict.fromkeys(("train", "History"), "propop.training"),
+    "MemoryBudgetError": "propop.memory",
+}
+_MODULES = ("layers", "solvers", "data", "sparsity", "memory", "distributed", "plot",
+            "interop", "newton")
 
 __all__ = [
     "FNN", "RNN", "Graph", "Trace", "Gradients", "RNNGradients", "GraphGradients", "layers",
@@ -53,3 +43,18 @@ __all__ = [
     "backprop", "forward", "from_torch", "state_dict", "train", "History", "data", "sparsity",
     "memory", "MemoryBudgetError",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module on first use."""
+    if name in _MODULES:
+        return importlib.import_module(f"propop.{name}")
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+        globals()[name] = value  # the next look-up is a plain attribute
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | set(_MODULES))

@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any
 
 __all__ = ["Backend", "of", "namespace", "is_sparse", "is_real_floating", "matmul_into",
+           "outer_on_pattern", "over_time",
            "matmul_writer", "kind", "astype", "contiguous", "indices", "eps", "to_host",
            "quiet", "erf",
            "is_matrix_like", "convert", "KINDS"]
@@ -36,14 +37,22 @@ class Backend:
     sparse : module
         ``scipy.sparse`` or ``cupyx.scipy.sparse`` (PyTorch: none, every
         ``issparse`` is false).
-    spla : module
-        ``scipy.sparse.linalg`` or ``cupyx.scipy.sparse.linalg``.
     """
 
     name: str
     xp: ModuleType
     sparse: ModuleType
-    spla: ModuleType
+
+    @property
+    def spla(self) -> ModuleType:
+        """``scipy.sparse.linalg`` or ``cupyx.scipy.sparse.linalg``, imported when first asked.
+
+        Slow to import and needed only by the methods and views that use it.
+        """
+        if self.name == "torch":
+            return _NoSparse
+        return importlib.import_module(("scipy" if self.name == "numpy" else "cupyx.scipy")
+                                       + ".sparse.linalg")
 
     def __reduce__(self) -> tuple:
         """Pickle by name (modules do not pickle): systems can be sent to MPI ranks."""
@@ -60,21 +69,12 @@ class _NoSparse:
 
 def _load(name: str) -> Backend:
     if name == "torch":  # dense tensors through the array API (array-api-compat)
-        return Backend("torch", importlib.import_module("array_api_compat.torch"),
-                       _NoSparse, _NoSparse)
+        return Backend("torch", importlib.import_module("array_api_compat.torch"), _NoSparse)
     if name == "numpy":
-        return Backend(
-            "numpy",
-            importlib.import_module("numpy"),
-            importlib.import_module("scipy.sparse"),
-            importlib.import_module("scipy.sparse.linalg"),
-        )
-    return Backend(
-        "cupy",
-        importlib.import_module("cupy"),
-        importlib.import_module("cupyx.scipy.sparse"),
-        importlib.import_module("cupyx.scipy.sparse.linalg"),
-    )
+        return Backend("numpy", importlib.import_module("numpy"),
+                       importlib.import_module("scipy.sparse"))
+    return Backend("cupy", importlib.import_module("cupy"),
+                   importlib.import_module("cupyx.scipy.sparse"))
 
 
 _CACHE: dict[str, Backend] = {}
@@ -280,3 +280,29 @@ def quiet(xp: ModuleType) -> contextlib.AbstractContextManager:
     if errstate is None:
         return contextlib.nullcontext()
     return errstate(divide="ignore", invalid="ignore", over="ignore")
+
+
+def outer_on_pattern(Wk: Any, vk: Any, zk: Any) -> Any:
+    """``sum_i v_i z_i^T`` over samples, on the pattern of ``Wk`` if it is sparse."""
+    be = of(Wk)
+    if not be.sparse.issparse(Wk):
+        return be.xp.outer(vk, zk) if vk.ndim == 1 else vk @ zk.T
+    rows = be.xp.repeat(be.xp.arange(Wk.shape[0]), be.xp.diff(Wk.indptr))
+    products = vk[rows] * zk[Wk.indices]
+    data = products if vk.ndim == 1 else products.sum(axis=1)
+    return type(Wk)((data, Wk.indices.copy(), Wk.indptr.copy()), shape=Wk.shape)
+
+
+def over_time(M: Any, Z: Any) -> Any:
+    """``M @ Z[s]`` for every time step ``s`` as one product; ``Z`` is ``(tau, n, ...)``.
+
+    A dense ``M`` broadcasts over the steps (one batched ``matmul``; one GEMM
+    ``Z M^T`` for vectors), with no transposed copy of ``Z``; a sparse one
+    multiplies the steps laid side by side.
+    """
+    xp = namespace(Z)
+    if not is_sparse(M):
+        return M @ Z if Z.ndim == 3 else Z @ M.T
+    tau, n = Z.shape[:2]
+    flat = xp.moveaxis(Z, 0, 1).reshape(n, -1)
+    return xp.moveaxis(xp.asarray(M @ flat).reshape((-1, tau) + Z.shape[2:]), 1, 0)

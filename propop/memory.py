@@ -4,7 +4,7 @@ Cyclic reduction forms a reduced block per sample and pair of layers, SciPy's
 triangular solve an explicit matrix of every sample, GMRES a Krylov basis of
 ``restart`` vectors: on a wide network or a long sequence these exceed the
 machine before the first level ends. Each such method computes its peak from
-shapes alone (:mod:`propop.solvers.footprint`) and calls :func:`require`, which
+shapes alone (:mod:`propop.solvers.reduction.footprint`) and calls :func:`require`, which
 raises :class:`MemoryBudgetError` (estimate, budget, a cheaper method) above the
 budget instead of letting the operating system kill the process.
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .networks.fnn import FNN
-from .solvers.registry import solve
+from .solvers.plan import solve
 from .systems import backward_system
 
 __all__ = ["plot_system", "plot_convergence", "plot_levels", "plot_training", "plot_density",

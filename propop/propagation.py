@@ -1,29 +1,17 @@
-"""One-line propagation through a chosen solver: :func:`backprop` and :func:`forward`."""
+"""Backpropagation through a chosen solver: :func:`backprop` (eq. back_prop_sys)."""
 
 from __future__ import annotations
 
-import functools
-import math
-import warnings
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
-
 from . import backend
-from ._checks import require_finite, worst
-from .networks.trace import Trace, require_trace
-from .progress import bar
-from .solvers.convergence import default_rtol
-from .solvers.damped_newton import DAMPED, damped_newton
-from .solvers.options import check_options
-from .solvers.registry import info, names, solve
-from .solvers.solution import ConvergenceError, Solution, Status
-from .systems import backward_system, forward_system
+from .networks.trace import Trace, first_nonfinite, require_trace
+from .solvers.plan import agreed, solve
+from .solvers.solution import ConvergenceError, Status
+from .systems import backward_system
 
-__all__ = ["backprop", "forward"]
-
-STOPS = ("residual", "change")
+__all__ = ["backprop"]
 
 
 def backprop(net: Any, x: Any, target: Any, loss: str = "mse",
@@ -88,12 +76,12 @@ def backprop(net: Any, x: Any, target: Any, loss: str = "mse",
         xp = backend.namespace(outputs[0])
         if not all(bool(xp.all(xp.isfinite(out))) for out in outputs):
             raise ValueError(f"the forward pass gave non-finite values, first in "
-                             f"{_first_nonfinite(net, trace)}: no gradient exists there; "
+                             f"{first_nonfinite(net, trace)}: no gradient exists there; "
                              "check the weights' scale and the input")
         return trace, backward_system(net, trace, net.loss_gradient(trace, target, loss,
                                                                     reduction))
 
-    trace, system = _agreed(method, options, prepare)
+    trace, system = agreed(method, options, prepare)
     if rtol is not None:
         options["rtol"] = rtol
     solution = solve(system, method, **options)
@@ -106,251 +94,3 @@ def backprop(net: Any, x: Any, target: Any, loss: str = "mse",
 
 _TAKE_IT = ("; to take these gradients as they are, pass check=False (a maxiter you give to "
             "backprop or train is a truncation asked for, and does not raise)")
-
-
-def forward(net: Any, x: Any, method: str = "substitution", *,
-            linearization: str = "newton", rtol: float | None = None,
-            maxiter: int | None = None,
-            around: Trace | None = None, check: bool = True, linear_rtol: float | None = None,
-            progress: bool | str = False, stop: str = "residual", **options: Any) -> Trace:
-    """Forward propagation by iterated linearised systems (eq. forw_prop_sys).
-
-    Each iteration linearises every activation at the current ``y``, solves
-    the forward system with ``method``, and recomputes every ``y_k = W_k z_k + b_k``
-    from the new ``z`` (all layers at once). With ``linearization="newton"`` this
-    is Newton's method on the whole network; the first ``k`` layers are exact
-    after ``k`` iterations, so at most ``l`` iterations give the exact pass
-    (``tau + l - 1`` for an RNN, whose dependencies also run along time).
-
-    A recurrence (:class:`~propop.Recurrence`, :class:`~propop.GRU`,
-    :class:`~propop.LSTM`) also takes ``linearization="quasi"`` (the Jacobian's
-    diagonal: quasi-DEER), ``"block-diagonal"`` (its diagonal blocks) and the
-    Levenberg-Marquardt steps ``"damped"`` (ELK)
-    and ``"quasi-damped"`` (quasi-ELK), starting from ``damping`` (``lambda``,
-    default 1) on Marquardt's schedule (:mod:`propop.solvers.damped_newton`);
-    ``info`` then holds each step's ``damping`` and ``accepted``, and always the
-    estimated largest Lyapunov exponent ``lyapunov``, with a ``RuntimeWarning``
-    when it is positive.
-
-    Stops when the nonlinear residual ``max_k ||z_{k+1} - f(y_k)|| / ||f(y_k)||``
-    (and the input block's ``||z_0 - x|| / ||x||``) is at most ``rtol``
-    (``stop="residual"``), or when the relative change of the states between
-    two iterations is (``stop="change"``, as DEER does); both
-    are recorded, in ``info["residuals"]`` and ``info["changes"]``.
-    ``trace.info`` also holds ``iterations`` and the linear ``solutions``.
-    ``around`` starts the iteration from a trace (default: all states zero);
-    ``rtol`` defaults by dtype (``1e-10`` in float64, ``1.2e-5`` in float32);
-    ``linear_rtol`` is the tolerance of each linear solve (default the smaller
-    of ``rtol`` and the dtype's default); ``progress`` shows a bar over the Newton iterations
-    (:mod:`propop.progress`); other options go to the solver.
-
-    A run that does not converge returns (``check=False``) its best iterate, the
-    one with the smallest nonlinear residual, with ``info["converged"]`` false,
-    ``info["best_iteration"]`` and ``info["message"]``.
-
-    Raises
-    ------
-    ConvergenceError
-        If ``check`` and the iteration did not converge within ``maxiter``
-        (default: the number of blocks less one, always enough; one more for
-        ``stop="change"``, which needs an iterate that no longer changes;
-        ``2 tau + 10`` quasi-Newton or damped steps, which are not exact after ``tau``).
-    """
-    check_options(rtol, 0.0, maxiter)
-    if stop not in STOPS:
-        raise ValueError(f"stop must be one of {STOPS}, got {stop!r}")
-    damping = _damping(net, linearization, options)
-    rtol = default_rtol(net.dtype) if rtol is None else rtol
-    linear_rtol = min(rtol, default_rtol(net.dtype)) if linear_rtol is None else linear_rtol
-    x = _agreed(method, options, lambda: net.check_input(x))
-    trace = _start(net, x, around)
-    residual = getattr(net, "nonlinear_residual", None) or (
-        lambda t: _nonlinear_residual(net, t))
-    deviation = getattr(net, "input_deviation", None) or (  # the input block's error
-        lambda states, x: _relative(states[0], x))
-    residuals, solutions, changes, steps = [residual(trace)], [], [float("inf")], []
-    best = (residuals[0], 0, trace)
-    measure = residuals if stop == "residual" else changes
-    with bar(progress, maxiter, f"{linearization} forward") as shown:
-        while not measure[-1] <= rtol:
-            previous = trace
-            if damping is not None:  # Levenberg-Marquardt on a recurrence (ELK)
-                if maxiter is None:
-                    maxiter = shown.total = 2 * x.shape[0] + 10
-                if len(steps) >= maxiter:
-                    break
-                trace, step = damped_newton(net, x, trace, linearization, damping)
-                damping = step["damping"]
-                steps.append(step)
-            else:
-                system = _agreed(method, options, functools.partial(
-                    forward_system, net, x, around=trace, linearization=linearization))
-                if maxiter is None:  # the longest chain of dependencies is shorter than this
-                    exact = linearization == "newton" or not hasattr(net, "merit")
-                    steps = system.nblocks - getattr(net, "input_blocks", 1)
-                    maxiter = shown.total = (max(steps, 1) + (stop == "change") if exact
-                                             else 2 * system.nblocks + 10)
-                if len(solutions) >= maxiter:
-                    break
-                solution = solve(system, method, check=check, rtol=linear_rtol, **options)
-                solutions.append(solution)
-                states = net.unstack(system, solution.x)
-                trace = net.trace_from_states(x, states)
-            residuals.append(worst([residual(trace), 0.0 if damping is not None
-                                    else deviation(states, x)]))
-            changes.append(_change(previous, trace))
-            if residuals[-1] < best[0]:
-                best = (residuals[-1], len(residuals) - 1, trace)
-            shown.update()
-            shown.set_postfix_str(f"residual {residuals[-1]:.1e}")
-            if not math.isfinite(residuals[-1]):  # overflow: no later iterate recovers
-                break
-    iterations = len(steps) if damping is not None else len(solutions)
-    finite = math.isfinite(residuals[-1])
-    info = {"iterations": iterations, "residuals": residuals, "changes": changes[1:],
-            "solutions": solutions, "converged": finite and measure[-1] <= rtol}
-    if damping is not None:
-        info["damping"] = [s["damping"] for s in steps]
-        info["accepted"] = [s["accepted"] for s in steps]
-    if not info["converged"]:  # the best iterate, said so
-        failure = _failed(solutions[-1] if solutions else None, iterations, stop, measure[-1],
-                          rtol, None if finite else _first_nonfinite(net, trace))
-        info["best_iteration"], trace = best[1], best[2]
-        info["message"] = failure.message + (f"; returned the best iterate (iteration "
-                                              f"{best[1]}, nonlinear residual {best[0]:.2e})")
-        if check:
-            raise ConvergenceError(replace(failure, message=info["message"]))
-    newton = damping is None and linearization == "newton" and solutions  # full Jacobians
-    _diagnose(net, trace, info, system.coupling_stack if newton else None)
-    return Trace(x=trace.x, y=trace.y, z=trace.z, info=info, stacked=trace.stacked,
-                 outputs=trace.outputs)
-
-
-def _damping(net: Any, linearization: str, options: dict) -> Any:
-    """The starting ``lambda`` of a damped linearization (``None`` for the others)."""
-    if linearization not in DAMPED:
-        if "damping" in options:
-            raise ValueError(f"damping is an option of linearization='damped' or "
-                             f"'quasi-damped', not of {linearization!r}")
-        return None
-    if not hasattr(net, "merit"):
-        raise ValueError(f"linearization={linearization!r} (Levenberg-Marquardt, ELK) takes a "
-                         "recurrence (pp.Recurrence, pp.GRU, pp.LSTM); use 'newton' here")
-    damping = float(options.pop("damping", 1.0))
-    if not damping >= 0:
-        raise ValueError(f"damping must be >= 0, got {damping}")
-    return damping
-
-
-def _diagnose(net: Any, trace: Trace, info: dict, jacobians: Any) -> None:
-    """What the network says about its trajectory (a recurrence: its Lyapunov exponent).
-
-    ``jacobians``: the last Newton system's couplings, passed on rather than recomputed.
-    """
-    diagnose = getattr(net, "forward_diagnostics", None)
-    if diagnose is None:
-        return
-    info.update(diagnose(trace, jacobians))
-    if info.get("lyapunov", -1.0) > 0:
-        warnings.warn(f"the largest Lyapunov exponent along the trajectory is "
-                      f"{info['lyapunov']:+.3f} > 0: the recurrence is chaotic here, and "
-                      "Newton-type parallel evaluation may need up to tau iterations "
-                      "(Gonzalez et al., 2025)", RuntimeWarning, stacklevel=3)
-
-
-def _agreed(method: Any, options: dict, work: Any) -> Any:
-    """``work()``; for a method that communicates, its failure on one rank raised on all.
-
-    A forward pass or a system that fails on one MPI rank only (that rank's bad
-    input, say) must not leave the others waiting in the solve
-    (:mod:`propop.distributed.guard`).
-    """
-    guard = info(method).guard if isinstance(method, str) and method in names() else None
-    return work() if guard is None else guard.prepare(options, work)
-
-
-def _relative(a: Any, b: Any) -> float:
-    """``||a - b|| / ||b||``: how far a solution's input block is from the input."""
-    xp = backend.namespace(b)
-    return float(xp.linalg.norm(a - b)) / max(float(xp.linalg.norm(b)), 1e-300)
-
-
-def _change(before: Trace, after: Trace) -> float:
-    """``max_k ||z_k - z_k'|| / ||z_k'||`` between two iterates."""
-    return worst(float(np.linalg.norm(np.asarray(a) - np.asarray(b)))
-                 / max(float(np.linalg.norm(np.asarray(a))), 1e-300)
-                 for a, b in zip(after.z, before.z))
-
-
-def _nonlinear_residual(net: Any, trace: Trace) -> float:
-    """``max_k ||z_{k+1} - f_k(y_k)|| / max(||f_k(y_k)||, tiny)``: zero at the true pass."""
-    xp = net.backend.xp
-    gaps = []
-    for act, y, z in zip(net.activations, trace.y, trace.z[1:]):
-        fy = act(y)
-        gaps.append(float(xp.linalg.norm(z - fy)) / max(float(xp.linalg.norm(fy)), 1e-300))
-    return worst(gaps)
-
-
-def _start(net: Any, x: Any, around: Trace | None) -> Trace:
-    """The first iterate: zeros, or the states of ``around`` with this input ``x``.
-
-    ``around`` may come from another input (a previous batch, a warm start), but
-    its states must have this input's shapes and be finite; its pre-activations
-    are recomputed from ``x``, so the first residual judges it for this input.
-    """
-    if around is None:
-        return net.trace_from_states(x, None)
-    if not isinstance(around, Trace):
-        raise TypeError(f"around must be a propop Trace, got {type(around).__name__}")
-    want = [tuple(shape) for shape in net.state_shapes(x)[0]]
-    have = [tuple(getattr(z, "shape", ())) for z in around.z]
-    if have != want:
-        bad = next(k for k in range(max(len(have), len(want)))
-                   if k >= len(have) or k >= len(want) or have[k] != want[k])
-        raise ValueError(f"around does not fit this input: its z[{bad}] has shape "
-                         f"{have[bad] if bad < len(have) else 'none'}, this x needs "
-                         f"{want[bad] if bad < len(want) else 'none'} ({len(want)} states; "
-                         "the batch size and sequence length must be x's)")
-    for k, z in enumerate(around.z[1:], start=1):
-        require_finite(z, f"around.z[{k}]")
-    states = net.states_of(around) if hasattr(net, "states_of") else around.z
-    return net.trace_from_states(x, states)
-
-
-def _first_nonfinite(net: Any, trace: Trace) -> str:
-    """Where ``trace`` first holds NaN or Inf, named for a message.
-
-    A state ``z``, a pre-activation ``y``, or (for layered networks) an activation
-    ``f(y)`` that overflows although ``y`` is finite.
-    """
-    xp = backend.namespace(trace.x)
-    finite = lambda a: a is None or bool(xp.all(xp.isfinite(xp.asarray(a))))  # noqa: E731
-    names = getattr(net, "order", None)
-    for letter, values, shift in (("z", trace.z, 1), ("y", trace.y, 0)):
-        for k, a in enumerate(values):
-            if not finite(a):
-                return f"node {names[k]!r}" if names else (
-                    f"{letter}[{k}] (layer {k - shift}'s {'output' if shift else 'input'})")
-    for k, (act, y) in enumerate(zip(getattr(net, "activations", ()), trace.y)):
-        with backend.quiet(xp):
-            if not finite(act(y)):
-                return f"f(y[{k}]) (layer {k}'s activation overflows)"
-    return "the nonlinear residual"
-
-
-def _failed(solution: Solution | None, iterations: int, stop: str, value: float, rtol: float,
-            nonfinite: str | None = None) -> Solution:
-    base = solution or Solution(x=None, status=Status.MAX_ITER)
-    if nonfinite is not None:
-        return replace(base, status=Status.NONFINITE, message=(
-            f"forward iteration {iterations} gave non-finite values, first in {nonfinite}: "
-            "the forward pass overflows there (check net.forward(x) and the weights' "
-            "scale), or the iteration diverged (try linearization='newton' or a damped one "
-            "on a recurrence)"))
-    measure = "nonlinear residual" if stop == "residual" else "relative change of the states"
-    return replace(base, status=Status.MAX_ITER, message=(
-        f"forward iteration stopped after {iterations} iterations with {measure} "
-        f"{value:.2e} > rtol={rtol:g}; raise maxiter (the number of layers is always enough "
-        "with exact linear solves, one more for stop='change') or use "
-        "linearization='newton'"))

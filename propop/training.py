@@ -24,7 +24,8 @@ from .networks.fnn import FNN
 from .networks.graph import Graph
 from .networks.rnn import RNN
 from .progress import bar
-from .propagation import backprop, forward as propagate
+from .newton.loop import forward as propagate
+from .propagation import backprop
 from .solvers.solution import ConvergenceError, Status
 
 __all__ = ["train", "History", "OPTIMIZERS", "parameters"]

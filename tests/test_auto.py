@@ -8,9 +8,11 @@ import pytest
 import scipy.sparse as sp
 
 import propop as pp
-from propop import calibration, cost
+from propop import calibration
+from propop.solvers.selection import calibration as constants
+from propop.solvers.selection import cost
 from propop.cli import main
-from propop.solvers import auto
+from propop.solvers.selection import auto
 
 
 def fnn_system(layers=64, width=8, r=1, density=1.0):
@@ -26,10 +28,10 @@ def rnn_system(tau=64, hidden=4, r=2):
     return pp.backward_system(rnn, trace, np.ones_like(trace.output))
 
 
-def model(fastest: str) -> calibration.Calibration:
+def model(fastest: str) -> constants.Calibration:
     """Constants under which ``fastest`` costs one second less than every other method."""
     cheap, dear = [0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]
-    return calibration.Calibration(
+    return constants.Calibration(
         {family: {m: cheap if m == fastest else dear for m in auto.CANDIDATES}
          for family in ("chain", "time")}, "a test model")
 
@@ -144,8 +146,8 @@ def test_calibration_is_stored_read_and_fitted(tmp_path, monkeypatch):
     monkeypatch.setenv("PROPOP_CALIBRATION", str(where))
     measured = calibration.calibrate(quick=True, progress=False)
     stored = json.loads(where.read_text())
-    assert stored["features"] == list(calibration.FEATURES)
-    loaded = calibration.load()
+    assert stored["features"] == list(constants.FEATURES)
+    loaded = constants.load()
     assert loaded.coefficients == measured.coefficients and str(where) in loaded.source
     for row in loaded.measurements:  # the stored predictions are the model's
         assert all(c >= 0 and math.isfinite(c)
@@ -160,12 +162,12 @@ def test_a_broken_calibration_file_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv("PROPOP_CALIBRATION", str(where))
     where.write_text("{not json")
     with pytest.raises(ValueError, match="calibration.json is not a propop calibration"):
-        calibration.load()
+        constants.load()
     where.write_text(json.dumps({"coefficients": {"chain": {"substitution": [1.0]}}}))
     with pytest.raises(ValueError, match="every method needs 4 constants"):
-        calibration.load()
+        constants.load()
     with pytest.raises(KeyError, match="no constants for 'cyclic-reduction'.*propop calibrate"):
-        calibration.load_default().predict("tree", "cyclic-reduction", (1, 1, 1, 1))
+        constants.load_default().predict("tree", "cyclic-reduction", (1, 1, 1, 1))
 
 
 def test_explain_and_the_cli_say_what_auto_takes(tmp_path, capsys):

@@ -33,8 +33,9 @@ def test_run_prints_a_row_per_method_with_small_errors(capsys):
 
 
 def test_experiment_rows_against_the_reference():
-    rows = cli.experiment(layers=2, width=6, batch=3, methods=["substitution", "bicgstab"],
-                          repeats=1, density=0.5, dtype="float32")
+    rows = cli.experiments.experiment(layers=2, width=6, batch=3,
+                                      methods=["substitution", "bicgstab"], repeats=1,
+                                      density=0.5, dtype="float32")
     assert [r.method for r in rows] == ["substitution", "bicgstab"]
     assert rows[0].error < 1e-5 and rows[0].levels == 3 and rows[1].iterations >= 1
 
@@ -66,7 +67,7 @@ def test_demo_runs_every_method_quickly():
                 result.stdout.split("Training a 6-layer")[1].splitlines()
                 if line.startswith("| ") and line.split("|")[2].strip() in
                 ("exact", "1", "3", "6")]
-    assert len(training) == len(cli.DEMO_TRAINING)
+    assert len(training) == len(cli.demos.DEMO_TRAINING)
     accuracy = {(r[1].strip(), r[2].strip(), r[3].strip()): float(r[4]) for r in training}
     error = {(r[1].strip(), r[2].strip(), r[3].strip()): float(r[5]) for r in training}
     assert accuracy["substitution", "exact", "1.00"] > 0.85
@@ -103,7 +104,7 @@ def test_demo_training_says_what_it_needs_without_scikit_learn(monkeypatch, caps
         raise ImportError('digits() needs scikit-learn: pip install "propop[data]"')
 
     monkeypatch.setattr(data, "digits", missing)
-    cli._demo_training()
+    cli.demos.training()
     out = capsys.readouterr().out
     assert "Training on the digits skipped" in out and "propop[data]" in out
     assert "| backward method |" not in out

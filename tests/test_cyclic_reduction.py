@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import propop as pp
-from propop import cost
+from propop.solvers.selection import cost
 from cases import ACTIVATIONS, Case, relative_error
 
 METHODS = ["cyclic-reduction", "parallel-cyclic-reduction"]

@@ -7,7 +7,7 @@ import propop as pp
 from propop import layers as L
 from cases import relative_error
 from reference import torch
-from propop.torch_interop import Residual
+from propop.interop.torch_import import Residual
 
 nn = torch.nn
 SOLVERS = ["substitution", "level-scheduled", "batched-gmres", "scipy.gmres"]

@@ -363,7 +363,7 @@ class PlainSequential(torch.nn.Sequential):
 
 def test_from_torch_traces_what_subclasses_compute_and_names_what_it_cannot():
     """A subclass's own forward() is traced, not assumed to be its base class's."""
-    from propop.torch_interop import Residual
+    from propop.interop.torch_import import Residual
 
     class OddResidual(Residual):
         def forward(self, x):

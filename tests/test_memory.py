@@ -112,7 +112,7 @@ def test_the_sparse_reduction_counts_its_peak_as_the_fill_in_happens(build):
     measured, solution = traced_peak(system, "cyclic-reduction")
     assert "fill_in" in solution.info
     assert 0.8 <= solution.info["peak_bytes"] / measured <= 1.2
-    from propop.solvers import footprint
+    from propop.solvers.reduction import footprint
 
     assert 3 * footprint.dense_cyclic_reduction(system, False, False) >= measured  # the guard
 
@@ -171,7 +171,7 @@ def test_the_budget_comes_from_set_budget_the_environment_or_the_available_memor
 
 def test_the_cli_marks_a_run_over_the_budget_not_applicable(capsys):
     with pp.memory.limit(60_000):  # the system fits (52 KiB), cyclic reduction does not
-        rows = cli.experiment(layers=4, width=32, batch=8, repeats=1,
+        rows = cli.experiments.experiment(layers=4, width=32, batch=8, repeats=1,
                               methods=["substitution", "cyclic-reduction"])
     assert rows[0].status == "CONVERGED"
     assert rows[1].status.startswith("N/A (memory: needs") and "budget" in rows[1].status

@@ -7,7 +7,7 @@ import pytest
 
 import propop as pp
 from cases import relative_error
-from propop.solvers.tridiagonal import block_tridiagonal
+from propop.solvers.reduction.tridiagonal import block_tridiagonal
 from reference import torch
 
 TAU, R = 12, 3

@@ -68,7 +68,7 @@ def test_a_shared_matrix_takes_any_number_of_columns():
 
 
 def test_a_cyclic_reduction_plan_reduces_the_blocks_once(monkeypatch):
-    from propop.solvers import cyclic_reduction
+    from propop.solvers.reduction import cyclic as cyclic_reduction
 
     net, trace, eps, _ = Case((16,) * 9, r=4, activation="tanh").problem()
     system = pp.backward_system(net, trace, eps)

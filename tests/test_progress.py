@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import propop as pp
-from propop import progress, propagation
+from propop import progress
+from propop.newton import loop as newton_forward
 from propop.solvers import plan
 from cases import Case
 
@@ -41,7 +42,7 @@ def test_a_bar_advances_with_the_iterations(monkeypatch, capsys):
 
 
 def test_newton_forward_shows_its_iterations(monkeypatch, capsys):
-    made = recording(monkeypatch, propagation)
+    made = recording(monkeypatch, newton_forward)
     net = pp.FNN.random([4, 6, 6, 3], activation="tanh", seed=0)
     trace = pp.forward(net, np.ones((4, 2)), progress=True)
     assert "newton forward" in capsys.readouterr().err

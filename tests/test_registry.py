@@ -90,7 +90,7 @@ def test_method_names_in_messages_are_registered():
     assert {"substitution", "scipy.gmres"} <= quoted, "the patterns are out of date"
     from propop.activations import LINEARIZATIONS
     from propop.networks.recurrence import LINEARIZATIONS as CELL_LINEARIZATIONS
-    from propop.solvers.damped_newton import DAMPED
+    from propop.newton.damped import DAMPED
 
     not_methods = {"fnn", "rnn", "swish-doc"}  # network kinds, a doctest's activation
     not_methods |= set(LINEARIZATIONS) | set(CELL_LINEARIZATIONS) | set(DAMPED)
@@ -113,11 +113,12 @@ def test_a_method_whose_optional_module_is_missing_is_listed_and_skipped():
                                               r"propop\[mpi\]"):
             pp.solve(pp.backward_system(net, trace, eps), "test.needs")
         assert "| test.needs | direct | yes | numpy | no: pip install propop[mpi] |" in \
-            cli._solvers_table()
-        rows = cli.experiment(layers=2, width=4, batch=2, repeats=1)
+            cli.experiments.solvers_table()
+        rows = cli.experiments.experiment(layers=2, width=4, batch=2, repeats=1)
         assert "test.needs" not in {row.method for row in rows}
         assert "substitution" in {row.method for row in rows}
-        assert "test.needs" in cli.unavailable_note() and "propop[mpi]" in cli.unavailable_note()
+        note = cli.experiments.unavailable_note()
+        assert "test.needs" in note and "propop[mpi]" in note
     finally:
         registry._REGISTRY.pop("test.needs")
 

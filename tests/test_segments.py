@@ -2,9 +2,9 @@
 
 import numpy as np
 
-from propop.solvers.chain import Counter
-from propop.solvers.cyclic_reduction import _reduce
-from propop.solvers.segments import across, expand, relation
+from propop.solvers.reduction.chain import Counter
+from propop.solvers.reduction.cyclic import _reduce
+from propop.solvers.reduction.segments import across, expand, relation
 
 
 def test_segments_follow_the_sequential_recursion():

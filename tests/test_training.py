@@ -7,7 +7,7 @@ import propop as pp
 from cases import relative_error
 from propop.data import digits, parity
 from propop.training import train
-from propop.torch_interop import Residual
+from propop.interop.torch_import import Residual
 from reference import torch
 
 nn = torch.nn

@@ -1,7 +1,7 @@
 """``mpi.gmres`` and ``mpi.bicgstab``: propop's lock-step Krylov loops on distributed vectors.
 
-The loops of :func:`propop.solvers.batched_krylov.gmres` and
-:func:`propop.solvers.bicgstab.iterate` run unchanged on a rank's rows; only the
+The loops of :func:`propop.solvers.iterative.batched.gmres` and
+:func:`propop.solvers.iterative.bicgstab.iterate` run unchanged on a rank's rows; only the
 three operations that see the whole vector change: the operator (one neighbour
 ``Sendrecv`` of boundary blocks), the column-wise inner products and the norms
 (one ``Allreduce`` each).
@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from ..solvers.batched_krylov import gmres, restart_length
-from ..solvers.bicgstab import iterate
+from ..solvers.iterative.batched import gmres, restart_length
+from ..solvers.iterative.bicgstab import iterate
 from ..solvers.convergence import Tolerance, default_maxiter, finish, initial_guess
 from ..solvers.registry import register
 from ..solvers.solution import Solution
-from ..solvers.views import Block
+from ..solvers.iterative.views import Block
 from .guard import COLLECTIVE
 from .system import DistributedSystem
 

@@ -12,7 +12,7 @@ gathered on every rank, so the result equals the single-process one.
   imported ones, from ``1 + imports`` local substitutions), the relations are
   composed across ranks by recursive doubling (``ceil(log2 P)`` ``Sendrecv``
   steps, cyclic reduction over the ranks), then each rank solves its rows: the
-  ranks are the segments of :mod:`propop.solvers.segments`.
+  ranks are the segments of :mod:`propop.solvers.reduction.segments`.
 - ``mpi.jacobi``: Jacobi sweeps with one neighbour exchange each and the
   residual norms summed with ``Allreduce``.
 """
@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from ..solvers.chain import Counter, apply, product
+from ..solvers.reduction.chain import Counter, apply, product
 from ..solvers.convergence import Tolerance, finish, initial_guess
 from ..solvers.registry import register
-from ..solvers.segments import expand, relation
+from ..solvers.reduction.segments import expand, relation
 from ..solvers.solution import Solution
 from .guard import COLLECTIVE
 from .system import DistributedSystem
@@ -63,7 +63,7 @@ def _boundary_relation(d: DistributedSystem) -> tuple[Any, Any, int]:
     ``Y = D^{-1} [G | c]`` per sample, ``(r, local entries, imports + 1)``, from
     ``1 + imports`` local substitutions (a unit right-hand side per imported
     entry, then the system's own); ``Ag`` holds its exported rows
-    (:func:`~propop.solvers.segments.relation`) padded to ``m`` entries,
+    (:func:`~propop.solvers.reduction.segments.relation`) padded to ``m`` entries,
     ``(r, m, m + 1)``, one buffer per sample for the exchanges.
     """
     xp = d.xp
@@ -105,10 +105,10 @@ def _compose_over_ranks(d: DistributedSystem, Ag: Any, m: int) -> tuple[Any, int
 def _composed(Ag: Any, incoming: Any, m: int) -> Any:
     """``[A_p A_q | A_p g_q + g_p]`` per sample: one reduction step of the chain over ranks.
 
-    The cores and right-hand sides are a one-position :class:`~propop.solvers.chain.Chain`
+    The cores and right-hand sides are a one-position :class:`~propop.solvers.reduction.chain.Chain`
     level (``(1, r, m, m)`` and ``(1, r, m)``, unit scalings), combined by the
-    reduction's own kernels, :func:`~propop.solvers.chain.product` and
-    :func:`~propop.solvers.chain.apply`, as cyclic reduction combines neighbours.
+    reduction's own kernels, :func:`~propop.solvers.reduction.chain.product` and
+    :func:`~propop.solvers.reduction.chain.apply`, as cyclic reduction combines neighbours.
     """
     counter, ones = Counter(), np.ones((1,) + Ag.shape[:2], dtype=Ag.dtype)
     A, g = Ag[None, :, :, :m], Ag[None, :, :, m]

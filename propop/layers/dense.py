@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from .. import backend
 from ..activations import Activation as _Function
 from ..activations import get_activation
 from .base import Diagonal, Linear, _one_input, _weight
@@ -85,9 +86,7 @@ class Dense(Linear):
 
     def gradients(self, inputs: Sequence[Any], grad: Any) -> dict:
         """``dE/dparameter`` from the inputs and ``grad = dE/dz``, summed over samples."""
-        from ..networks.fnn import _outer
-
-        out = {"W": _outer(self.W, grad, inputs[0])}
+        out = {"W": backend.outer_on_pattern(self.W, grad, inputs[0])}
         if self.bias is not None:
             out["b"] = grad if grad.ndim == 1 else grad.sum(axis=1)
         return out

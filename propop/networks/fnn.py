@@ -382,7 +382,8 @@ class FNN:
                 return Gradients(W=tuple(V[:, :, None] * Z[:, None, :]), b=tuple(V), x=v[0])
             return Gradients(W=tuple(V @ xp.permute_dims(Z, (0, 2, 1))), b=tuple(V.sum(axis=2)),
                              x=v[0])
-        dW = tuple(_outer(Wk, vk, zk) for Wk, vk, zk in zip(self.W, v[1:], trace.z[:-1]))
+        dW = tuple(backend.outer_on_pattern(Wk, vk, zk)
+                   for Wk, vk, zk in zip(self.W, v[1:], trace.z[:-1]))
         db = tuple(vk if vk.ndim == 1 else vk.sum(axis=1) for vk in v[1:])
         return Gradients(W=dW, b=db, x=v[0])
 
@@ -404,17 +405,6 @@ class FNN:
 def _stacked_trace(x: Any, Y: Any, Z: Any) -> Trace:
     """The trace whose layers are the slices of ``Y`` and ``Z`` (``z[0]`` is ``x`` itself)."""
     return Trace(x=x, y=tuple(Y), z=(x,) + tuple(Z[1:]), stacked={"y": Y, "z": Z})
-
-
-def _outer(Wk: Any, vk: Any, zk: Any) -> Any:
-    """``sum_i v_i z_i^T`` over samples, on the pattern of ``Wk`` if it is sparse."""
-    be = backend.of(Wk)
-    if not be.sparse.issparse(Wk):
-        return be.xp.outer(vk, zk) if vk.ndim == 1 else vk @ zk.T
-    rows = be.xp.repeat(be.xp.arange(Wk.shape[0]), be.xp.diff(Wk.indptr))
-    products = vk[rows] * zk[Wk.indices]
-    data = products if vk.ndim == 1 else products.sum(axis=1)
-    return type(Wk)((data, Wk.indices.copy(), Wk.indptr.copy()), shape=Wk.shape)
 
 
 def _random_matrix(rng: np.random.Generator, shape: tuple[int, int], density: float,

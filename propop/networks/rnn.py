@@ -18,10 +18,10 @@ from .. import backend, memory
 from .._checks import real_array, require_finite, require_samples, require_shape
 from ..activations import Activation, get_activation
 from ..losses import loss_gradient
-from .fnn import _as_biases, _as_weight, _float_dtype, _outer, transposed
+from .fnn import _as_biases, _as_weight, _float_dtype, transposed
 from .trace import Trace
 
-__all__ = ["RNN", "RNNGradients", "over_time"]
+__all__ = ["RNN", "RNNGradients"]
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,7 @@ class RNN:
                               "use a shorter sequence, a smaller batch or float32")
         y = []
         for Wk, Uk, bk, f in zip(self.W, self.U, self.b, self.activations):
-            inputs = over_time(Wk, z[-1]) + (bk[:, None] if z[-1].ndim == 3 else bk)
+            inputs = backend.over_time(Wk, z[-1]) + (bk[:, None] if z[-1].ndim == 3 else bk)
             yk, zk = xp.empty_like(inputs), xp.empty_like(inputs)
             ys, zs = list(yk), list(zk)  # views of the steps, made in C
             write = f.writer(xp)
@@ -227,7 +227,7 @@ class RNN:
                     self.U[k].T @ vk[s + 1]
                 vk[s] = slope[s] * total
             v[k + 1] = vk
-            above = over_time(self.W[k].T, vk)
+            above = backend.over_time(self.W[k].T, vk)
         v[0] = above
         return v
 
@@ -238,9 +238,10 @@ class RNN:
         dW, dU, db = [], [], []
         for k in range(self.depth):
             vk, zin, zk = v[k + 1], trace.z[k], trace.z[k + 1]
-            dW.append(_outer(self.W[k], _steps_as_columns(vk), _steps_as_columns(zin)))
-            dU.append(_outer(self.U[k], _steps_as_columns(vk[1:]),
-                             _steps_as_columns(zk[:-1])))
+            dW.append(backend.outer_on_pattern(self.W[k], _steps_as_columns(vk),
+                                               _steps_as_columns(zin)))
+            dU.append(backend.outer_on_pattern(self.U[k], _steps_as_columns(vk[1:]),
+                                               _steps_as_columns(zk[:-1])))
             db.append(vk.sum(axis=tuple(a for a in range(vk.ndim) if a != 1)))
         return RNNGradients(tuple(dW), tuple(dU), tuple(db), v[0])
 
@@ -262,7 +263,7 @@ class RNN:
         y = []
         for k, (Wk, Uk, bk) in enumerate(zip(self.W, self.U, self.b)):
             previous = xp.concatenate([xp.zeros_like(z[k + 1][:1]), z[k + 1][:-1]])
-            y.append(over_time(Wk, z[k]) + over_time(Uk, previous)
+            y.append(backend.over_time(Wk, z[k]) + backend.over_time(Uk, previous)
                      + (bk[:, None] if batch else bk))
         return Trace(x=xs, y=tuple(y), z=tuple([xs] + list(z[1:])))
 
@@ -275,21 +276,6 @@ class RNN:
         X = x.reshape((x.shape[0] // sum(sizes), sum(sizes)) + x.shape[1:])
         starts = [sum(sizes[:k]) for k in range(len(sizes))]
         return [X[:, o: o + n] for o, n in zip(starts, sizes)]
-
-
-def over_time(M: Any, Z: Any) -> Any:
-    """``M @ Z[s]`` for every time step ``s`` as one product; ``Z`` is ``(tau, n, ...)``.
-
-    A dense ``M`` broadcasts over the steps (one batched ``matmul``; one GEMM
-    ``Z M^T`` for vectors), with no transposed copy of ``Z``; a sparse one
-    multiplies the steps laid side by side.
-    """
-    xp = backend.namespace(Z)
-    if not backend.is_sparse(M):
-        return M @ Z if Z.ndim == 3 else Z @ M.T
-    tau, n = Z.shape[:2]
-    flat = xp.moveaxis(Z, 0, 1).reshape(n, -1)
-    return xp.moveaxis(xp.asarray(M @ flat).reshape((-1, tau) + Z.shape[2:]), 1, 0)
 
 
 def _steps_as_columns(A: Any) -> Any:

@@ -7,7 +7,7 @@ from typing import Any
 
 from .. import backend
 
-__all__ = ["Trace", "Gradients", "require_trace"]
+__all__ = ["Trace", "Gradients", "require_trace", "first_nonfinite"]
 
 
 @dataclass(frozen=True)
@@ -98,3 +98,24 @@ def require_trace(trace: Any, x: Any, shapes: tuple[list, list]) -> None:
                              f"{have[bad] if bad < len(have) else 'none'}; expected "
                              f"{len(want)} entries, {letter}[{bad}] of shape "
                              f"{want[bad] if bad < len(want) else 'none'}")
+
+
+def first_nonfinite(net: Any, trace: Trace) -> str:
+    """Where ``trace`` first holds NaN or Inf, named for a message.
+
+    A state ``z``, a pre-activation ``y``, or (for layered networks) an activation
+    ``f(y)`` that overflows although ``y`` is finite.
+    """
+    xp = backend.namespace(trace.x)
+    finite = lambda a: a is None or bool(xp.all(xp.isfinite(xp.asarray(a))))  # noqa: E731
+    names = getattr(net, "order", None)
+    for letter, values, shift in (("z", trace.z, 1), ("y", trace.y, 0)):
+        for k, a in enumerate(values):
+            if not finite(a):
+                return f"node {names[k]!r}" if names else (
+                    f"{letter}[{k}] (layer {k - shift}'s {'output' if shift else 'input'})")
+    for k, (act, y) in enumerate(zip(getattr(net, "activations", ()), trace.y)):
+        with backend.quiet(xp):
+            if not finite(act(y)):
+                return f"f(y[{k}]) (layer {k}'s activation overflows)"
+    return "the nonlinear residual"

@@ -1,23 +1,40 @@
-"""Solver registry and the built-in methods (DESIGN section 3)."""
+"""The solvers: a registry of methods by name, plans, and the stopping rule (DESIGN section 3).
 
-from . import auto as _auto  # noqa: F401  (registers its methods)
-from . import batched_krylov as _batched_krylov  # noqa: F401
-from . import bicgstab as _bicgstab  # noqa: F401
-from . import block_krylov as _block_krylov  # noqa: F401
-from . import cyclic_reduction as _cyclic_reduction  # noqa: F401
-from . import hybrid as _hybrid  # noqa: F401
-from . import direct as _direct  # noqa: F401
-from . import krylov as _krylov  # noqa: F401
-from . import stationary as _stationary  # noqa: F401
-from .diagnostics import (Decay, Dominance, diagonal_dominance, explain, jacobian_decay,
-                          nilpotency_index)
-from .preconditioners import PRECONDITIONERS
-from .plan import Plan, prepare
-from .registry import KINDS, SolverInfo, available, get, info, register, solve
-from .solution import ConvergenceError, Solution, Status
+Methods live in ``direct/``, ``reduction/``, ``iterative/`` and ``selection/``; the
+registry imports a method's module when the method is first asked for. The names
+below resolve on first use (PEP 562).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    **dict.fromkeys(("register", "get", "info", "available", "names", "SolverInfo", "KINDS",
+                     "BUILTIN"), "propop.solvers.registry"),
+    **dict.fromkeys(("solve", "prepare", "Plan"), "propop.solvers.plan"),
+    **dict.fromkeys(("Solution", "Status", "ConvergenceError"), "propop.solvers.solution"),
+    "PRECONDITIONERS": "propop.solvers.options",
+    **dict.fromkeys(("Decay", "Dominance", "diagonal_dominance", "explain", "jacobian_decay",
+                     "nilpotency_index"), "propop.solvers.selection.diagnostics"),
+}
 
 __all__ = [
     "register", "get", "info", "available", "solve", "prepare", "Plan", "SolverInfo", "KINDS",
     "Solution", "Status", "ConvergenceError", "Dominance", "diagonal_dominance",
     "nilpotency_index", "Decay", "jacobian_decay", "explain", "PRECONDITIONERS",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module on first use."""
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -25,9 +25,22 @@ from typing import Any
 
 from .._checks import require_finite
 
-__all__ = ["OptionError", "validate", "check_options"]
+__all__ = ["OptionError", "validate", "check_options", "check_spec", "PRECONDITIONERS"]
 
 COMMON = ("x0", "rtol", "atol", "maxiter", "callback", "M")
+PRECONDITIONERS = ("diagonal", "block-jacobi", "air")
+
+
+def check_spec(spec: Any) -> tuple[str, dict] | None:
+    """``(name, options)`` of a named spec, ``None`` for none or a function; else ``ValueError``."""
+    if spec is None or callable(spec):
+        return None
+    name, options = spec if isinstance(spec, tuple) and len(spec) == 2 else (spec, {})
+    if not isinstance(name, str) or name not in PRECONDITIONERS or not isinstance(options, dict):
+        raise ValueError(f"unknown preconditioner {spec!r}; choose one of {PRECONDITIONERS}, "
+                         "a (name, {options}) tuple or a function R -> M^{-1} R")
+    return name, options
+
 
 
 class OptionError(ValueError):
@@ -153,8 +166,6 @@ def _check_common(name: str, system: Any, options: dict) -> None:
         raise TypeError(f"{name}: option callback must be callable, got "
                         f"{type(callback).__name__}")
     if options.get("M") is not None:
-        from .preconditioners import check_spec
-
         try:
             check_spec(options["M"])
         except ValueError as error:

@@ -36,9 +36,10 @@ import numpy as np
 from .. import backend
 from ..progress import Silent, bar
 from .options import OptionError, validate
+from .registry import info
 from .solution import ConvergenceError, Solution, Status
 
-__all__ = ["Plan", "prepare"]
+__all__ = ["Plan", "prepare", "solve", "agreed"]
 
 
 @dataclasses.dataclass
@@ -125,8 +126,6 @@ def prepare(system: Any, method: str | Callable[..., Solution] = "substitution",
     Plan
         ``plan.solve(rhs)`` for any right-hand side of this matrix.
     """
-    from .registry import info
-
     system = _as_system(system, options)
     guard, hook = None, None
     if callable(method):
@@ -230,3 +229,62 @@ def _advancing(shown: Any, callback: Callable | None) -> Callable[[Any], None]:
             callback(x)
 
     return advance
+
+
+def solve(system: Any, method: str | Callable[..., Solution] = "substitution", *,
+          check: bool = False, progress: bool | str = False, **options: Any) -> Solution:
+    """Solve ``system`` with the method named ``method`` and time it: ``prepare(...).solve()``.
+
+    Parameters
+    ----------
+    system : TriangularSystem
+    method : str or callable
+        A registered name (see :func:`propop.solvers.available`) or a solver function.
+    check : bool
+        Raise :class:`~propop.ConvergenceError` if the solve fails instead of
+        returning a ``Solution`` whose ``converged`` is ``False``.
+    progress : {False, True, "auto"}
+        A tqdm bar that advances with every callback of the method (iterations,
+        or restart cycles for GMRES); ``"auto"``: only in a terminal
+        (:mod:`propop.progress`).
+    **options
+        Passed to the method: ``x0``, ``rtol``, ``atol``, ``maxiter``,
+        ``callback`` and the method's own options.
+
+    Returns
+    -------
+    Solution
+        ``x``, ``status`` (``converged``), ``message``, ``iterations``,
+        ``residuals``, ``levels``, ``info`` and ``time`` (the matrix work of
+        :func:`prepare` included).
+
+    Examples
+    --------
+    >>> import numpy as np, propop as pp
+    >>> net = pp.FNN.random([4, 8, 3], activation="tanh", seed=0)
+    >>> tr = net.forward(np.ones(4))
+    >>> B = pp.backward_system(net, tr, np.ones(3))
+    >>> sol = pp.solve(B, method="jacobi")
+    >>> sol.converged, sol.iterations
+    (True, 3)
+    """
+    plan = prepare(system, method, **options)
+    solution = plan.solve(progress=progress)  # check after the time is complete
+    solution = dataclasses.replace(solution, time=solution.time + plan.prepare_time)
+    if check and not solution.converged:
+        raise ConvergenceError(solution)
+    return solution
+
+
+def agreed(method: Any, options: dict, work: Callable[[], Any]) -> Any:
+    """``work()``; for a method that communicates, its failure on one rank raised on all.
+
+    A forward pass or a system that fails on one MPI rank only (that rank's bad
+    input, say) must not leave the others waiting in the solve
+    (:mod:`propop.distributed.guard`). An unknown name is left to the solve to name.
+    """
+    try:
+        guard = info(method).guard if isinstance(method, str) else None
+    except KeyError:
+        guard = None
+    return work() if guard is None else guard.prepare(options, work)

@@ -1,9 +1,13 @@
-"""The solver registry: methods are plain functions found by name (DESIGN section 3).
+"""The solver registry: methods found by name, their modules loaded on first look-up.
 
 As PETSc's ``KSPRegister``: ``register("name", kind=..., exact=...)`` adds a
 function ``method(system, *, x0=None, rtol=..., atol=..., maxiter=...,
-callback=None, **own_options) -> Solution``; third-party packages add theirs
-through the entry-point group ``propop.solvers``, loaded on first look-up.
+callback=None, **own_options) -> Solution``. Nothing is imported until a method
+is asked for: :data:`BUILTIN` names the module that registers each of propop's
+methods, and :func:`info` imports it on the first look-up of one of its names
+(``import propop`` loads no solver, no PyAMG and no ``scipy.sparse.linalg``);
+third-party packages add theirs through the entry-point group ``propop.solvers``,
+loaded on the first look-up too.
 """
 
 from __future__ import annotations
@@ -11,16 +15,16 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import importlib
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
-from .plan import prepare
-from .solution import ConvergenceError, Solution
+from .solution import Solution
 
-__all__ = ["SolverInfo", "KINDS", "register", "get", "info", "names", "available", "solve"]
+__all__ = ["SolverInfo", "KINDS", "BUILTIN", "register", "get", "info", "names", "available"]
 
 KINDS = ("direct", "iterative", "krylov", "block", "hybrid")
 REQUIREMENTS = ("chain", "time_structure", "reducible", "shared_matrix")
@@ -29,6 +33,25 @@ REQUIREMENT_WORDS = {"chain": "chain", "time_structure": "time structure",
                      "reducible": "chain or RNN system", "shared_matrix": "shared matrix"}
 BACKENDS = ("numpy", "cupy", "torch")
 ENTRY_POINT_GROUP = "propop.solvers"
+_DIRECT, _REDUCTION = "propop.solvers.direct", "propop.solvers.reduction"
+_ITERATIVE, _MPI = "propop.solvers.iterative", "propop.distributed"
+# propop's methods: name -> the module whose @register makes it (imported when asked for)
+BUILTIN = {
+    "substitution": f"{_DIRECT}.substitution", "level-scheduled": f"{_DIRECT}.substitution",
+    "scipy.spsolve_triangular": f"{_DIRECT}.scipy_triangular",
+    "cyclic-reduction": f"{_REDUCTION}.cyclic", "parallel-cyclic-reduction": f"{_REDUCTION}.cyclic",
+    "jacobi": f"{_ITERATIVE}.stationary", "richardson": f"{_ITERATIVE}.stationary",
+    "bicgstab": f"{_ITERATIVE}.bicgstab", "batched-gmres": f"{_ITERATIVE}.batched",
+    "batched-bicgstab": f"{_ITERATIVE}.batched", "block-gmres": f"{_ITERATIVE}.block",
+    "block-bicgstab": f"{_ITERATIVE}.block", "hybrid": f"{_ITERATIVE}.hybrid",
+    **{f"scipy.{m}": f"{_ITERATIVE}.adapters" for m in ("gmres", "lgmres", "bicgstab", "cgs",
+                                                         "tfqmr")},
+    **{f"pyamg.{m}": f"{_ITERATIVE}.adapters" for m in ("gmres", "fgmres", "bicgstab")},
+    "auto": "propop.solvers.selection.auto",
+    "mpi.substitution": f"{_MPI}.solvers", "mpi.cyclic-reduction": f"{_MPI}.solvers",
+    "mpi.jacobi": f"{_MPI}.solvers", "mpi.gmres": f"{_MPI}.krylov",
+    "mpi.bicgstab": f"{_MPI}.krylov",
+}
 
 
 @dataclass(frozen=True)
@@ -153,13 +176,19 @@ def register(name: str, *, kind: str, exact: bool, backends: tuple = ("numpy",),
     return decorate
 
 
-def _load_entry_points() -> None:
+def _load(name: str | None = None) -> None:
+    """Import what registers ``name`` (a built-in's module), or everything for ``None``.
+
+    Third-party entry points are loaded on the first look-up of any name.
+    """
     global _ENTRY_POINTS_LOADED
-    if _ENTRY_POINTS_LOADED:
-        return
-    _ENTRY_POINTS_LOADED = True
-    for point in entry_points(group=ENTRY_POINT_GROUP):
-        point.load()  # importing the module runs its @register decorators
+    if not _ENTRY_POINTS_LOADED:
+        _ENTRY_POINTS_LOADED = True
+        for point in entry_points(group=ENTRY_POINT_GROUP):
+            point.load()  # importing the module runs its @register decorators
+    wanted = set(BUILTIN.values()) if name is None else {BUILTIN.get(name)} - {None}
+    for module in sorted(wanted):
+        importlib.import_module(module)
 
 
 def info(name: str) -> SolverInfo:
@@ -170,12 +199,18 @@ def info(name: str) -> SolverInfo:
     KeyError
         For an unknown name; the message lists the known ones.
     """
-    _load_entry_points()
+    if isinstance(name, str) and name not in _REGISTRY:
+        _load(name)
     try:
         return _REGISTRY[name]
     except (KeyError, TypeError):
         raise KeyError(f"unknown solver {name!r}{_did_you_mean(str(name))}; known: "
-                       f"{', '.join(sorted(_REGISTRY))}") from None
+                       f"{', '.join(sorted(_known()))}") from None
+
+
+def _known() -> list:
+    """Every name that can be looked up, registered or not yet loaded: built-ins first."""
+    return list(BUILTIN) + [name for name in _REGISTRY if name not in BUILTIN]
 
 
 def _did_you_mean(name: str) -> str:
@@ -187,7 +222,7 @@ def _did_you_mean(name: str) -> str:
         parts = {known.lower(), known.lower().split(".")[-1]}
         return max(difflib.SequenceMatcher(None, name.lower(), p).ratio() for p in parts)
 
-    close = sorted((k for k in _REGISTRY if score(k) >= 0.75), key=lambda k: -score(k))[:3]
+    close = sorted((k for k in _known() if score(k) >= 0.75), key=lambda k: -score(k))[:3]
     if not close:
         return ""
     quoted = [repr(k) for k in close]
@@ -201,8 +236,8 @@ def get(name: str) -> Callable[..., Solution]:
 
 
 def names() -> list[str]:
-    """The registered method names."""
-    _load_entry_points()
+    """The registered method names (every built-in's module loaded)."""
+    _load()
     return list(_REGISTRY)
 
 
@@ -210,52 +245,7 @@ def available() -> list[SolverInfo]:
     """All registered methods, sorted by kind then name.
 
     A method whose optional modules are missing is listed too; its
-    :attr:`SolverInfo.available` is ``False``.
+    :attr:`SolverInfo.available` is ``False``. Loads every built-in's module.
     """
-    _load_entry_points()
+    _load()
     return sorted(_REGISTRY.values(), key=lambda s: (KINDS.index(s.kind), s.name))
-
-
-def solve(system: Any, method: str | Callable[..., Solution] = "substitution", *,
-          check: bool = False, progress: bool | str = False, **options: Any) -> Solution:
-    """Solve ``system`` with the method named ``method`` and time it: ``prepare(...).solve()``.
-
-    Parameters
-    ----------
-    system : TriangularSystem
-    method : str or callable
-        A registered name (see :func:`available`) or a solver function.
-    check : bool
-        Raise :class:`~propop.ConvergenceError` if the solve fails instead of
-        returning a ``Solution`` whose ``converged`` is ``False``.
-    progress : {False, True, "auto"}
-        A tqdm bar that advances with every callback of the method (iterations,
-        or restart cycles for GMRES); ``"auto"``: only in a terminal
-        (:mod:`propop.progress`).
-    **options
-        Passed to the method: ``x0``, ``rtol``, ``atol``, ``maxiter``,
-        ``callback`` and the method's own options.
-
-    Returns
-    -------
-    Solution
-        ``x``, ``status`` (``converged``), ``message``, ``iterations``,
-        ``residuals``, ``levels``, ``info`` and ``time`` (the matrix work of
-        :func:`~propop.solvers.plan.prepare` included).
-
-    Examples
-    --------
-    >>> import numpy as np, propop as pp
-    >>> net = pp.FNN.random([4, 8, 3], activation="tanh", seed=0)
-    >>> tr = net.forward(np.ones(4))
-    >>> B = pp.backward_system(net, tr, np.ones(3))
-    >>> sol = pp.solve(B, method="jacobi")
-    >>> sol.converged, sol.iterations
-    (True, 3)
-    """
-    plan = prepare(system, method, **options)
-    solution = plan.solve(progress=progress)  # check after the time is complete
-    solution = dataclasses.replace(solution, time=solution.time + plan.prepare_time)
-    if check and not solution.converged:
-        raise ConvergenceError(solution)
-    return solution

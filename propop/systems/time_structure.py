@@ -15,9 +15,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from .. import backend
 from .._checks import as_coupling
 
-from ..networks.rnn import over_time
 
 __all__ = ["Template", "TimeStructure"]
 
@@ -70,9 +70,9 @@ class TimeStructure:
             scale = None if paper else scales[t.row]
             if transpose:  # out_col[s + offset] -= M^T (scale_row x_row)[s]
                 source = layers[t.row] if scale is None else scale * layers[t.row]
-                out[t.col] -= _shifted(xp, over_time(t.M.T, source), -t.offset)
+                out[t.col] -= _shifted(xp, backend.over_time(t.M.T, source), -t.offset)
             else:  # out_row[s] -= scale_row[s] (M x_col[s + offset])
-                product = _shifted(xp, over_time(t.M, layers[t.col]), t.offset)
+                product = _shifted(xp, backend.over_time(t.M, layers[t.col]), t.offset)
                 out[t.row] -= product if scale is None else scale * product
         return xp.concatenate(out, axis=1).reshape(x.shape)
 

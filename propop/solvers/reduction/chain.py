@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import backend
+from ... import backend
 
 __all__ = ["Chain", "product", "apply", "Counter", "chain_rows", "in_system_order"]
 

@@ -34,14 +34,14 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .. import backend
+from ... import backend
 
-from .batched_krylov import restart_length
-from .convergence import Tolerance, default_maxiter, finish, initial_guess
-from .direct import approximation_report
-from .options import OptionError
-from .registry import register
-from .solution import Solution
+from .batched import restart_length
+from ..convergence import Tolerance, default_maxiter, finish, initial_guess
+from ..direct.substitution import approximation_report
+from ..options import OptionError
+from ..registry import register
+from ..solution import Solution
 from .views import Block
 
 __all__ = ["block_gmres", "block_bicgstab"]
@@ -143,7 +143,7 @@ def block_gmres(system: Any, *, x0: Any = None, rtol: float | None = None, atol:
     restart : int, optional
         Block iterations per cycle; default ``min(nblocks + 1, 50)``.
     M : spec, optional
-        Right preconditioner (:mod:`propop.solvers.preconditioners`).
+        Right preconditioner (:mod:`propop.solvers.iterative.preconditioners`).
     shared_diagonal : {None, "mean"}
         ``None``: the system must share one matrix over its columns, else
         ``ValueError``. ``"mean"``: solve the batch-mean matrix instead, an
@@ -223,7 +223,7 @@ def block_bicgstab(system: Any, *, x0: Any = None, rtol: float | None = None, at
     Parameters
     ----------
     M : spec, optional
-        Right preconditioner (:mod:`propop.solvers.preconditioners`).
+        Right preconditioner (:mod:`propop.solvers.iterative.preconditioners`).
     shared_diagonal : {None, "mean"}
         As for ``block-gmres``.
     seed : int

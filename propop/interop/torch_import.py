@@ -1,7 +1,7 @@
 """PyTorch interoperation (optional: torch): modules in, weights back out.
 
 :func:`from_torch` turns a module into a propop network: ``nn.RNN`` into an
-:class:`~propop.RNN`; anything else is traced (:mod:`propop.torch_trace`, with
+:class:`~propop.RNN`; anything else is traced (:mod:`propop.interop.torch_trace`, with
 ``torch.fx``) into a :class:`~propop.Graph` whose nodes carry the traced names,
 so ``g.parameters["0"]["W"]`` is the gradient of ``module[0].weight``.
 :func:`state_dict` gives a network's parameters back under PyTorch's names, for
@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from .networks.gated import GRU, LSTM
-from .networks.recurrence import Recurrence
-from .networks.rnn import RNN
+from ..networks.gated import GRU, LSTM
+from ..networks.recurrence import Recurrence
+from ..networks.rnn import RNN
 from .torch_trace import to_numpy, trace
 
 __all__ = ["from_torch", "state_dict", "Residual"]
@@ -48,7 +48,7 @@ def from_torch(module: nn.Module, input_shape: Sequence[int] | None = None) -> A
     Parameters
     ----------
     module : torch.nn.Module
-        Any module whose traced operations :mod:`propop.torch_trace` supports
+        Any module whose traced operations :mod:`propop.interop.torch_trace` supports
         (``BatchNorm`` and ``Dropout`` in evaluation mode: call ``module.eval()``),
         or an ``nn.RNN``, ``nn.GRU`` or ``nn.LSTM`` (unidirectional).
     input_shape : sequence of int, optional

@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .. import backend
+from ... import backend
 from .chain import Chain, Counter, apply
 from .segments import across, expand, relation
 

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..networks.trace import Trace
-from .tridiagonal import block_tridiagonal
+from ..solvers.reduction.tridiagonal import block_tridiagonal
 
 __all__ = ["damped_newton", "DAMPED"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 
-from .convergence import Tolerance, column_norms
+from ..convergence import Tolerance, column_norms
 from .preconditioners import preconditioner
 
 __all__ = ["Block"]

@@ -1,6 +1,6 @@
 """Cyclic reduction with sparse blocks: one sparse product per level, fill-in reported.
 
-The chain ``x_k = diag(L_k) C_k x_{k-1} + G_k`` of :mod:`propop.solvers.chain`
+The chain ``x_k = diag(L_k) C_k x_{k-1} + G_k`` of :mod:`propop.solvers.reduction.chain`
 with lists instead of padded stacks: ``C[k]`` holds one shared sparse core or one
 per sample. A level multiplies the block-diagonal matrix of all left factors by
 that of all right factors in one sparse product and splits the block-diagonal

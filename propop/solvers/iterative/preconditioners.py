@@ -25,24 +25,10 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from .direct import substitute
-from .options import OptionError
+from ..direct.substitution import substitute
+from ..options import OptionError, check_spec
 
-__all__ = ["preconditioner", "check_spec", "PRECONDITIONERS"]
-
-PRECONDITIONERS = ("diagonal", "block-jacobi", "air")
-
-
-def check_spec(spec: Any) -> tuple[str, dict] | None:
-    """``(name, options)`` of a named spec, ``None`` for none or a function; else ``ValueError``."""
-    if spec is None or callable(spec):
-        return None
-    name, options = spec if isinstance(spec, tuple) and len(spec) == 2 else (spec, {})
-    if not isinstance(name, str) or name not in PRECONDITIONERS or not isinstance(options, dict):
-        raise ValueError(f"unknown preconditioner {spec!r}; choose one of {PRECONDITIONERS}, "
-                         "a (name, {options}) tuple or a function R -> M^{-1} R")
-    return name, options
-
+__all__ = ["preconditioner"]
 
 def preconditioner(system: Any, spec: Any) -> Callable[[Any], Any] | None:
     """The function ``R -> M^{-1} R`` that ``spec`` names for ``system`` (``None``: none).

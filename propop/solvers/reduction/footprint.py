@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from .chain import Counter
-from .group_reduction import read_by
-from .time_reduction import Layout
+from .over_groups import read_by
+from .over_time import Layout
 
 __all__ = ["dense_cyclic_reduction", "time_cyclic_reduction", "groups", "explicit_matrix",
            "krylov_basis"]

@@ -42,8 +42,8 @@ import torch.nn.functional as F
 from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
-from . import layers as L
-from .networks.graph import INPUT, Graph
+from .. import layers as L
+from ..networks.graph import INPUT, Graph
 
 __all__ = ["trace", "to_numpy", "ACTIVATIONS"]
 

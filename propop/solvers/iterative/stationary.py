@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from .convergence import Tolerance, column_norms, finish, initial_guess
-from .options import OptionError
-from .registry import register
-from .solution import Solution
+from ..convergence import Tolerance, column_norms, finish, initial_guess
+from ..options import OptionError
+from ..registry import register
+from ..solution import Solution
 
 __all__ = ["jacobi", "richardson", "fixed_point"]
 

@@ -1,4 +1,7 @@
-"""Direct methods: block substitution and SciPy's sparse triangular solve (paper section 3.1)."""
+"""Block substitution, by blocks or by topological levels (paper section 3.1).
+
+The sequential baseline of every other method.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +9,13 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-from scipy.sparse.linalg import spsolve_triangular as scipy_solve
 
-from .. import backend, memory
-from ..networks.rnn import over_time
-from . import footprint
-from .convergence import Tolerance, block_squares, finish
-from .registry import register
-from .solution import Solution, Status
+from ... import backend
+from ..convergence import Tolerance, block_squares, finish
+from ..registry import register
+from ..solution import Solution, Status
 
-__all__ = ["substitution", "level_scheduled", "spsolve_triangular", "approximation_report"]
+__all__ = ["substitution", "level_scheduled", "substitute", "approximation_report"]
 
 
 @register("substitution", kind="direct", exact=True, backends=("numpy", "cupy", "torch"))
@@ -214,30 +214,8 @@ def _layer_at_once(x: list, c: list, scales: list, incoming: list, k: int) -> No
     if not incoming:
         x[k][...] = c[k]
         return
-    total = sum(over_time(M, x[col]) for _, col, M, _ in incoming)
+    total = sum(backend.over_time(M, x[col]) for _, col, M, _ in incoming)
     x[k][...] = (total if scales[k] is None else scales[k] * total) + c[k]
-
-
-@register("scipy.spsolve_triangular", kind="direct", exact=True)
-def spsolve_triangular(system: Any, *, rtol: float | None = None,
-                       atol: float = 0.0) -> Solution:
-    """SciPy's ``spsolve_triangular`` on the explicit matrix (all samples in one call).
-
-    Row by row: ``levels`` is the number of unknowns of a sample. Checked by its
-    true residual as :func:`substitution` is.
-    """
-    peak = footprint.explicit_matrix(system)
-    memory.require(peak, f"scipy.spsolve_triangular with the explicit matrix of "
-                   f"{system.nrhs or 1} samples",
-                   "use 'substitution', which solves the same system without forming it")
-    matrix = system.csr  # built once per system; SciPy works in a copy
-    rhs = system.rhs if system.nrhs is None else system.rhs.T.reshape(-1)
-    x = scipy_solve(matrix, rhs, lower=system.lower, unit_diagonal=system.form == "scaled")
-    if system.nrhs is not None:
-        x = x.reshape(system.nrhs, system.size).T
-    return finish(system, x, tol=Tolerance.of(system, rtol, atol), levels=system.size,
-                  info={"matrix_format": matrix.format, "nnz": matrix.nnz,
-                        "peak_bytes": peak}, direct=True)
 
 
 def approximation_report(system: Any, solution: Solution) -> Solution:

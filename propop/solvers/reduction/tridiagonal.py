@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import backend
+from ... import backend
 
 __all__ = ["block_tridiagonal"]
 

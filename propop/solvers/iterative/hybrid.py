@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
-from ..networks.rnn import over_time
-from .convergence import Tolerance, finish, initial_guess
-from .registry import register, solve
-from .solution import Solution
+from ... import backend
+from ..convergence import Tolerance, finish, initial_guess
+from ..plan import solve
+from ..registry import register
+from ..solution import Solution
 from .stationary import fixed_point
 
 __all__ = ["within_step_solve", "hybrid"]
@@ -39,7 +40,7 @@ def within_step_solve(system: Any, R: Any) -> Any:
     for k in (range(per) if system.lower else range(per - 1, -1, -1)):
         total = rhs[k].copy()
         for t in (t for t in within if t.row == k):
-            product = over_time(t.M, y[t.col])
+            product = backend.over_time(t.M, y[t.col])
             total += product if paper or scales[k] is None else scales[k] * product
         y[k] = scales[k] * total if paper and scales[k] is not None else total
     return xp.concatenate(y, axis=1).reshape(R.shape)

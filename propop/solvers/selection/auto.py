@@ -3,7 +3,7 @@
 Written for propop (no library chooses among these methods). For each exact
 method that applies to the system, :func:`work` counts from the shapes alone
 what the method will do: its sequential steps (blocks for substitution, levels
-for a reduction) and its floating-point operations (:mod:`propop.cost`). The
+for a reduction) and its floating-point operations (:mod:`propop.solvers.selection.cost`). The
 predicted time is linear in those counts,
 
     seconds = c_0 + c_step steps + c_flop flops + c_entry flops / n,
@@ -26,13 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from .. import cost, memory
-from ..calibration import Calibration, load
-from . import footprint
-from .plan import prepare
-from .registry import info, register
-from .solution import Solution
-from .time_reduction import Layout
+from ... import memory
+
+from . import cost
+from .calibration import Calibration, load
+from ..reduction import footprint
+from ..plan import prepare
+from ..registry import info, register
+from ..solution import Solution
+from ..reduction.over_time import Layout
 
 __all__ = ["Work", "Choice", "work", "choose", "CANDIDATES"]
 
@@ -165,7 +167,7 @@ def choose(system: Any, candidates: tuple[str, ...] = CANDIDATES,
     candidates : tuple of str
         Exact methods to choose from (default: substitution, cyclic reduction, PCR).
     calibration : Calibration, optional
-        The model's constants (default: :func:`propop.calibration.load`).
+        The model's constants (default: :func:`propop.solvers.selection.calibration.load`).
 
     Returns
     -------
@@ -230,6 +232,6 @@ def auto(system: Any, *, rtol: float | None = None, atol: float = 0.0,
     every candidate, the ``excluded`` ones with their reasons, the source of the
     constants (``propop calibrate`` stores this machine's) and the ``reason`` in
     words; :func:`propop.solvers.explain` prints the same. The model and its
-    constants: :mod:`propop.solvers.auto`, :mod:`propop.calibration`.
+    constants: :mod:`propop.solvers.selection.auto`, :mod:`propop.calibration`.
     """
     return _prepare_auto(system, candidates=candidates, rtol=rtol, atol=atol)(system)

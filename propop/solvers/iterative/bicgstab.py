@@ -21,11 +21,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .. import backend
+from ... import backend
 
-from .convergence import Tolerance, default_maxiter, finish, initial_guess
-from .registry import register
-from .solution import Solution
+from ..convergence import Tolerance, default_maxiter, finish, initial_guess
+from ..registry import register
+from ..solution import Solution
 from .views import Block
 
 __all__ = ["bicgstab", "iterate"]
@@ -51,7 +51,7 @@ def bicgstab(system: Any, *, x0: Any = None, rtol: float | None = None, atol: fl
     seed : int
         Seed of the random shadow residual.
     M : spec, optional
-        Right preconditioner (:mod:`propop.solvers.preconditioners`).
+        Right preconditioner (:mod:`propop.solvers.iterative.preconditioners`).
 
     Notes
     -----

@@ -1,7 +1,7 @@
 """Cyclic reduction: exact solves in O(log nblocks) parallel levels (paper section 3.1).
 
 Written for propop: no maintained library reduces block bi-diagonal systems with
-per-sample blocks. Both methods work on the :class:`~propop.solvers.chain.Chain`
+per-sample blocks. Both methods work on the :class:`~propop.solvers.reduction.chain.Chain`
 ``x_k = A_k x_{k-1} + G_k`` with ``A_k = diag(L_k) C_k``:
 
 - ``cyclic-reduction`` (odd-even, work-efficient): eliminate every odd unknown,
@@ -38,17 +38,17 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .. import backend, memory
+from ... import backend, memory
 from . import footprint
 from .chain import Chain, Counter, apply, in_system_order, product
-from .sparse_chain import SparseChain, sparse_reduce
-from .group_reduction import reduce_over_groups
-from .time_reduction import WITHIN, reduce_over_time
-from .convergence import Tolerance, finish
-from .options import OptionError
-from .direct import approximation_report
-from .registry import register
-from .solution import Solution, Status
+from .sparse import SparseChain, sparse_reduce
+from .over_groups import reduce_over_groups
+from .over_time import WITHIN, reduce_over_time
+from ..convergence import Tolerance, finish
+from ..options import OptionError
+from ..direct.substitution import approximation_report
+from ..registry import register
+from ..solution import Solution, Status
 
 __all__ = ["cyclic_reduction", "parallel_cyclic_reduction"]
 
@@ -344,7 +344,7 @@ def cyclic_reduction(system: Any, *, rtol: float | None = None, atol: float = 0.
     """Odd-even cyclic reduction: ceil(log2 nblocks) levels, exact.
 
     On a block bi-diagonal system (FNN) it reduces the chain of blocks. On an
-    RNN system it is two-level (:mod:`propop.solvers.time_reduction`): over the
+    RNN system it is two-level (:mod:`propop.solvers.reduction.over_time`): over the
     layers of every step, then over time with dense per-step blocks;
     ``levels = ceil(log2(l + 1)) + ceil(log2 tau)`` and ``info["levels"]``
     gives both parts. Other systems raise ``ValueError`` unless ``groups=True``.
@@ -370,7 +370,7 @@ def cyclic_reduction(system: Any, *, rtol: float | None = None, atol: float = 0.
     groups : bool
         Graphs with skip connections: reduce over :attr:`~propop.Blocks.groups`
         of consecutive blocks, each residual block one node
-        (:mod:`propop.solvers.group_reduction`); ``info["levels"]`` splits the
+        (:mod:`propop.solvers.reduction.over_groups`); ``info["levels"]`` splits the
         levels into the dense solves within groups and the reduction over them.
 
     Notes

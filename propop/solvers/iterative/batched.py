@@ -22,13 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from .. import backend, memory
-from . import footprint
+from ... import backend, memory
+from ..reduction import footprint
 from .bicgstab import bicgstab
-from .convergence import Tolerance, default_maxiter, finish, initial_guess
-from .options import OptionError
-from .registry import register
-from .solution import Solution
+from ..convergence import Tolerance, default_maxiter, finish, initial_guess
+from ..options import OptionError
+from ..registry import register
+from ..solution import Solution
 from .views import Block
 
 __all__ = ["batched_gmres", "gmres", "restart_length"]

@@ -18,7 +18,7 @@ from typing import TextIO
 
 import numpy as np
 
-from .. import backend
+from ... import backend
 from .auto import choose
 
 __all__ = ["Dominance", "diagonal_dominance", "nilpotency_index", "Decay", "jacobian_decay",

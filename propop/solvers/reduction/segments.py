@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .. import backend
+from ... import backend
 from .chain import Chain, Counter
 
 __all__ = ["relation", "across", "expand"]

@@ -39,10 +39,10 @@ import numpy as np
 import pyamg.krylov
 import scipy.sparse.linalg as spla
 
-from .convergence import Tolerance, column_norms, default_maxiter, finish, initial_guess
+from ..convergence import Tolerance, column_norms, default_maxiter, finish, initial_guess
 from .preconditioners import preconditioner
-from .registry import register
-from .solution import Solution
+from ..registry import register
+from ..solution import Solution
 
 __all__: list[str] = []
 

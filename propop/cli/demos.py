@@ -1,0 +1,216 @@
+"""``propop demo``'s sections after its tables: auto, backends, models, trust, training."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from .. import memory, solvers
+from ..memory import MemoryBudgetError
+from ..networks.fnn import FNN
+from ..networks.rnn import RNN
+from ..propagation import backprop
+from ..solvers.plan import solve
+from ..solvers.solution import Solution, Status
+from ..systems import TriangularSystem, backward_system
+from .experiments import problem
+
+__all__ = ["after_the_tables", "DEMO_TRAINING"]
+
+
+def auto() -> None:
+    """The demo's method='auto': what it takes where depth dominates and where width does."""
+    from ..solvers.selection.auto import choose
+
+    print("method='auto' picks the exact method its cost model predicts fastest (propop "
+          "calibrate measures the constants on this machine; propop explain shows the "
+          "choice for any network):\n")
+    for layers, width, batch in ((1024, 8, 1), (6, 256, 32)):
+        net, trace, eps = problem("fnn", layers, width, batch, "tanh", 1.0, "float64", 0, 1)
+        print(f"- FNN, {layers} layers of width {width}, batch {batch}: "
+              f"{choose(backward_system(net, trace, eps)).reason}")
+    print()
+
+
+def backends() -> None:
+    """The demo's PyTorch tensors: one stacked chain solved by the same code as NumPy's."""
+    try:
+        import torch
+    except ImportError:
+        print("PyTorch tensors: skipped, torch is not installed (pip install propop[torch]).\n")
+        return
+    net = FNN.random([32] * 65, activation="tanh", seed=0)
+    x = np.random.default_rng(1).standard_normal((32, 4))
+    trace = net.forward(x)
+    B = backward_system(net, trace, trace.output)
+    T = TriangularSystem(None, None, torch.from_numpy(B.rhs), lower=False, sizes=B.sizes,
+                         coupling_stack=torch.from_numpy(B.coupling_stack),
+                         scale_stack=torch.from_numpy(B.scale_stack))
+    reference = solve(B, "substitution").x
+    print("PyTorch tensors, one code path: a 64-layer backward system (width 32, batch 4) "
+          "as torch tensors (a stacked chain), solved by the methods that declare "
+          "'torch':\n")
+    print("| method | status | returns | max difference from NumPy substitution |\n"
+          "|---|---|---|---:|")
+    for name in ("substitution", "cyclic-reduction", "jacobi", "batched-bicgstab"):
+        sol = solve(T, name)
+        difference = float(np.abs(sol.x.numpy() - reference).max())
+        print(f"| {name} | {sol.status.name} | {type(sol.x).__module__}."
+              f"{type(sol.x).__name__} | {difference:.1e} |")
+    print()
+
+
+def models() -> None:
+    """The demo's own models: a module traced by torch.fx, and a GRU's Newton family."""
+    try:
+        import torch
+    except ImportError:
+        print("Your own models: skipped, torch is not installed (pip install propop[torch]).\n")
+        return
+    from ..newton.loop import forward
+    from ..interop.torch_import import from_torch
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1, self.fc2 = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+            self.norm, self.head = torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = x + self.fc2(torch.nn.functional.silu(self.fc1(x)))  # a residual, as written
+            return torch.softmax(self.head(self.norm(h)), dim=-1)
+
+    torch.manual_seed(0)
+    module = Block().double().eval()
+    x = np.random.default_rng(2).standard_normal((8, 5))
+    X = torch.tensor(x.T, requires_grad=True)
+    (0.5 * (module(X) ** 2).sum()).backward()
+    graph = from_torch(module)
+    errors = {m: float(np.abs(backprop(graph, x, np.zeros((3, 5)), method=m).x
+                              - X.grad.numpy().T).max()) for m in ("substitution", "jacobi")}
+    print(f"Your own models. A module whose forward() writes a residual sum, SiLU, "
+          f"BatchNorm (eval) and a softmax, traced by torch.fx into {len(graph.order) - 1} "
+          f"nodes ({', '.join(graph.order[1:])}); dE/dx against autograd: "
+          + ", ".join(f"{m} {e:.0e}" for m, e in errors.items()) + ".\n")
+    gru = from_torch(torch.nn.GRU(4, 8, num_layers=2).double())
+    xs = np.random.default_rng(3).standard_normal((200, 4, 4))
+    exact = gru.forward(xs).z[1]
+    print("A 2-layer GRU (hidden 8, from nn.GRU) over 200 steps, batch 4, evaluated in "
+          "parallel: Newton-type iterations, each a cyclic reduction over time (ELK's "
+          "damped steps a block tridiagonal one):\n")
+    print("| linearization | iterations | max state error | Lyapunov exponent |\n"
+          "|---|---:|---:|---:|")
+    for name in ("newton", "quasi", "block-diagonal", "damped"):
+        f = forward(gru, xs, method="cyclic-reduction", linearization=name)
+        print(f"| {name} | {f.info['iterations']} | {np.abs(f.z[1] - exact).max():.1e} | "
+              f"{f.info['lyapunov']:+.3f} |")
+    print()
+
+
+def trust() -> None:
+    """The demo's accuracy and memory checks: what CONVERGED means, and N/A before OOM."""
+    net = FNN.random([16] * 21, activation="sigmoid", seed=0)
+    rng = np.random.default_rng(1)
+    x, t = rng.standard_normal((16, 4)), rng.standard_normal((16, 4))
+    exact = backprop(net, x, t)
+    ratio = np.linalg.norm(exact.W[0]) / np.linalg.norm(exact.W[-1])
+    print(f"Vanishing gradients: 20 sigmoid layers of width 16, batch 4; the first layer's "
+          f"gradient is {ratio:.0e} of the last one's. CONVERGED means every layer meets "
+          "rtol = 1e-10 relative to its own size; errors are relative to substitution.\n")
+    print("| method | status | iterations | worst layer error | first layer error |\n"
+          "|---|---|---:|---:|---:|")
+    for name in ("jacobi", "bicgstab", "batched-gmres", "scipy.gmres", "pyamg.gmres",
+                 "scipy.bicgstab"):
+        g = backprop(net, x, t, method=name, check=False)
+        errors = [np.linalg.norm(a - b) / np.linalg.norm(b) for a, b in zip(g.W, exact.W)]
+        print(f"| {name} | {g.solution.status.name} | {g.solution.iterations} | "
+              f"{max(errors):.1e} | {errors[0]:.1e} |")
+    _nothing_unchecked(net, x, t)
+    rnn = RNN.random([256] * 7, activation="tanh", seed=0)
+    trace = rnn.forward(rng.standard_normal((100, 256, 32)))
+    try:  # 16 GiB at most: never attempted, even where more memory is available
+        with memory.limit(min(memory.budget(), 2**34)):
+            solvers.solve(backward_system(rnn, trace, trace.output), "cyclic-reduction")
+    except MemoryBudgetError as error:
+        print(f"\nMemory guard: cyclic-reduction on a 6-layer width-256 tanh RNN over 100 "
+              f"steps, batch 32 (propop run --network rnn), would need about "
+              f"{error.estimate / 2**30:.0f} GiB; it raised MemoryBudgetError before "
+              f"allocating (budget {error.budget / 2**30:.1f} GiB), and propop run marks it "
+              "N/A.\n")
+
+
+def _nothing_unchecked(net: FNN, x: Any, t: Any) -> None:
+    """Weights updated in place, a method that lies, an approximate system: none slips by."""
+    W = [Wk.copy() for Wk in net.W]
+    net = FNN(W, net.b, net.activations)
+    backprop(net, x, t, method="cyclic-reduction")
+    g = backprop(net, x, t)
+    for Wk, dW in zip(W, g.W):  # a hand-written SGD step, in place
+        Wk -= 0.5 * dW
+    fresh = backprop(FNN([Wk.copy() for Wk in W], net.b, net.activations), x, t)
+    again = backprop(net, x, t, method="cyclic-reduction")
+    drift = max(float(np.abs(a - b).max()) for a, b in zip(again.W, fresh.W))
+    B = backward_system(net, net.forward(x), net.loss_gradient(net.forward(x), t))
+    lie = solvers.solve(B, lambda s, **o: Solution(x=0 * s.rhs, status=Status.CONVERGED))
+    mean = solvers.solve(B.shared("mean"), "substitution")
+    print(f"\nNothing unchecked: after an in-place SGD step (W[k] -= lr * dW) the next "
+          f"gradients equal a fresh network's to {drift:.0e}; a method that returns zeros "
+          f"and claims CONVERGED is judged {lie.status.name} by its true residual; the "
+          f"batch-mean system B.shared('mean') solves {mean.status.name}: its worst layer "
+          f"misses the true system's bound {mean.info['true_block_ratio']:.0e} times.")
+
+
+DEMO_TRAINING = (("substitution", None, 1.0), ("cyclic-reduction", None, 1.0),
+                 ("jacobi", 1, 1.0), ("jacobi", 3, 1.0), ("jacobi", 6, 1.0),
+                 ("batched-gmres", 3, 1.0), ("substitution", None, 0.1),
+                 ("cyclic-reduction", None, 0.1))
+
+
+def training() -> None:
+    """The demo's training table: exact, truncated and pruned runs on the digits."""
+    from ..data import digits
+    from ..sparsity import density_of, prune_gradually
+    from ..training import train
+
+    try:
+        xtr, ytr, xte, yte = digits()
+    except ImportError as error:
+        print(f"Training on the digits skipped: {error}\n")
+        return
+    base = FNN.random([64] + [32] * 5 + [10], activation="tanh", seed=0)
+    net = FNN(base.W, base.b, activation=["tanh"] * 5 + ["identity"])
+    print("Training a 6-layer tanh MLP (64-32x5-10) on the digits, 4 epochs of SGD (lr 0.2, "
+          "batch 32) with each backward method; density 0.1: magnitude pruning in 4 stages "
+          "of one epoch (cubic schedule); seconds: the whole run, with the exact reference "
+          "solves that measure a truncated run's gradient error.\n")
+    print("| backward method | maxiter | density | test accuracy | mean gradient error "
+          "| seconds |\n|---|---:|---:|---:|---:|---:|")
+    for method, maxiter, density in DEMO_TRAINING:
+        options = dict(batch_size=32, lr=0.2, method=method, x_test=xte, y_test=yte,
+                       solver_options={} if maxiter is None else {"maxiter": maxiter},
+                       gradient_error=maxiter is not None, progress=False)
+        start = time.perf_counter()
+        if density < 1:
+            model, histories = prune_gradually(net, xtr, ytr, density, 4, 1, **options)
+        else:
+            model, histories = train(net, xtr, ytr, epochs=4, **options)
+            histories = [histories]
+        errors = [s["gradient_error"] for h in histories for s in h.steps
+                  if "gradient_error" in s] or [0.0]
+        label = "exact" if maxiter is None else maxiter
+        print(f"| {method} | {label} | {density_of(model):.2f} | "
+              f"{histories[-1].epochs[-1]['test_accuracy']:.3f} | {np.mean(errors):.1e} | "
+              f"{time.perf_counter() - start:.2f} |")
+    print("\nk < l Jacobi sweeps give the top k layers' errors exactly and none below; "
+          "l = 6 sweeps are exact for every weight.\n")
+
+
+def after_the_tables() -> None:
+    """The demo's sections after its tables, in order."""
+    auto()
+    backends()
+    models()
+    trust()
+    training()
