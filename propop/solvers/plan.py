@@ -85,8 +85,6 @@ class Plan:
             except OptionError as error:
                 raise OptionError(f"{self.method}: {error}") from None
             elapsed = time.perf_counter() - start
-        if system is not self.system:  # the matrix work of this solve serves the next
-            self.system.adopt_caches(system)
         solution = judged(system, system.approximates, _as_solution(self.method, solution),
                           self.options)
         solution = dataclasses.replace(solution, time=elapsed, method=self.method)

@@ -1,193 +1,26 @@
-"""Block bi-diagonal triangular systems (paper eqs. forw_prop_sys, back_prop_sys).
+"""A triangular system: an :class:`~propop.systems.operator.Operator` and a right-hand side.
 
-A :class:`TriangularSystem` with blocks ``k = 0..nb-1`` is stored in its
-**row-scaled** (unit-diagonal) form, the paper's eqs. bicgstab_scaled_forw_sys
-and bicgstab_scaled_back_sys::
-
-    x_k - s_k * (M_j x_nbr) = c_k
-
-where ``M_j`` is the coupling matrix shared by all samples (``W_k`` for the
-forward system, ``W_{k+1}^T`` for the backward one), ``s_k`` the per-sample row
-scaling (the activation's secant or derivative) and ``nbr = k - 1`` (lower)
-or ``k + 1`` (upper). The paper's form ``(1/s_k) * x_k - M_j x_nbr = c_k / s_k``
-(diagonal blocks ``D``/``E``) is the same system with every row divided by
-``s_k``; it exists only where no ``s_k`` is zero.
-
-A batch of ``r`` samples is one system with ``r`` right-hand sides and
-per-sample scalings: the paper's shifted systems (eqs. forw_prop_sys_shifted,
-back_prop_sys_shifted).
+``TriangularSystem`` is what ``pp.backward_system`` and ``pp.forward_system``
+return and ``pp.solve`` takes: the operator (structure and coefficients, every
+view of them built once and shared by every system of that operator) and one
+right-hand side, stored in the scaled form and shown in the system's own form
+(:attr:`rhs`). Matrix attributes (``blocks``, ``sizes``, ``apply``, ...) are the
+operator's; :meth:`with_rhs` gives another system of the same operator for
+nothing but the new vector.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-import functools
-import itertools
-import math
-import numbers
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from .. import backend
-from .._checks import as_coupling, require_finite
-from .edge_groups import EdgeGroups
+from .._checks import require_finite
+from . import assemble
+from .blocks import Blocks, Edge, Step
+from .operator import FORMS, Operator, one_dtype
 
 __all__ = ["TriangularSystem", "Blocks", "Edge", "Step", "FORMS"]
-
-FORMS = ("scaled", "paper")
-NOT_A_CHAIN = ("this system is not block bi-diagonal (a chain): each block row must have at "
-               "most one neighbour; use 'substitution', 'jacobi' or a Krylov method")
-
-
-@dataclass(frozen=True)
-class Edge:
-    """One off-diagonal block ``-diag(scale) @ matrix`` in block ``row``, ``col``."""
-
-    row: int
-    col: int
-    matrix: Any
-    scale: Any
-
-
-@dataclass(frozen=True)
-class Blocks:
-    """The structured view of a system, in its own form.
-
-    Attributes
-    ----------
-    lower : bool
-    sizes : tuple of int
-        Block sizes ``n_0..n_{nb-1}``.
-    diagonal : tuple
-        Per block, ``None`` (identity) or the diagonal entries, ``(n_k,)`` or ``(n_k, r)``.
-    edges : tuple of Edge
-        The off-diagonal blocks, each ``-diag(scale) @ matrix`` with a matrix
-        shared by all samples (dense, sparse) and the row's scaling.
-
-    A system is a **chain** (block bi-diagonal, paper eqs. forw_prop_sys and
-    back_prop_sys) when edge ``j`` joins blocks ``j + 1`` and ``j`` (lower) or
-    ``j`` and ``j + 1`` (upper); then ``coupling[j]``, ``scale[j]`` and
-    :meth:`pair` describe it, as cyclic reduction needs.
-    """
-
-    lower: bool
-    sizes: tuple
-    diagonal: tuple
-    edges: tuple
-
-    def __repr__(self) -> str:
-        """One line: the shape of the structure, no arrays."""
-        kind = "chain" if self.is_chain else f"{len(self.groups)} groups"
-        return (f"Blocks({'lower' if self.lower else 'upper'}, {len(self.sizes)} blocks of "
-                f"sizes {_sizes(self.sizes)}, {len(self.edges)} couplings, {kind})")
-
-    @functools.cached_property
-    def is_chain(self) -> bool:
-        """Whether the system is block bi-diagonal with edges in chain order."""
-        return (len(self.edges) == len(self.sizes) - 1
-                and all((e.row, e.col) == self.pair(j) for j, e in enumerate(self.edges)))
-
-    @functools.cached_property
-    def groups(self) -> tuple[tuple[int, ...], ...]:
-        """Consecutive groups of blocks (solve order) coupled only to neighbouring groups.
-
-        The most groups such that every coupling joins blocks of one group or of
-        two consecutive groups: then the system is block bi-diagonal over the
-        groups (a residual block becomes one node) and cyclic reduction applies
-        to it. Greedy: a group ends before block ``i`` unless some coupling into
-        a block at or after ``i`` reads a block before the current group's start.
-        """
-        position = {k: i for i, k in enumerate(self.order())}
-        first_read = [len(self.sizes)] * len(self.sizes)  # earliest block read at or after i
-        for e in self.edges:
-            reader, read = sorted((position[e.row], position[e.col]), reverse=True)
-            first_read[reader] = min(first_read[reader], read)
-        for i in range(len(first_read) - 2, -1, -1):
-            first_read[i] = min(first_read[i], first_read[i + 1])
-        groups, start = [], 0
-        for i in range(1, len(self.sizes) + 1):
-            if i == len(self.sizes) or first_read[i] >= start:
-                groups.append(tuple(self.order()[start:i]))
-                start = i
-        return tuple(groups)
-
-    def require_chain(self) -> None:
-        """Raise ``ValueError`` unless the system is block bi-diagonal (a chain)."""
-        if not self.is_chain:
-            raise ValueError(NOT_A_CHAIN)
-
-    @property
-    def coupling(self) -> tuple:
-        """Per pair of a chain, the shared matrix."""
-        self.require_chain()
-        return tuple(e.matrix for e in self.edges)
-
-    @property
-    def scale(self) -> tuple:
-        """Per pair of a chain, ``None`` or the row scaling of the off-diagonal block."""
-        self.require_chain()
-        return tuple(e.scale for e in self.edges)
-
-    def pair(self, j: int) -> tuple[int, int]:
-        """``(row, column)`` of off-diagonal block ``j`` of a chain."""
-        return (j + 1, j) if self.lower else (j, j + 1)
-
-    def order(self) -> range:
-        """Block rows in substitution order."""
-        nb = len(self.sizes)
-        return range(nb) if self.lower else range(nb - 1, -1, -1)
-
-    def incoming(self, k: int) -> int | None:
-        """The coupling that block row ``k`` of a chain reads in substitution, if any."""
-        self.require_chain()
-        j = k - 1 if self.lower else k
-        return j if 0 <= j < len(self.edges) else None
-
-    @functools.cached_property
-    def steps(self) -> tuple[Step, ...]:
-        """Block rows in substitution order with everything a step needs, made once.
-
-        The matrix alone: a solve with any right-hand side reuses them.
-        """
-        into: dict[int, list[Edge]] = {}
-        for e in self.edges:
-            into.setdefault(e.row, []).append(e)
-        steps = []
-        for k in self.order():
-            edges = into.get(k, [])
-            steps.append(Step(
-                block=k,
-                sources=tuple((e.col, e.matrix, backend.is_sparse(e.matrix)) for e in edges),
-                scale=edges[0].scale if edges else None, diagonal=self.diagonal[k]))
-        return tuple(steps)
-
-    @functools.cached_property
-    def levels(self) -> tuple[tuple[Step, ...], ...]:
-        """The :attr:`steps` grouped by topological level.
-
-        A block's level is one more than the highest level it reads from, so the
-        blocks of one level depend only on earlier levels and can be solved at
-        once; the number of levels is the longest chain of couplings.
-        """
-        depth: dict[int, int] = {}
-        for step in self.steps:
-            depth[step.block] = 1 + max((depth[col] for col, _, _ in step.sources), default=0)
-        grouped: dict[int, list[Step]] = {}
-        for step in self.steps:
-            grouped.setdefault(depth[step.block], []).append(step)
-        return tuple(tuple(grouped[d]) for d in sorted(grouped))
-
-
-@dataclass(frozen=True)
-class Step:
-    """One block row of a substitution: ``x_k = (c_k + s * sum_e M_e x_e) / d``."""
-
-    block: int
-    sources: tuple  # (column block, shared matrix, is sparse) per incoming edge
-    scale: Any
-    diagonal: Any
 
 
 class TriangularSystem:
@@ -232,7 +65,7 @@ class TriangularSystem:
         system): methods then skip the others without looking at them.
     coupling_stack : array, optional
         For a chain of blocks of one width ``n`` with dense couplings: the
-        couplings as one ``(nb - 1, n, n)`` array (:attr:`FNN.stacked`), instead
+        couplings as one ``(nb - 1, n, n)`` array (:meth:`FNN.stacks`), instead
         of ``coupling``; checked once, not per block, and read by reductions
         with one index.
     scale_stack : array, optional
@@ -248,141 +81,63 @@ class TriangularSystem:
                  structure: Any = None, layer_scales: Sequence[Any] | None = None,
                  rhs_support: Sequence[int] | None = None, coupling_stack: Any = None,
                  scale_stack: Any = None) -> None:
-        if form not in FORMS:
-            raise ValueError(f"unknown form {form!r}; choose one of {FORMS}")
         coupling, row_scale, rhs, edges, structure, layer_scales, coupling_stack, \
-            scale_stack = _one_dtype(coupling, row_scale, rhs, edges, structure, layer_scales,
-                                     coupling_stack, scale_stack)
-        if backend.of(rhs).name == "torch" and coupling_stack is None:
-            raise ValueError(_TORCH_STACKS)
-        self.sizes = tuple(map(int, sizes))
-        self.lower = bool(lower)
-        self.form = form
-        self._names = names
-        self._periodic: dict[int, list] = {}
+            scale_stack = one_dtype(coupling, row_scale, rhs, edges, structure, layer_scales,
+                                    coupling_stack, scale_stack)
+        if not backend.is_real_floating(rhs):
+            raise ValueError(f"rhs has dtype {getattr(rhs, 'dtype', type(rhs).__name__)}, "
+                             "expected a real floating type")
+        samples = None if rhs.ndim == 1 else rhs.shape[1]
+        op = Operator(coupling, row_scale, lower=lower, sizes=sizes, form=form, names=names,
+                      paper_hint=paper_hint, edges=edges, structure=structure,
+                      layer_scales=layer_scales, coupling_stack=coupling_stack,
+                      scale_stack=scale_stack, samples=samples, like=rhs)
+        self._bind(op, rhs, rhs_support)
+
+    @classmethod
+    def of(cls, op: Operator, rhs: Any, rhs_support: Sequence[int] | None = None
+           ) -> TriangularSystem:
+        """The system of operator ``op`` with the scaled right-hand side ``rhs``."""
+        system = cls.__new__(cls)
+        system._bind(op, rhs, rhs_support)
+        return system
+
+    def _bind(self, op: Operator, rhs: Any, rhs_support: Sequence[int] | None) -> None:
+        self._op = op
+        if rhs.ndim not in (1, 2) or rhs.shape[0] != op.size:
+            raise ValueError(f"rhs has shape {tuple(rhs.shape)}, expected ({op.size},) or "
+                             f"({op.size}, r)")
+        require_finite(rhs, "rhs")
         self._scaled_rhs = rhs
-        self._paper_hint = paper_hint
-        self.structure = structure
-        self._layer_scales = None if layer_scales is None else tuple(layer_scales)
         self.rhs_support = None if rhs_support is None else frozenset(int(k)
                                                                        for k in rhs_support)
-        self.coupling_stack = self._checked_stack(coupling_stack, "coupling_stack", ())
-        self.scale_stack = self._checked_stack(
-            scale_stack, "scale_stack", (rhs.shape[1], 1) if getattr(rhs, "ndim", 1) > 1
-            else (None,))
-        if coupling_stack is not None and (coupling is not None or edges is not None):
-            raise ValueError("give coupling_stack instead of coupling or edges, not both")
-        if scale_stack is not None and (row_scale is not None or layer_scales is not None):
-            raise ValueError("give scale_stack instead of row_scale, not both")
-        if structure is not None:
-            if coupling is not None or edges is not None:
-                raise ValueError("a structure gives the couplings: no coupling or edges too")
-            if (row_scale is None) == (layer_scales is None):
-                raise ValueError("give either row_scale or layer_scales with a structure")
-            self.structure = structure.canonical()
-            matrices = [t.M for t in self.structure.templates]
-        elif coupling_stack is not None:  # its edges are views, made when asked for
-            matrices = [coupling_stack]
-        else:
-            if (coupling is None) == (edges is None):
-                raise ValueError("give either coupling (a chain) or edges, not both")
-            self.__dict__["_edges"] = _canonical_edges(
-                edges if edges is not None else _chain_edges(self.lower, coupling))
-            matrices = [M for _, _, M in self._edges]
-        if row_scale is not None or (structure is None and scale_stack is None):
-            self.__dict__["_row_scale"] = (tuple(row_scale) if row_scale is not None
-                                           else (None,) * len(self.sizes))
-        scales = (self.scale_stack,) if scale_stack is not None else (
-            layer_scales if layer_scales is not None else row_scale or ())
-        self.backend = backend.of(rhs, *matrices, *scales)  # mixed backends are named
-        self._validate()
-        if form == "paper":
-            self._require_paper_form()
 
-    @functools.cached_property
-    def names(self) -> tuple[str, ...]:
-        """A name per block row for messages (made when first asked for)."""
-        if callable(self._names):
-            return tuple(self._names(k) for k in range(self.nblocks))
-        if self._names is not None:
-            return tuple(self._names)
-        return tuple(f"block {k}" for k in range(self.nblocks))
-
-    @functools.cached_property
-    def _edges(self) -> tuple:
-        """``(row, col, matrix)`` per coupling; a structure's or a stack's made when asked for."""
-        if self.structure is None:
-            if self.per_sample_couplings:
-                raise ValueError(_PER_SAMPLE)
-            return _chain_edges(self.lower, self.coupling_stack)
-        return tuple(self.structure.edges())
-
-    @functools.cached_property
-    def unscaled_stack(self) -> bool:
-        """A chain given by its couplings alone: unit diagonal and no row scalings.
-
-        Cached: :meth:`apply` asks at every product, and the scalings are per block.
-        """
-        return (self.coupling_stack is not None and self.scale_stack is None
-                and all(s is None for s in self._row_scale))
+    def __getattr__(self, name: str) -> Any:
+        """The operator's attribute (matrix facts and views are the operator's)."""
+        if name == "_op":
+            raise AttributeError(name)
+        return getattr(self._op, name)
 
     @property
-    def per_sample_couplings(self) -> bool:
-        """Whether each sample has its own couplings: a ``(nb - 1, r, n, n)`` stack."""
-        return self.coupling_stack is not None and self.coupling_stack.ndim == 4
+    def operator_of(self) -> Operator:
+        """The :class:`~propop.systems.operator.Operator`: this system without its rhs."""
+        return self._op
 
-    @functools.cached_property
-    def _row_scale(self) -> tuple:
-        """The row scaling of every block; a structure's or a stack's are views of it."""
-        if self.structure is None:
-            return (None,) + tuple(self.scale_stack)
-        per, tau = len(self.structure.sizes), self.structure.tau
-        return tuple(None if layer is None else layer[s] for s in range(tau)
-                     for layer in self._layer_scales[:per])
-
-    # -- structure ----------------------------------------------------------------
     @property
-    def nblocks(self) -> int:
-        """Number of diagonal blocks ``nb`` (``l + 1`` for an ``l``-layer FNN)."""
-        return len(self.sizes)
+    def approximates(self) -> TriangularSystem | None | bool:
+        """The true system of a batch-mean one (:meth:`shared`), ``False`` if not judgeable.
 
-    @functools.cached_property
-    def offsets(self) -> tuple[int, ...]:
-        """Start of each block in the stacked vector, and ``N`` last."""
-        return tuple(itertools.accumulate(self.sizes, initial=0))
-
-    @functools.cached_property
-    def is_chain(self) -> bool:
-        """Whether the system is block bi-diagonal (:attr:`Blocks.is_chain`).
-
-        A time structure over more than one step with recurrent couplings is not;
-        it is told without unrolling the blocks.
+        ``False`` where this system's right-hand side has another number of columns
+        than the true system's samples.
         """
-        if self.structure is not None and self.structure.tau > 1 and any(
-                t.offset != 0 for t in self.structure.templates):
+        exact = self._op.approximates
+        if exact is None:
+            return None
+        if exact.samples is not None and self.nrhs != exact.samples:
             return False
-        return self.coupling_stack is not None or self.blocks.is_chain
+        return TriangularSystem.of(exact, self._scaled_rhs)
 
-    def require_chain(self) -> None:
-        """Raise ``ValueError`` unless the system is block bi-diagonal (a chain)."""
-        if not self.is_chain:
-            raise ValueError(NOT_A_CHAIN)
-
-    @functools.cached_property
-    def equal_sizes(self) -> bool:
-        """Whether every block has the same size (then blocks reshape to a stack)."""
-        return len(set(self.sizes)) == 1
-
-    @functools.cached_property
-    def block_starts(self) -> Any:
-        """The first entry of every block, as an index array of the backend."""
-        return self.backend.xp.asarray(self.offsets[:-1])
-
-    @property
-    def size(self) -> int:
-        """``N``, the number of unknowns of one sample."""
-        return self.offsets[-1]
-
+    # -- the right-hand side ---------------------------------------------------------
     @property
     def nrhs(self) -> int | None:
         """Number of samples ``r`` of a batch system, ``None`` for a single vector."""
@@ -396,260 +151,81 @@ class TriangularSystem:
     @property
     def shape(self) -> tuple[int, int]:
         """Shape of :attr:`matrix` and :attr:`operator`: ``(N r, N r)`` for a batch."""
-        n = self.size * (self.nrhs or 1)
-        return (n, n)
+        return assemble.shape(self._op, self.nrhs)
 
-    # The true system of a batch-mean one (shared("mean")); False where it cannot take
-    # this system's right-hand side (another number of columns).
-    approximates: TriangularSystem | None | bool = None
+    @property
+    def rhs(self) -> Any:
+        """The right-hand side in this system's form, shape ``(N,)`` or ``(N, r)``."""
+        return self._op.to_form(self._scaled_rhs)
 
     def __repr__(self) -> str:
         kind = "lower" if self.lower else "upper"
         batch = "" if self.nrhs is None else f", r={self.nrhs}"
-        approximate = ("" if self.approximates is None else
+        approximate = ("" if self._op.approximates is None else
                        ", approximate: batch-mean scalings of a per-sample system")
         return (f"TriangularSystem({kind}, nblocks={self.nblocks}, N={self.size}{batch}, "
                 f"form={self.form!r}, dtype={self.dtype}{approximate})")
 
-    def _validate(self) -> None:
-        nb = self.nblocks
-        if self._names is not None and not callable(self._names) and len(self._names) != nb:
-            raise ValueError(f"{nb} blocks need {nb} names; got {len(self._names)}")
-        rhs = self._scaled_rhs
-        if rhs.ndim not in (1, 2) or rhs.shape[0] != self.size:
-            raise ValueError(f"rhs has shape {rhs.shape}, expected ({self.size},) or "
-                             f"({self.size}, r)")
-        if not backend.is_real_floating(rhs):
-            raise ValueError(f"rhs has dtype {rhs.dtype}, expected a real floating type")
-        if min(self.sizes, default=0) < 1:
-            raise ValueError(f"block sizes must be >= 1, got {self.sizes}")
-        if self.structure is not None:
-            self._validate_structure()
-        elif self.coupling_stack is None:
-            self._validate_edges()
-        if "_row_scale" in self.__dict__ and self.scale_stack is None:
-            self._validate_row_scales()
-        self._require_finite_scales()
-        require_finite(rhs, "rhs")
+    def residual(self, x: Any) -> Any:
+        """``c - A x``."""
+        return self.rhs - self._op.apply(x)
 
-    def _checked_stack(self, stack: Any, what: str, columns: tuple) -> Any:
-        """``stack`` checked once: couplings ``(nb - 1[, r], n, n)``, scalings ``(nb - 1, n[, c])``.
+    def with_rhs(self, rhs: Any) -> TriangularSystem:
+        """The same matrix with right-hand side ``rhs`` given in this system's form.
 
-        ``columns`` are the allowed trailing sizes of a scaling (``None``: no axis).
+        ``rhs`` has shape ``(N,)`` or ``(N, r)``; a system that
+        :attr:`shares_matrix` takes any number of columns. Nothing of the matrix is
+        rebuilt: the new system has this one's operator.
         """
-        if stack is None:
-            return None
-        nb, n = len(self.sizes), self.sizes[0]
-        shape = tuple(getattr(stack, "shape", ()))
-        want_r = True
-        if not columns and len(shape) == 4 and self._scaled_rhs.ndim == 2:  # per sample
-            shape, want_r = shape[:1] + shape[2:], shape[1] == self._scaled_rhs.shape[1]
-        trailing = shape[2:] or (None,)
-        want = (nb - 1, n) + (n,) * (not columns)
-        fits = want_r and shape[:2 + (not columns)] == want and (
-            len(trailing) == 1 and (trailing[0] in columns or not columns))
-        if set(self.sizes) != {n} or not fits or not backend.is_real_floating(stack):
-            shapes = " or ".join(str(want + ((c,) if c else ())) for c in columns) or (
-                f"{want} or, per sample, ({nb - 1}, r, {n}, {n})")
-            raise ValueError(f"{what} must be a real floating array of shape {shapes} for "
-                             f"{nb} blocks of one width, got {getattr(stack, 'shape', None)} "
-                             f"and block sizes {sorted(set(self.sizes))}")
-        if not columns:  # scalings are checked with the others
-            require_finite(stack, f"{what} (index (j, i, k): coupling j)")
-        return stack
-
-    def _validate_structure(self) -> None:
-        """The templates and the stacked layer scalings, once per layer, not per block."""
-        structure, rhs = self.structure, self._scaled_rhs
-        per, tau = len(structure.sizes), structure.tau
-        if self.sizes != tuple(structure.sizes) * tau:
-            raise ValueError(f"the blocks' sizes are not the structure's {structure.sizes} "
-                             f"repeated over {tau} steps")
-        for t in structure.templates:
-            ahead = t.offset < 0 or (t.offset == 0 and t.row > t.col)
-            behind = t.offset > 0 or (t.offset == 0 and t.row < t.col)
-            if not (0 <= t.row < per and 0 <= t.col < per and abs(t.offset) <= 1) or \
-                    not (ahead if self.lower else behind):
-                kind = "lower" if self.lower else "upper"
-                raise ValueError(f"template (layer {t.row} reads layer {t.col} at step "
-                                 f"offset {t.offset}) is not strictly {kind} triangular")
-            want = (structure.sizes[t.row], structure.sizes[t.col])
-            if tuple(t.M.shape) != want:
-                raise ValueError(f"template (layer {t.row} reads layer {t.col}) has shape "
-                                 f"{tuple(t.M.shape)}, expected {want}")
-        if self._layer_scales is None:
-            return
-        if len(self._layer_scales) != per:
-            raise ValueError(f"{per} layers need {per} layer scalings, got "
-                             f"{len(self._layer_scales)}")
-        for k, s in enumerate(self._layer_scales):
-            want = (tau, structure.sizes[k]) + rhs.shape[1:]
-            if s is not None and (not backend.is_real_floating(s)
-                                  or (s.shape != want and s.shape != want[:2] + (1,))):
-                raise ValueError(f"layer {k}: stacked scalings have shape "
-                                 f"{getattr(s, 'shape', None)}, expected {want} (time, "
-                                 "features[, samples]) of a real floating type")
-
-    def _validate_edges(self) -> None:
-        nb = self.nblocks
-        for j, (row, col, M) in enumerate(self._edges):
-            if not (0 <= row < nb and 0 <= col < nb) or (row > col) != self.lower \
-                    or row == col:
-                kind = "lower" if self.lower else "upper"
-                raise ValueError(f"coupling {j} sits in block row {row}, column {col}: not "
-                                 f"strictly {kind} triangular in {nb} blocks")
-            want = (self.sizes[row], self.sizes[col])
-            if tuple(M.shape) != want:
-                raise ValueError(f"coupling {j} (block row {row}, column {col}) has shape "
-                                 f"{tuple(M.shape)}, expected {want}: the blocks' sizes")
-
-    def _validate_row_scales(self) -> None:
-        rhs = self._scaled_rhs
-        if len(self._row_scale) != self.nblocks:
-            raise ValueError(f"{self.nblocks} blocks need {self.nblocks} row scalings; got "
-                             f"{len(self._row_scale)}")
-        for k, s in enumerate(self._row_scale):
-            if s is None:
-                continue
-            if not backend.is_real_floating(s):
-                raise ValueError(f"{self.names[k]}: row scaling must be a real floating array")
-            want = (self.sizes[k],) if rhs.ndim == 1 else (self.sizes[k], rhs.shape[1])
-            if s.shape != want and not (rhs.ndim == 2 and s.shape == (self.sizes[k], 1)):
-                raise ValueError(f"{self.names[k]}: row scaling has shape {s.shape}, "
-                                 f"expected {want}")
-
-    def _require_finite_scales(self) -> None:
-        """One pass over all scalings; the per-block search only when one is bad."""
         xp = self.backend.xp
-        scales = [s for s in self._scalings if s is not None]
-        if not scales or bool(xp.isfinite(scales[0] if len(scales) == 1 else xp.concatenate(
-                [s.reshape(-1) for s in scales])).all()):
-            return
-        for k, s in enumerate(self._row_scale):
-            if s is not None:
-                require_finite(s, f"{self.names[k]}: row scaling")
+        rhs = xp.asarray(rhs, dtype=self.dtype)
+        if rhs.ndim != self._scaled_rhs.ndim or rhs.shape[0] != self.size or (
+                rhs.ndim == 2 and rhs.shape[1] != self.nrhs and not self._scaled_once):
+            raise ValueError(f"rhs has shape {rhs.shape}, expected {self.rhs.shape}")
+        require_finite(rhs, "rhs")
+        return TriangularSystem.of(self._op, self._op.from_form(rhs))
 
-    def _require_paper_form(self) -> None:
-        xp = self.backend.xp
-        for k, s in enumerate(self._row_scale):
-            if s is None or bool(xp.all(s != 0)):
-                continue
-            flat = int(xp.argmin((s != 0).reshape(-1)))
-            index = [int(i) for i in xp.unravel_index(flat, s.shape)]
-            where = f"entry {index[0]}" + (f" of sample {index[1]}" if len(index) > 1 else "")
-            raise ValueError(f"{self.names[k]}: form='paper' needs the diagonal 1/s, but "
-                             f"s = 0 at {where}{self._paper_hint}; use form='scaled' "
-                             "(the default), which never divides")
+    # -- the views that depend on the number of columns ------------------------------
+    @property
+    def operator(self) -> Any:
+        """Matrix-free ``LinearOperator`` equal to :attr:`matrix` (samples stacked)."""
+        return assemble.linear_operator(self._op, self.nrhs)
 
-    # -- views --------------------------------------------------------------------
+    @property
+    def matrix(self) -> Any:
+        """The explicit sparse matrix: BSR where the blocks are dense, CSR otherwise.
+
+        A batch gives the block diagonal of its ``r`` shifted systems, acting on
+        the samples stacked one after another (``x.T.reshape(-1)``).
+        """
+        return assemble.matrix(self._op, self.nrhs)
+
+    @property
+    def csr(self) -> Any:
+        """The explicit matrix of :attr:`matrix` as a CSR array, built once."""
+        return assemble.csr(self._op, self.nrhs)
+
+    # -- variants: the operator's, with this right-hand side -----------------------------
+    def _also(self, op: Operator) -> TriangularSystem:
+        """``op``'s system with this right-hand side (kept support where blocks are kept)."""
+        support = self.rhs_support if op.sizes == self.sizes else None
+        return TriangularSystem.of(op, self._scaled_rhs, support)
+
     def scaled(self) -> TriangularSystem:
         """Return the system in the unit-diagonal form (itself if it is already)."""
-        return self if self.form == "scaled" else self._with(form="scaled")
-
-    def unstructured(self) -> TriangularSystem:
-        """The same system without its :attr:`structure`: products edge by edge."""
-        return self if self.structure is None else self._with(structure=None)
+        return self if self.form == "scaled" else self._also(self._op.scaled())
 
     def paper(self) -> TriangularSystem:
         """Return the system in the paper's form with diagonal blocks ``D``/``E``."""
-        return self if self.form == "paper" else self._with(form="paper")
+        return self if self.form == "paper" else self._also(self._op.paper())
 
-    def _with(self, **changes: Any) -> TriangularSystem:
-        args = dict(rhs=self._scaled_rhs, lower=self.lower, sizes=self.sizes, form=self.form,
-                    names=self._names, paper_hint=self._paper_hint,
-                    rhs_support=None if self.rhs_support is None else sorted(self.rhs_support))
-        if self.structure is not None and changes.get("structure", True) is not None:
-            args.update(structure=self.structure, layer_scales=self._layer_scales,
-                        row_scale=None if self._layer_scales is not None else self._row_scale)
-        else:  # stacks stay stacked; a structure is unrolled into the block view
-            if self.coupling_stack is not None and "edges" not in changes:
-                args["coupling_stack"] = self.coupling_stack
-            else:
-                args["edges"] = self._edges
-            if self.scale_stack is not None and "row_scale" not in changes:
-                args["scale_stack"] = self.scale_stack
-            elif "scale_stack" not in changes:
-                args["row_scale"] = self._row_scale
-        args.update(changes)
-        if args.get("structure") is None:
-            args.pop("layer_scales", None)
-        return TriangularSystem(args.pop("coupling", None), args.pop("row_scale", None),
-                                args.pop("rhs"), **args)
+    def unstructured(self) -> TriangularSystem:
+        """The same system without its :attr:`structure`: products edge by edge."""
+        return self if self.structure is None else self._also(self._op.unstructured())
 
-    @functools.cached_property
-    def rhs(self) -> Any:
-        """The right-hand side in this system's form, shape ``(N,)`` or ``(N, r)``."""
-        if self.form == "scaled":
-            return self._scaled_rhs
-        blocks = self.split(self._scaled_rhs)
-        return self.backend.xp.concatenate(
-            [c if s is None else c / s for c, s in zip(blocks, self._row_scale)])
-
-    @functools.cached_property
-    def blocks(self) -> Blocks:
-        """The structured view (:class:`Blocks`) that structure-aware solvers use."""
-        paper = self.form == "paper"
-        return Blocks(
-            lower=self.lower,
-            sizes=self.sizes,
-            diagonal=tuple(None if not paper or s is None else 1 / s for s in self._row_scale),
-            edges=tuple(Edge(row, col, M, None if paper else self._row_scale[row])
-                        for row, col, M in self._edges),
-        )
-
-    def split(self, x: Any) -> list[Any]:
-        """Views of the blocks ``x_0..x_{nb-1}`` of a stacked ``(N,)`` or ``(N, r)`` array."""
-        if x.shape[0] != self.size:
-            raise ValueError(f"x has {x.shape[0]} rows, expected N = {self.size}")
-        o = self.offsets
-        return [x[o[k]:o[k + 1]] for k in range(self.nblocks)]
-
-    def sample(self, i: int) -> TriangularSystem:
-        """The single-sample system ``i`` of a batch (views, no copies)."""
-        r = self.nrhs
-        if r is None:
-            raise ValueError("sample(i) needs a batch system; this one has a single rhs")
-        if isinstance(i, bool) or not isinstance(i, numbers.Integral):
-            raise TypeError(f"sample(i) takes an integer index, got {i!r}")
-        i = int(i)
-        if not -r <= i < r:
-            raise IndexError(f"sample {i} out of range for a batch of {r}")
-        if self._layer_scales is not None:  # stacked over time: one column of each layer
-            layers = [None if s is None else s[:, :, i if s.shape[2] > 1 else 0]
-                      for s in self._layer_scales]
-            return self._with(layer_scales=layers, rhs=self._scaled_rhs[:, i])
-        if self.per_sample_couplings:  # its couplings, shared by its one column
-            return self._with(coupling_stack=self.coupling_stack[:, i],
-                              rhs=self._scaled_rhs[:, i])
-        scales = [None if s is None else s[:, i if s.shape[1] > 1 else 0]
-                  for s in self._row_scale]
-        return self._with(row_scale=scales, rhs=self._scaled_rhs[:, i])
-
-    @property
-    def _scalings(self) -> tuple:
-        """The scalings as stored, with the samples last: stacked layers or per block."""
-        if self.scale_stack is not None:
-            return (self.scale_stack,)
-        return self._layer_scales if self._layer_scales is not None else self._row_scale
-
-    @functools.cached_property
-    def shares_matrix(self) -> bool:
-        """Whether every sample of a batch has the same matrix (equal scaling columns)."""
-        if self.per_sample_couplings:
-            C = self.coupling_stack
-            return bool(self.backend.xp.all(C == C[:, :1])) and self._scaled_once_scalings
-        return self.nrhs is None or all(
-            s is None or s.shape[-1] == 1 or bool(self.backend.xp.all(s == s[..., :1]))
-            for s in self._scalings)
-
-    @property
-    def _scaled_once(self) -> bool:
-        """Whether the matrix is stored once for all columns (scalings ``None`` or ``(n_k, 1)``)."""
-        return not self.per_sample_couplings and self._scaled_once_scalings
-
-    @property
-    def _scaled_once_scalings(self) -> bool:
-        return self.nrhs is None or all(s is None or s.shape[-1] == 1 for s in self._scalings)
+    def restricted(self, keep: Callable[[int, int], bool]) -> TriangularSystem:
+        """The system with only the couplings ``(row, col)`` for which ``keep`` holds."""
+        return self._also(self._op.restricted(keep))
 
     def shared(self, how: str = "exact") -> TriangularSystem:
         """The system with one matrix for all samples: several right-hand sides.
@@ -665,45 +241,28 @@ class TriangularSystem:
             in its repr; :func:`propop.solve` judges its answer against that true
             system and reports ``APPROXIMATE`` unless it meets the tolerance there.
         """
-        if how not in ("exact", "mean"):
-            raise ValueError(f"how must be one of ('exact', 'mean'), got {how!r}")
-        if self._scaled_once:
-            return self
-        shared = self._shared(how)
-        if how == "mean" and not self.shares_matrix:
-            shared.approximates = self
-        return shared
+        op = self._op.shared(how)
+        return self if op is self._op else self._also(op)
 
-    def _shared(self, how: str) -> TriangularSystem:
-        """:meth:`shared`'s system, without saying whether it approximates this one."""
-        xp = self.backend.xp
-        if self.per_sample_couplings:
-            C = self.coupling_stack
-            if how == "exact" and not self.shares_matrix:
-                raise ValueError(_NOT_SHARED.format(where="a coupling"))
-            return self._with(coupling_stack=C[:, 0] if how == "exact" else C.mean(axis=1))
-        if self._layer_scales is not None:  # stacked over time: one layer at a time
-            if how == "exact" and not self.shares_matrix:
-                raise ValueError(_NOT_SHARED.format(where="a layer's scaling"))
-            layers = [None if s is None else (s[..., :1] if how == "exact"
-                                              else s.mean(axis=-1, keepdims=True))
-                      for s in self._layer_scales]
-            return self._with(layer_scales=layers)
-        if self.scale_stack is not None and self.scale_stack.ndim == 3:  # one array
-            S = self.scale_stack
-            same = xp.all(S == S[:, :, :1], axis=(1, 2))
-            if how == "exact" and not bool(same.all()):
-                k = 1 + int(xp.argmin(same))  # stack row j scales block j + 1
-                raise ValueError(_NOT_SHARED.format(where=f"{self.names[k]}: the row scaling"))
-            return self._with(scale_stack=S[:, :, :1] if how == "exact"
-                              else S.mean(axis=2, keepdims=True))
-        scales = []
-        for k, s in enumerate(self._row_scale):
-            if s is not None and how == "exact" and not bool(xp.all(s == s[:, :1])):
-                raise ValueError(_NOT_SHARED.format(where=f"{self.names[k]}: the row scaling"))
-            scales.append(None if s is None else (s[:, :1] if how == "exact"
-                                                  else s.mean(axis=1, keepdims=True)))
-        return self._with(row_scale=scales)
+    def sample(self, i: int) -> TriangularSystem:
+        """The single-sample system ``i`` of a batch (views, no copies)."""
+        op = self._op.sample(i)
+        return TriangularSystem.of(op, self._scaled_rhs[:, int(i)])
+
+    def samples(self) -> list[TriangularSystem]:
+        """All single-sample systems: ``[self]`` for a single-vector system."""
+        return [self] if self.nrhs is None else [self.sample(i) for i in range(self.nrhs)]
+
+    def subsystem(self, blocks: Sequence[int]) -> TriangularSystem:
+        """The system of ``blocks`` alone (sorted), with the couplings among them only.
+
+        Couplings to other blocks are dropped: the caller moves them to the
+        right-hand side (as a distributed solve does with a neighbour's blocks).
+        """
+        keep = sorted(int(k) for k in blocks)
+        xs = self.split(self._scaled_rhs)
+        rhs = self.backend.xp.concatenate([xs[k] for k in keep])
+        return TriangularSystem.of(self._op.subsystem(keep), rhs)
 
     def to(self, kind: str, device: Any = None) -> TriangularSystem:
         """The same system with its arrays on backend ``kind``.
@@ -713,391 +272,5 @@ class TriangularSystem:
         a system of edges, or with a time structure, moves to NumPy or CuPy (PyTorch
         takes stacked chains only).
         """
-        move = functools.partial(backend.convert, kind=kind, device=device)
-        if self.coupling_stack is not None:
-            return TriangularSystem(
-                None, None if self.scale_stack is not None else
-                [move(s) for s in self._row_scale], move(self._scaled_rhs), lower=self.lower,
-                sizes=self.sizes, form=self.form, names=self._names,
-                paper_hint=self._paper_hint, coupling_stack=move(self.coupling_stack),
-                scale_stack=move(self.scale_stack), rhs_support=self.rhs_support)
-        if kind == "torch":
-            raise ValueError(_TORCH_STACKS)
-        unrolled = self.unstructured()
-        return TriangularSystem(None, [move(s) for s in unrolled._row_scale],
-                                move(self._scaled_rhs), lower=self.lower, sizes=self.sizes,
-                                form=self.form, names=self._names,
-                                paper_hint=self._paper_hint,
-                                edges=[(r, c, move(M)) for r, c, M in unrolled._edges],
-                                rhs_support=self.rhs_support)
-
-    def with_rhs(self, rhs: Any) -> TriangularSystem:
-        """The same matrix with right-hand side ``rhs`` given in this system's form.
-
-        ``rhs`` has shape ``(N,)`` or ``(N, r)``; a system that
-        :attr:`shares_matrix` takes any number of columns.
-        """
-        xp = self.backend.xp
-        rhs = xp.asarray(rhs, dtype=self.dtype)
-        if rhs.ndim != len(self._scaled_rhs.shape) or rhs.shape[0] != self.size or (
-                rhs.ndim == 2 and rhs.shape[1] != self.nrhs and not self._scaled_once):
-            raise ValueError(f"rhs has shape {rhs.shape}, expected {self.rhs.shape}")
-        if self.form == "paper":
-            rhs = xp.concatenate([c if d is None else c / d for c, d in
-                                  zip(self.split(rhs), self.blocks.diagonal)])
-        require_finite(rhs, "rhs")
-        return self._rebound(rhs)
-
-    def _rebound(self, rhs: Any) -> TriangularSystem:
-        """The system with the scaled right-hand side ``rhs``; nothing else is rebuilt.
-
-        Everything the matrix alone decides (:attr:`blocks` and their steps, the
-        offsets, the stacked scalings) is shared; the explicit matrices and the
-        operator only if the number of columns is the same.
-        """
-        new = copy.copy(self)
-        same_columns = rhs.shape[1:] == self._scaled_rhs.shape[1:]
-        new.__dict__ = {k: v for k, v in self.__dict__.items() if k not in _RHS_CACHES
-                        and (same_columns or k not in _COLUMN_CACHES)}
-        new._scaled_rhs = rhs
-        new.rhs_support = None  # a new right-hand side may be non-zero anywhere
-        if self.approximates:  # the true system with the same right-hand side, if it fits
-            exact = self.approximates
-            new.approximates = exact._rebound(rhs) if rhs.shape == exact._scaled_rhs.shape \
-                else False
-        return new
-
-    def adopt_caches(self, rebound: TriangularSystem) -> None:
-        """Keep what a :meth:`with_rhs` copy of this system cached about the matrix.
-
-        :class:`~propop.Plan` calls it after each solve, so the matrix work of a
-        method without a prepare step (its :attr:`blocks`, its operator) is done
-        by the first solve only.
-        """
-        same_columns = rebound._scaled_rhs.shape[1:] == self._scaled_rhs.shape[1:]
-        for key, value in rebound.__dict__.items():
-            if key not in self.__dict__ and key not in _RHS_CACHES and (
-                    same_columns or key not in _COLUMN_CACHES):
-                self.__dict__[key] = value
-
-    def restricted(self, keep: Callable[[int, int], bool]) -> TriangularSystem:
-        """The system with only the couplings ``(row, col)`` for which ``keep`` holds."""
-        return self._with(edges=[e for e in self._edges if keep(e[0], e[1])], structure=None)
-
-    def subsystem(self, blocks: Sequence[int]) -> TriangularSystem:
-        """The system of ``blocks`` alone (sorted), with the couplings among them only.
-
-        Couplings to other blocks are dropped: the caller moves them to the
-        right-hand side (as a distributed solve does with a neighbour's blocks).
-        """
-        keep = sorted(int(k) for k in blocks)
-        new = {k: i for i, k in enumerate(keep)}
-        xs = self.split(self._scaled_rhs)
-        edges = [(new[row], new[col], M) for row, col, M in self._edges
-                 if row in new and col in new]
-        return TriangularSystem(None, [self._row_scale[k] for k in keep],
-                                self.backend.xp.concatenate([xs[k] for k in keep]),
-                                lower=self.lower, sizes=[self.sizes[k] for k in keep],
-                                form=self.form, names=[self.names[k] for k in keep],
-                                paper_hint=self._paper_hint, edges=edges)
-
-    def samples(self) -> list[TriangularSystem]:
-        """All single-sample systems: ``[self]`` for a single-vector system."""
-        return [self] if self.nrhs is None else [self.sample(i) for i in range(self.nrhs)]
-
-    # -- products -----------------------------------------------------------------
-    def periodic_scales(self, period: int) -> list:
-        """Row scalings of blocks ``k, k + period, ...`` stacked, for each ``k < period``.
-
-        The per-layer, all-steps view of a time-major system (cached).
-        """
-        if self._layer_scales is not None and period == len(self.structure.sizes):
-            return list(self._layer_scales)  # stored that way
-        if period not in self._periodic:
-            xp, rows = self.backend.xp, self._row_scale
-            self._periodic[period] = [None if rows[k] is None else xp.stack(rows[k::period])
-                                      for k in range(period)]
-        return self._periodic[period]
-
-    def apply(self, x: Any, transpose: bool = False) -> Any:
-        """``A x`` (or ``A^T x``) for ``x`` shaped like :attr:`rhs`, sample by sample.
-
-        One product with each coupling matrix for all samples at once
-        (eqs. forw_prop_matvec, back_prop_matvec); the matrix is never assembled.
-        With a :attr:`structure`, one product per repeated coupling for all
-        time steps at once.
-        """
-        if x.shape != self.rhs.shape and not (
-                self.nrhs is not None and x.ndim == 2 and x.shape[0] == self.size
-                and self._scaled_once):
-            raise ValueError(f"x has shape {x.shape}, expected {self.rhs.shape}")
-        if self.structure is not None:
-            return self.structure.apply(self, x, transpose)
-        if self.coupling_stack is not None and (self.scale_stack is not None
-                                                or self.unscaled_stack):
-            return self._apply_stacked(x, transpose)
-        D = self._diagonal
-        out = x * 1 if D is None else (D[:, 0] if x.ndim == 1 else D) * x
-        groups = self._transposed_groups if transpose else self._forward_groups
-        return groups.subtract_from(out, x)
-
-    @functools.cached_property
-    def _forward_groups(self) -> EdgeGroups:
-        """The couplings grouped by shape for :meth:`apply` (built once)."""
-        return EdgeGroups(self.blocks, self.offsets, self.backend, transpose=False)
-
-    @functools.cached_property
-    def _transposed_groups(self) -> EdgeGroups:
-        """The couplings grouped by shape for :meth:`apply` with ``transpose``."""
-        return EdgeGroups(self.blocks, self.offsets, self.backend, transpose=True)
-
-    @functools.cached_property
-    def _diagonal(self) -> Any:
-        """The diagonal of this form as one ``(N, c)`` array; ``None`` if it is the identity."""
-        diagonal, xp = self.blocks.diagonal, self.backend.xp
-        if all(d is None for d in diagonal):
-            return None
-        c = max(1 if d is None or d.ndim == 1 else d.shape[1] for d in diagonal)
-        return xp.concatenate([xp.ones((n, c), dtype=self.dtype) if d is None else
-                               xp.broadcast_to(xp.reshape(d, (n, -1)), (n, c))
-                               for n, d in zip(self.sizes, diagonal)])
-
-    def _apply_stacked(self, x: Any, transpose: bool) -> Any:
-        """:meth:`apply` of a chain given by its stacks: one batched product for all blocks.
-
-        Block rows ``out_k = d_k x_k - s_k M_j x_nbr`` (scaled form: ``d = 1``;
-        paper form: ``d = 1/s`` and no ``s`` on the coupling); the transpose
-        moves each coupling's term to its column block.
-        """
-        xp, nb = self.backend.xp, self.nblocks
-        X = xp.reshape(x, (nb, self.sizes[0]) + tuple(x.shape[1:]))
-        rows, cols = (slice(1, None), slice(0, -1)) if self.lower else (slice(0, -1),
-                                                                       slice(1, None))
-        paper = self.form == "paper" and self.scale_stack is not None  # d = 1/s, unscaled M
-        scales = None if paper or self.scale_stack is None else self._coupling_scales
-        out = X / self._block_scales if paper else X * 1
-        inner = (lambda v: v[..., None]) if x.ndim == 1 else (lambda v: v)
-        outer = (lambda v: v[..., 0]) if x.ndim == 1 else (lambda v: v)
-        M = self.coupling_stack
-        if self.per_sample_couplings:  # columns as a batch axis: (nb - 1, r, n, 1)
-            inner = lambda v: xp.permute_dims(v, (0, 2, 1))[..., None]  # noqa: E731
-            outer = lambda v: xp.permute_dims(v[..., 0], (0, 2, 1))  # noqa: E731
-        if transpose:
-            source = X[rows] if scales is None else scales * X[rows]
-            out[cols] -= outer(xp.matrix_transpose(M) @ inner(source))
-        else:
-            product = outer(M @ inner(X[cols]))  # a new array: scaled in place
-            if scales is not None:
-                product *= scales
-            out[rows] -= product
-        return xp.reshape(out, tuple(x.shape))
-
-    @functools.cached_property
-    def _coupling_scales(self) -> Any:
-        """The row scaling of each coupling of :attr:`scale_stack`'s chain, stacked like them."""
-        S = self.scale_stack
-        if self.lower:
-            return S
-        return self.backend.xp.concatenate([self.backend.xp.ones_like(S[:1]), S[:-1]])
-
-    @functools.cached_property
-    def _block_scales(self) -> Any:
-        """Every block's scaling (row 0's is one), ``(nb, n[, c])``: the paper form's ``1/d``."""
-        S = self.scale_stack
-        return self.backend.xp.concatenate([self.backend.xp.ones_like(S[:1]), S])
-
-    def residual(self, x: Any) -> Any:
-        """``c - A x``."""
-        return self.rhs - self.apply(x)
-
-    def unit_rows(self, R: Any) -> Any:
-        """``D^{-1} R``: a residual of this form as the unit-diagonal form's (``R`` if scaled).
-
-        ``R`` is ``(N,)`` or ``(N, c)``; the accuracy contract
-        (:mod:`propop.solvers.convergence`) judges this residual.
-        """
-        if self.form == "scaled":
-            return R
-        parts = [r if s is None else (s if s.ndim == r.ndim else s[:, None]) * r
-                 for r, s in zip(self.split(R), self._row_scale)]
-        return self.backend.xp.concatenate(parts)
-
-    @functools.cached_property
-    def row_scale_max(self) -> float:
-        """``max |s|`` over the paper form's row scalings (``1`` for the scaled form)."""
-        if self.form == "scaled":
-            return 1.0
-        xp = self.backend.xp
-        return max([1.0] + [float(xp.abs(s).max()) for s in self._row_scale
-                            if s is not None and s.size])
-
-    @functools.cached_property
-    def operator(self) -> Any:
-        """Matrix-free ``LinearOperator`` equal to :attr:`matrix` (samples stacked)."""
-        self._require_sparse_backend("operator")
-        r = self.nrhs or 1
-        n = self.size
-
-        def unstack(v: Any) -> Any:
-            v = v.reshape(-1)
-            return v if self.nrhs is None else v.reshape(r, n).T
-
-        def stack(X: Any) -> Any:
-            return X if self.nrhs is None else X.T.reshape(-1)
-
-        return self.backend.spla.LinearOperator(
-            self.shape, dtype=self.dtype,
-            matvec=lambda v: stack(self.apply(unstack(v))),
-            rmatvec=lambda v: stack(self.apply(unstack(v), transpose=True)),
-        )
-
-    @functools.cached_property
-    def sparse_couplings(self) -> bool:
-        """Whether some coupling is a sparse matrix (told without unrolling a structure)."""
-        if self.coupling_stack is not None:
-            return False
-        matrices = ([t.M for t in self.structure.templates] if self.structure is not None
-                    else [M for _, _, M in self._edges])
-        return any(self.backend.sparse.issparse(M) for M in matrices)
-
-    def _require_sparse_backend(self, what: str) -> None:
-        if self.backend.name == "torch":
-            raise TypeError(f"{what} is a scipy.sparse (cupyx on a GPU) object, which PyTorch "
-                            "tensors do not have; build the system from NumPy or CuPy arrays "
-                            "for it, or solve with a method that runs on PyTorch tensors "
-                            "(propop solvers lists them)")
-
-    @functools.cached_property
-    def matrix(self) -> Any:
-        """The explicit sparse matrix: BSR where the blocks are dense, CSR otherwise.
-
-        A batch gives the block diagonal of its ``r`` shifted systems, acting on
-        the samples stacked one after another (``x.T.reshape(-1)``).
-        """
-        self._require_sparse_backend("matrix")
-        csr = self.csr
-        dense = not self.sparse_couplings
-        blocksize = math.gcd(*self.sizes)
-        if dense and blocksize > 1 and hasattr(csr, "tobsr"):
-            return csr.tobsr(blocksize=(blocksize, blocksize))
-        return csr
-
-    @functools.cached_property
-    def csr(self) -> Any:
-        """The explicit matrix of :attr:`matrix` as a CSR array, built once."""
-        self._require_sparse_backend("csr")
-        xp = self.backend.xp
-        parts = [_triplets(s, i * self.size) for i, s in enumerate(self.samples())]
-        rows, cols, vals = (xp.concatenate([p[q] for p in parts]) for q in range(3))
-        del parts
-        return _csr_class(self.backend)((vals, (rows, cols)), shape=self.shape)
-
-
-_NOT_SHARED = ("{where} differs between samples, so each sample has its own matrix and "
-               "this needs one shared matrix; use a batched method ('batched-gmres', "
-               "'batched-bicgstab'), or the batch-mean matrix (how='mean'; "
-               "shared_diagonal='mean' in the block methods), an approximation")
-_TORCH_STACKS = ("PyTorch tensors make a system as a chain of one width given by its stacks: "
-                 "TriangularSystem(None, None, rhs, coupling_stack=(nb - 1, n, n), "
-                 "scale_stack=(nb - 1, n[, r]), ...), which an FNN of tensors builds when all "
-                 "its widths are equal; per-block couplings (layers of different widths), "
-                 "edges and time structures take NumPy or CuPy arrays")
-_PER_SAMPLE = ("each sample of this system has its own couplings (a per-sample "
-               "coupling_stack), so it has no shared edges or blocks: solve it with a method "
-               "for stacked chains (substitution, cyclic-reduction, parallel-cyclic-reduction, "
-               "jacobi, batched-gmres, batched-bicgstab, the scipy.* methods), or take one "
-               "sample's system with sample(i)")
-_RHS_CACHES = ("rhs",)  # cached views that hold the right-hand side
-_COLUMN_CACHES = ("matrix", "csr", "operator")  # built for the number of samples
-
-
-def _one_dtype(coupling: Any, row_scale: Any, rhs: Any, edges: Any, structure: Any,
-               layer_scales: Any, coupling_stack: Any, scale_stack: Any) -> tuple:
-    """Every coefficient and the right-hand side in one floating type, the widest given.
-
-    A float64 right-hand side with float32 couplings (or the reverse) would be
-    solved in a mix of precisions and miss the float64 tolerance: the arrays are
-    promoted once, here, and the system's dtype is that one type.
-    """
-    arrays = [rhs, coupling_stack, scale_stack, *(coupling or ()), *(row_scale or ()),
-              *(layer_scales or ()), *(M for _, _, M in edges or ()),
-              *(t.M for t in (structure.templates if structure is not None else ()))]
-    present = [a for a in arrays if a is not None]
-    backend.of(*present)  # mixed backends are named before dtypes are compared
-    kinds = {a.dtype for a in present if backend.is_real_floating(a)}
-    if len(kinds) <= 1:
-        return (coupling, row_scale, rhs, edges, structure, layer_scales, coupling_stack,
-                scale_stack)
-    wide = max(kinds, key=lambda d: backend.eps(d) ** -1)
-
-    def cast(a: Any) -> Any:
-        return a if a is None or not backend.is_real_floating(a) else backend.astype(a, wide)
-
-    def each(items: Any) -> Any:
-        return None if items is None else [cast(a) for a in items]
-
-    if structure is not None:
-        structure = dataclasses.replace(structure, templates=tuple(
-            dataclasses.replace(t, M=cast(t.M)) for t in structure.templates))
-    return (each(coupling), each(row_scale), cast(rhs),
-            None if edges is None else [(i, j, cast(M)) for i, j, M in edges], structure,
-            each(layer_scales), cast(coupling_stack), cast(scale_stack))
-
-
-def _sizes(sizes: Sequence[int]) -> str:
-    """Block sizes in a few characters: ``8`` if all equal, else their range."""
-    low, high = min(sizes), max(sizes)
-    return str(low) if low == high else f"{low}..{high}"
-
-
-def _chain_edges(lower: bool, coupling: Sequence[Any]) -> tuple:
-    """``(row, col, M)`` of a chain: coupling ``j`` reads block ``j`` (lower) or ``j + 1``."""
-    return tuple(((j + 1, j) if lower else (j, j + 1)) + (M,) for j, M in enumerate(coupling))
-
-
-def _canonical_edges(edges: Sequence[tuple[int, int, Any]]) -> tuple:
-    """The edges with canonical couplings (:func:`~propop._checks.canonical_matrix`).
-
-    Sparse matrices of any format become canonical CSR arrays, each distinct
-    matrix once (an RNN's edges share their templates); matrices already in that
-    form, and real dense arrays, are kept as they are.
-    """
-    done: dict[int, Any] = {}
-    out = []
-    for row, col, M in edges:
-        if id(M) not in done:
-            done[id(M)] = as_coupling(M, f"coupling ({row}, {col})")
-        out.append((int(row), int(col), done[id(M)]))
-    return tuple(out)
-
-
-def _csr_class(be: backend.Backend) -> Any:
-    return getattr(be.sparse, "csr_array", None) or be.sparse.csr_matrix
-
-
-def _triplets(system: TriangularSystem, shift: int) -> tuple[Any, Any, Any]:
-    """``(rows, cols, values)`` of one sample's matrix, indices shifted by ``shift``."""
-    xp = system.backend.xp
-    B, o = system.blocks, system.offsets
-    rows, cols, vals = [], [], []
-    for k, d in enumerate(B.diagonal):
-        idx = xp.arange(o[k], o[k + 1]) + shift
-        rows.append(idx)
-        cols.append(idx)
-        vals.append(xp.ones(B.sizes[k], dtype=system.dtype) if d is None else d)
-    for e in B.edges:
-        coo = _coo(system.backend, e.matrix)
-        rows.append(coo[0] + o[e.row] + shift)
-        cols.append(coo[1] + o[e.col] + shift)
-        vals.append(-(coo[2] if e.scale is None else e.scale[coo[0]] * coo[2])
-                    .astype(system.dtype))
-    return xp.concatenate(rows), xp.concatenate(cols), xp.concatenate(vals)
-
-
-def _coo(be: backend.Backend, M: Any) -> tuple[Any, Any, Any]:
-    """``(rows, cols, values)`` of a dense or sparse matrix."""
-    if be.sparse.issparse(M):
-        coo = M.tocoo()
-        return coo.row, coo.col, coo.data
-    rows, cols = be.xp.nonzero(be.xp.ones(M.shape, dtype=bool))
-    return rows, cols, M.reshape(-1)
+        rhs = backend.convert(self._scaled_rhs, kind, device)
+        return TriangularSystem.of(self._op.to(kind, device), rhs, self.rhs_support)

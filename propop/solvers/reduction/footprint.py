@@ -227,10 +227,10 @@ def explicit_matrix(system: Any) -> int:
 
     Building the matrix makes ``(rows, cols, values)`` triplets for every sample,
     24 bytes an entry, twice (per sample, then concatenated); once it is built
-    (cached on the system), the solve copies it (12 bytes an entry) and works in
+    (cached on the operator), the solve copies it (12 bytes an entry) and works in
     the copy, about 21 bytes an entry in all.
     """
-    if "csr" in vars(system):
+    if ("csr", system.nrhs) in system._views:  # built by an earlier solve of the operator
         return 21 * _entries(system) + 2 * system.size * (system.nrhs or 1) * 8  # measured
     arrays = (_couplings(system)[0] + system.nblocks) * (system.nrhs or 1)  # 3 per block, edge
     return (48 * _entries(system) + 2 * system.size * (system.nrhs or 1) * 8
