@@ -20,7 +20,7 @@ def test_every_method_of_the_foundation_is_registered():
     infos = pp.solvers.available()
     assert EXPECTED <= {s.name for s in infos}
     for s in infos:
-        assert s.kind in pp.solvers.KINDS and s.description and callable(s.function)
+        assert s.kind in pp.solvers.KINDS and s.description and callable(s.method.compute)
         assert set(s.backends) <= {"numpy", "cupy", "torch"}
     assert pp.solvers.info("substitution").exact and not pp.solvers.info("jacobi").exact
 

@@ -11,9 +11,10 @@ import importlib
 from typing import Any
 
 _WHERE = {
-    **dict.fromkeys(("register", "get", "info", "available", "names", "SolverInfo", "KINDS",
-                     "BUILTIN"), "propop.solvers.registry"),
-    **dict.fromkeys(("solve", "prepare", "Plan"), "propop.solvers.plan"),
+    **dict.fromkeys(("register", "unregister", "info", "available", "names", "SolverInfo",
+                     "KINDS", "BUILTIN"), "propop.solvers.registry"),
+    **dict.fromkeys(("solve", "prepare", "Plan", "get"), "propop.solvers.plan"),
+    "Method": "propop.solvers.method",
     **dict.fromkeys(("Solution", "Status", "ConvergenceError"), "propop.solvers.solution"),
     "PRECONDITIONERS": "propop.solvers.options",
     **dict.fromkeys(("Decay", "Dominance", "diagonal_dominance", "explain", "jacobian_decay",
@@ -21,7 +22,8 @@ _WHERE = {
 }
 
 __all__ = [
-    "register", "get", "info", "available", "solve", "prepare", "Plan", "SolverInfo", "KINDS",
+    "register", "unregister", "get", "info", "available", "solve", "prepare", "Plan",
+    "SolverInfo", "KINDS", "Method",
     "Solution", "Status", "ConvergenceError", "Dominance", "diagonal_dominance",
     "nilpotency_index", "Decay", "jacobian_decay", "explain", "PRECONDITIONERS",
 ]

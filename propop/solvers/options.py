@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import difflib
 import functools
-import inspect
 import math
 import numbers
 import types
 import typing
-from collections.abc import Callable
 from typing import Any
 
 from .._checks import require_finite
@@ -66,9 +64,13 @@ def _integer(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def validate(name: str, function: Callable, system: Any, options: dict) -> None:
-    """Raise ``TypeError``/``ValueError`` naming ``name`` and the option unless all are good."""
-    known, open_ended, hints = _options_of(function)
+def validate(name: str, method: Any, system: Any, options: dict) -> None:
+    """Raise ``TypeError``/``ValueError`` naming ``name`` and the option unless all are good.
+
+    ``method`` is a :class:`~propop.solvers.method.Method`: its options are its
+    ``init``'s and ``compute``'s parameters (a function's, for a plain function).
+    """
+    known, open_ended, hints = _options_of(method)
     for key in options:
         if key not in known and not open_ended:
             listed = ", ".join(known) if known else "none"
@@ -90,14 +92,14 @@ def _suggestion(key: str, known: list) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def _options_of(function: Callable) -> tuple[tuple, bool, dict]:
-    """``(option names, takes any **options, evaluated annotations)``, read once a function."""
-    parameters = inspect.signature(function).parameters
-    open_ended = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
-    known = tuple(p for p, spec in list(parameters.items())[1:]
-                  if spec.kind in (spec.KEYWORD_ONLY, spec.POSITIONAL_OR_KEYWORD))
+def _options_of(method: Any) -> tuple[tuple, bool, dict]:
+    """``(option names, takes any **options, evaluated annotations)``, read once a method."""
+    parameters = method.parameters
+    open_ended = any(p.kind is p.VAR_KEYWORD for p in parameters)
+    known = tuple(p.name for p in parameters
+                  if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
     try:
-        hints = typing.get_type_hints(function)
+        hints = method.hints()
     except Exception:  # a user's function with annotations we cannot resolve
         hints = {}
     return known, open_ended, hints

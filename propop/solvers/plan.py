@@ -1,16 +1,13 @@
-"""Plan once, solve many: a method's work on the matrix done once, right-hand sides after.
+"""Plan once, solve many: a method's ``init`` on the matrix, its ``compute`` per right-hand side.
 
-As lineax's ``init``/``compute`` split (DESIGN section 3): :func:`prepare`
-checks the options once and lets the method do everything that depends on the
-matrix alone (cyclic reduction reduces its blocks); :meth:`Plan.solve` then takes
-any right-hand side of that matrix (``system.with_rhs`` shares every cache the
-matrix decides) and does only the work that depends on it. Preconditioners,
-hybrid schemes and the MPI local solves use plans; :func:`propop.solve` is
-``prepare(...).solve()``.
-
-A method opts in with ``register(..., prepare=f)``: ``f(system, **options)``
-returns ``run(system)`` for systems with that matrix; without it a plan calls
-the method itself on each right-hand side.
+As lineax's ``init``/``compute`` split (DESIGN section 3): :func:`prepare` checks
+the options once and runs the method's :meth:`~.method.Method.init` on the
+system's operator, everything that depends on the matrix alone (cyclic reduction
+reduces its blocks, Krylov methods build their preconditioners);
+:meth:`Plan.solve` then makes each right-hand side canonical
+(:func:`~propop.systems.make_system.make_system`), runs
+:meth:`~.method.Method.compute`, judges the result (:func:`judged`) and gives it
+back in the caller's shape. :func:`propop.solve` is ``prepare(...).solve()``.
 
 Examples
 --------
@@ -26,7 +23,6 @@ Examples
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,11 +31,16 @@ import numpy as np
 
 from .. import backend
 from ..progress import Silent, bar
+from ..systems.make_system import Problem, make_system
+from ..systems.plain import as_system
+from ..systems.triangular import TriangularSystem
+from .method import COMPUTE_OPTIONS, Method, as_method
+from .convergence import Tolerance, finish
 from .options import OptionError, validate
 from .registry import info
 from .solution import ConvergenceError, Solution, Status
 
-__all__ = ["Plan", "prepare", "solve", "agreed"]
+__all__ = ["Plan", "prepare", "solve", "get", "agreed", "judged"]
 
 
 @dataclasses.dataclass
@@ -62,8 +63,8 @@ class Plan:
     method: str
     options: dict
     prepare_time: float
-    _run: Callable = dataclasses.field(repr=False)
-    _function: Callable = dataclasses.field(repr=False)
+    _method: Method = dataclasses.field(repr=False)
+    _state: Any = dataclasses.field(repr=False)
     _guard: Any = dataclasses.field(default=None, repr=False)
 
     def solve(self, rhs: Any = None, *, check: bool = False, progress: bool | str = False
@@ -74,48 +75,59 @@ class Plan:
         raises :class:`~propop.ConvergenceError` on failure; ``progress`` shows a
         bar over the method's callbacks (:mod:`propop.progress`).
         """
-        extra = {}
+        extra = {k: self.options[k] for k in COMPUTE_OPTIONS
+                 if k != "x0" and self.options.get(k) is not None}
         with bar(progress, self.options.get("maxiter"), self.method) as shown:
-            if not isinstance(shown, Silent) and _takes_callback(self._function):
+            if not isinstance(shown, Silent) and self._method.takes("callback"):
                 extra["callback"] = _advancing(shown, self.options.get("callback"))
             start = time.perf_counter()
             try:  # overflow is reported by the Solution's status, not by NumPy's warnings
                 with backend.quiet(self.system.backend.xp):
-                    system, solution = self._solve(rhs, extra)
+                    problem, solution = self._solve(rhs, extra)
             except OptionError as error:
                 raise OptionError(f"{self.method}: {error}") from None
             elapsed = time.perf_counter() - start
-        solution = judged(system, system.approximates, _as_solution(self.method, solution),
+        exact = _approximated(problem)
+        solution = judged(problem.system, exact, _as_solution(self.method, solution),
                           self.options)
-        solution = dataclasses.replace(solution, time=elapsed, method=self.method)
+        solution = dataclasses.replace(solution, x=problem.postprocess(solution.x),
+                                       time=elapsed, method=self.method)
         if check and not solution.converged:
             raise ConvergenceError(solution)
         return solution
 
-    def _solve(self, rhs: Any, extra: dict) -> tuple[Any, Solution]:
-        """``(system, solution)`` for ``rhs``; under MPI, every check agreed on by all ranks."""
+    def _solve(self, rhs: Any, extra: dict) -> tuple[Problem, Solution]:
+        """``(problem, solution)`` for ``rhs``; under MPI, every check agreed on by all ranks."""
         def system() -> Any:
             return self.system if rhs is None else self.system.with_rhs(rhs)
 
+        def compute(made: Any, given: dict) -> tuple[Problem, Solution]:
+            problem = make_system(made, self.options.get("x0"))
+            own = dict(given, x0=problem.x0) if problem.x0 is not None or \
+                self._method.names("x0") else given
+            return problem, self._method.compute(self._state, problem.system, **own)
+
         if self._guard is None:
-            made = system()
-            return made, self._run(made, **extra)
+            return compute(system(), extra)
         options = {**self.options, **extra}  # under MPI the checks are agreed on per solve
-        return self._guard.solve(
+        made, (problem, solution) = self._guard.solve(
             self.method, system, options,
-            lambda made: validate(self.method, self._function, made, options),
-            lambda made: self._function(made, **options))
+            lambda made: validate(self.method, self._method, made, options),
+            lambda made: compute(made, {k: options[k] for k in ("callback",)  # the agreed one
+                                        if options.get(k) is not None}))
+        return problem, solution
 
 
-def prepare(system: Any, method: str | Callable[..., Solution] = "substitution",
+def prepare(system: Any, method: str | Callable[..., Solution] | Method = "substitution",
             **options: Any) -> Plan:
-    """Check the options and do ``method``'s work on the matrix of ``system``, once.
+    """Check the options and run ``method``'s ``init`` on the matrix of ``system``, once.
 
     Parameters
     ----------
     system : TriangularSystem
-    method : str or callable
-        A registered name (see :func:`propop.solvers.available`) or a solver function.
+    method : str, Method or callable
+        A registered name (see :func:`propop.solvers.available`), a
+        :class:`~.method.Method` or a solver function.
     **options
         The method's options (``rtol``, ``maxiter``, ...), checked here.
 
@@ -125,33 +137,52 @@ def prepare(system: Any, method: str | Callable[..., Solution] = "substitution",
         ``plan.solve(rhs)`` for any right-hand side of this matrix.
     """
     system = _as_system(system, options)
-    guard, hook = None, None
-    if callable(method):
-        name, function = getattr(method, "__name__", "custom"), method
-    else:
+    guard = None
+    if isinstance(method, str):
         solver = info(method)
         solver.require_available()
         if system.backend.name not in solver.backends:
             raise ValueError(f"solver {method!r} runs on {solver.backends}, but the system's "
                              f"arrays are {system.backend.name} arrays")
-        name, function, guard, hook = method, solver.function, solver.guard, solver.prepare
+        name, runner, guard = method, solver.method, solver.guard
+    else:
+        runner = as_method(method)
+        name = getattr(method, "__name__", None) or type(runner).__name__
     start = time.perf_counter()
     if guard is None:  # a communicating method agrees on its checks with every solve
-        validate(name, function, system, options)
+        validate(name, runner, system, options)
+    own = {k: v for k, v in options.items() if k not in COMPUTE_OPTIONS}
     try:
         with backend.quiet(system.backend.xp):
-            run = hook(system, **options) if hook is not None and guard is None else (
-                lambda s, **extra: function(s, **{**options, **extra}))
+            state = runner.init(make_system(system).system.operator_of, **own)
     except OptionError as error:
         raise OptionError(f"{name}: {error}") from None
-    return Plan(system, name, dict(options), time.perf_counter() - start, run, function, guard)
+    return Plan(system, name, dict(options), time.perf_counter() - start, runner, state, guard)
+
+
+def get(name: str) -> Callable[..., Solution]:
+    """A function solving with method ``name``: ``get(name)(system, **options)``.
+
+    The same as ``propop.solve(system, name, **options)``; ``KeyError`` lists the
+    known names.
+    """
+    description = info(name).description
+
+    def method(system: Any, **options: Any) -> Solution:
+        return solve(system, name, **options)
+
+    method.__name__, method.__doc__ = name, description
+    return method
+
+
+def _approximated(problem: Problem) -> Any:
+    """The true system of an approximate one, canonical as ``problem``'s; ``False``/``None``."""
+    exact = problem.caller.approximates
+    return exact if not exact else make_system(exact).system
 
 
 def _as_system(system: Any, options: dict) -> Any:
     """A :class:`~propop.TriangularSystem` as it is; a plain matrix with ``b`` wrapped."""
-    from ..systems.plain import as_system
-    from ..systems.triangular import TriangularSystem
-
     if isinstance(system, TriangularSystem):
         if "b" in options:
             raise OptionError("b is the right-hand side of a plain matrix; a TriangularSystem "
@@ -182,8 +213,6 @@ def judged(system: Any, exact: Any, solution: Solution, options: dict) -> Soluti
     with ``how="mean"``) is judged against the true one: ``APPROXIMATE`` unless
     the answer meets the true system's tolerance.
     """
-    from .convergence import Tolerance, finish
-
     rtol, atol = options.get("rtol"), options.get("atol", 0.0)
     if solution.converged and not solution.info.get("verified"):
         x = solution.x
@@ -213,10 +242,6 @@ def judged(system: Any, exact: Any, solution: Solution, options: dict) -> Soluti
         f"system's residual is {truth.residuals[-1]:.2e}, its worst block {worst:.1e} times "
         f"its bound at rtol={truth.info['rtol']:.1e}; solve the system itself with a "
         "batched method for the exact answer"))
-
-
-def _takes_callback(function: Callable) -> bool:
-    return "callback" in inspect.signature(function).parameters
 
 
 def _advancing(shown: Any, callback: Callable | None) -> Callable[[Any], None]:

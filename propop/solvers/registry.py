@@ -1,8 +1,9 @@
 """The solver registry: methods found by name, their modules loaded on first look-up.
 
 As PETSc's ``KSPRegister``: ``register("name", kind=..., exact=...)`` adds a
-function ``method(system, *, x0=None, rtol=..., atol=..., maxiter=...,
-callback=None, **own_options) -> Solution``. Nothing is imported until a method
+:class:`~propop.solvers.method.Method` (``init``/``compute``) or a plain function
+``method(system, *, x0=None, rtol=..., atol=..., maxiter=..., callback=None,
+**own_options) -> Solution``. Nothing is imported until a method
 is asked for: :data:`BUILTIN` names the module that registers each of propop's
 methods, and :func:`info` imports it on the first look-up of one of its names
 (``import propop`` loads no solver, no PyAMG and no ``scipy.sparse.linalg``);
@@ -22,9 +23,10 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
-from .solution import Solution
+from .method import Method, as_method
 
-__all__ = ["SolverInfo", "KINDS", "BUILTIN", "register", "get", "info", "names", "available"]
+__all__ = ["SolverInfo", "KINDS", "BUILTIN", "register", "unregister", "info", "names",
+           "available"]
 
 KINDS = ("direct", "iterative", "krylov", "block", "hybrid")
 REQUIREMENTS = ("chain", "time_structure", "reducible", "shared_matrix")
@@ -63,12 +65,11 @@ class SolverInfo:
     exact: bool
     backends: tuple
     description: str
-    function: Callable[..., Solution] = dataclasses.field(repr=False, compare=False)
+    method: Method = dataclasses.field(repr=False, compare=False)
     requires: tuple = ()
     needs: tuple = ()
     extra: str = ""
     guard: Any = dataclasses.field(default=None, repr=False, compare=False)
-    prepare: Callable | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def missing(self) -> tuple:
@@ -107,14 +108,15 @@ def _installed(module: str) -> bool:
 
 def register(name: str, *, kind: str, exact: bool, backends: tuple = ("numpy",),
              description: str | None = None, requires: tuple = (), needs: tuple = (),
-             extra: str = "", guard: Any = None, prepare: Callable | None = None
-             ) -> Callable[[Callable], Callable]:
-    """Decorator that registers ``function`` as method ``name``.
+             extra: str = "", guard: Any = None, replace: bool = False
+             ) -> Callable[[Any], Any]:
+    """Decorator that registers a method (a :class:`~.method.Method` class or a function).
 
     Parameters
     ----------
     name : str
-        The name users pass as ``method=``; registering a name twice is an error.
+        The name users pass as ``method=``; registering a name twice is an error
+        unless ``replace`` (a notebook's cell run again).
     kind : {"direct", "iterative", "krylov", "block", "hybrid"}
     exact : bool
         Whether the method solves exactly (up to rounding) in a fixed number of steps.
@@ -138,10 +140,8 @@ def register(name: str, *, kind: str, exact: bool, backends: tuple = ("numpy",),
         returns ``(system, solution)``; ``guard.prepare(options, work)`` does
         the same for the work before a solve
         (:class:`propop.distributed.guard.Collective`).
-    prepare : callable, optional
-        ``prepare(system, **options)`` does the method's work on the matrix once
-        and returns ``run(system, **extra)`` for any system with that matrix
-        (:mod:`propop.solvers.plan`); ``extra`` may hold a ``callback``.
+    replace : bool
+        Register ``name`` again, replacing the method it names.
 
     Examples
     --------
@@ -164,16 +164,27 @@ def register(name: str, *, kind: str, exact: bool, backends: tuple = ("numpy",),
         raise ValueError("a method with optional modules (needs=) must name the extra that "
                          "installs them (extra=)")
 
-    def decorate(function: Callable[..., Solution]) -> Callable[..., Solution]:
-        if name in _REGISTRY:
-            raise ValueError(f"solver {name!r} is already registered")
-        doc = (function.__doc__ or "").strip().splitlines()
+    def decorate(target: Any) -> Any:
+        if name in _REGISTRY and not replace:
+            raise ValueError(f"solver {name!r} is already registered; pass replace=True to "
+                             "register it again (a notebook cell run twice), or "
+                             "propop.solvers.unregister(name)")
+        method = as_method(target)
+        doc = (target.__doc__ or "").strip().splitlines()
         _REGISTRY[name] = SolverInfo(name, kind, bool(exact), tuple(backends),
-                                     description or (doc[0] if doc else ""), function,
-                                     tuple(requires), tuple(needs), extra, guard, prepare)
-        return function
+                                     description or (doc[0] if doc else ""), method,
+                                     tuple(requires), tuple(needs), extra, guard)
+        return target
 
     return decorate
+
+
+def unregister(name: str) -> None:
+    """Remove method ``name`` from the registry (``KeyError`` names the known ones)."""
+    info(name)
+    if name in BUILTIN:
+        raise ValueError(f"{name!r} is one of propop's own methods; register another name")
+    del _REGISTRY[name]
 
 
 def _load(name: str | None = None) -> None:
@@ -228,11 +239,6 @@ def _did_you_mean(name: str) -> str:
     quoted = [repr(k) for k in close]
     listed = ", ".join(quoted[:-1]) + " or " + quoted[-1] if len(quoted) > 1 else quoted[0]
     return f" (did you mean {listed}?)"
-
-
-def get(name: str) -> Callable[..., Solution]:
-    """The function registered as method ``name`` (``KeyError`` lists the known ones)."""
-    return info(name).function
 
 
 def names() -> list[str]:

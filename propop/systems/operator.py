@@ -212,6 +212,11 @@ class Operator:
         """The floating type of the operator."""
         return self._dtype
 
+    @property
+    def nrhs(self) -> int | None:
+        """The samples its scalings are for (:attr:`samples`): what shape-only questions ask."""
+        return self.samples
+
     def __repr__(self) -> str:
         kind = "lower" if self.lower else "upper"
         samples = "" if self.samples is None else f", samples={self.samples}"
@@ -502,6 +507,22 @@ class Operator:
         unrolled = self.unstructured()
         return Operator(None, [move(s) for s in unrolled._row_scale],
                         edges=[(r, c, move(M)) for r, c, M in unrolled._edges], **common)
+
+    @functools.cached_property
+    def batch(self) -> Operator:
+        """The operator for 2-D right-hand sides: itself, or a vector's with one column.
+
+        A single-vector operator's scalings ``(n,)`` become ``(n, 1)`` (views), so
+        that methods see every right-hand side as ``(N, c)`` (:mod:`.make_system`).
+        """
+        if self.samples is not None:
+            return self
+        column = (lambda s: None if s is None else s[..., None])  # noqa: E731
+        if self.scale_stack is not None:
+            return self._with(scale_stack=column(self.scale_stack), samples=1)
+        if self._layer_scales is not None:
+            return self._with(layer_scales=[column(s) for s in self._layer_scales], samples=1)
+        return self._with(row_scale=[column(s) for s in self._row_scale], samples=1)
 
     def restricted(self, keep: Callable[[int, int], bool]) -> Operator:
         """The operator with only the couplings ``(row, col)`` for which ``keep`` holds."""

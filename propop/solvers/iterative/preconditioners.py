@@ -6,8 +6,9 @@ name, a ``(name, {options})`` tuple, or a function ``R -> M^{-1} R`` on
 they watch are the true ones.
 
 - ``"diagonal"``: the paper's ``D^{-1}`` / ``E^{-1}``, the inverse of the block
-  diagonal. A no-op on the scaled form (whose diagonal is ``I``); on
-  ``form="paper"`` it turns the system into the scaled one.
+  diagonal. Every method sees the unit-diagonal form, where it is the identity:
+  the scaling is applied once, to every system, before a method runs
+  (:mod:`propop.systems.make_system`); kept so that the paper's name works.
 - ``"block-jacobi"`` (``group=g``): an exact solve of every group of ``g``
   consecutive blocks (layers), the couplings between groups dropped; ``g = 1``
   is ``"diagonal"``, ``g = nblocks`` the exact inverse.

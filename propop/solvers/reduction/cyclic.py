@@ -47,10 +47,12 @@ from .over_time import WITHIN, reduce_over_time
 from ..convergence import Tolerance, finish
 from ..options import OptionError
 from ..direct.substitution import approximation_report
+from ...systems.triangular import TriangularSystem
+from ..method import Method
 from ..registry import register
 from ..solution import Solution, Status
 
-__all__ = ["cyclic_reduction", "parallel_cyclic_reduction"]
+__all__ = ["CyclicReduction", "parallel_cyclic_reduction"]
 
 # Below this width padded dense blocks beat sparse products on a CPU, even for
 # sparse weights (measured: width 128 at density 0.05, dense 2x faster; width
@@ -335,12 +337,8 @@ def _prepare_cyclic_reduction(system: Any, *, rtol: float | None = None, atol: f
 
 
 @register("cyclic-reduction", kind="direct", exact=True, backends=("numpy", "cupy", "torch"),
-          requires=("reducible",), prepare=_prepare_cyclic_reduction)
-def cyclic_reduction(system: Any, *, rtol: float | None = None, atol: float = 0.0,
-                     shared_diagonal: Literal["mean"] | None = None,
-                     sparse: bool | None = None, dense_threshold: float | None = None,
-                     within: Literal["cyclic-reduction", "substitution"] | None = None,
-                     groups: bool = False) -> Solution:
+          requires=("reducible",))
+class CyclicReduction(Method):
     """Odd-even cyclic reduction: ceil(log2 nblocks) levels, exact.
 
     On a block bi-diagonal system (FNN) it reduces the chain of blocks. On an
@@ -386,9 +384,22 @@ def cyclic_reduction(system: Any, *, rtol: float | None = None, atol: float = 0.
     An option for another kind of system (``within`` on a chain, ``sparse`` on
     an RNN system) raises ``ValueError``.
     """
-    return _prepare_cyclic_reduction(
-        system, rtol=rtol, atol=atol, shared_diagonal=shared_diagonal,
-        sparse=sparse, dense_threshold=dense_threshold, within=within, groups=groups)(system)
+
+    def init(self, operator: Any, *, rtol: float | None = None, atol: float = 0.0,
+             shared_diagonal: Literal["mean"] | None = None, sparse: bool | None = None,
+             dense_threshold: float | None = None,
+             within: Literal["cyclic-reduction", "substitution"] | None = None,
+             groups: bool = False) -> Callable[[Any], Solution]:
+        """The reduction's work on the matrix; returns the solve of a right-hand side."""
+        standing = TriangularSystem.of(operator, operator.backend.xp.zeros(
+            (operator.size, operator.samples), dtype=operator.dtype))
+        return _prepare_cyclic_reduction(
+            standing, rtol=rtol, atol=atol, shared_diagonal=shared_diagonal, sparse=sparse,
+            dense_threshold=dense_threshold, within=within, groups=groups)
+
+    def compute(self, state: Callable[[Any], Solution], system: Any) -> Solution:
+        """The right-hand side's substitution through the reduced levels."""
+        return state(system)
 
 
 @register("parallel-cyclic-reduction", kind="direct", exact=True,

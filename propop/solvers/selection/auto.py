@@ -20,7 +20,6 @@ are left out, with the reason in ``Solution.info["auto"]``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +30,7 @@ from ... import memory
 from . import cost
 from .calibration import Calibration, load
 from ..reduction import footprint
-from ..plan import prepare
+from ..method import Method
 from ..registry import info, register
 from ..solution import Solution
 from ..reduction.over_time import Layout
@@ -198,24 +197,8 @@ def choose(system: Any, candidates: tuple[str, ...] = CANDIDATES,
                      + "; ".join(f"{m}: {why}" for m, why in excluded.items()))
 
 
-def _prepare_auto(system: Any, *, candidates: tuple[str, ...] = CANDIDATES,
-                  **options: Any) -> Callable[..., Solution]:
-    """Choose, then prepare the chosen method; its solves carry the choice in ``info``."""
-    choice = choose(system, (candidates,) if isinstance(candidates, str) else tuple(candidates))
-    plan = prepare(system, choice.method, **options)
-
-    def run(s: Any, **extra: Any) -> Solution:
-        solution = plan._run(s, **extra)
-        solution.info["auto"] = choice.as_info()
-        return solution
-
-    return run
-
-
-@register("auto", kind="direct", exact=True, backends=("numpy", "cupy", "torch"),
-          prepare=_prepare_auto)
-def auto(system: Any, *, rtol: float | None = None, atol: float = 0.0,
-         candidates: tuple[str, ...] = CANDIDATES) -> Solution:
+@register("auto", kind="direct", exact=True, backends=("numpy", "cupy", "torch"))
+class Auto(Method):
     """The exact method predicted fastest for this system by the calibrated cost model.
 
     Parameters
@@ -234,4 +217,18 @@ def auto(system: Any, *, rtol: float | None = None, atol: float = 0.0,
     words; :func:`propop.solvers.explain` prints the same. The model and its
     constants: :mod:`propop.solvers.selection.auto`, :mod:`propop.calibration`.
     """
-    return _prepare_auto(system, candidates=candidates, rtol=rtol, atol=atol)(system)
+
+    def init(self, operator: Any, *, rtol: float | None = None, atol: float = 0.0,
+             candidates: tuple[str, ...] = CANDIDATES) -> tuple:
+        """Choose, then run the chosen method's ``init``."""
+        choice = choose(operator, (candidates,) if isinstance(candidates, str)
+                        else tuple(candidates))
+        chosen = info(choice.method).method
+        return choice, chosen, chosen.init(operator, rtol=rtol, atol=atol)
+
+    def compute(self, state: tuple, system: Any) -> Solution:
+        """The chosen method's ``compute``; ``info["auto"]`` says what was chosen and why."""
+        choice, chosen, inner = state
+        solution = chosen.compute(inner, system)
+        solution.info["auto"] = choice.as_info()
+        return solution
