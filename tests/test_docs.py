@@ -22,7 +22,7 @@ def test_docs_build_without_warnings(tmp_path):
         assert f"<code class=\"docutils literal notranslate\"><span class=\"pre\">{s.name}" \
             in catalogue, s.name
     api = (tmp_path / "api.html").read_text()
-    assert "propop.solvers.iterative.block.block_gmres" in api
+    assert "propop.solvers.iterative.block.BlockGMRES" in api
     math = (tmp_path / "math.html").read_text()
     assert math.count('class="math notranslate nohighlight"') >= 47  # rendered by MathJax
     assert "the forward system, Jacobian form" in math and "forw_prop_sys_jacobian" in math

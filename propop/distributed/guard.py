@@ -5,7 +5,9 @@ for ever. Every ``mpi.*`` solve therefore runs in two phases (:class:`Collective
 
 1. **Checks, agreed on by all ranks.** Each rank validates its options, its
    partition of the system and a fingerprint of the method, the system and the
-   options; one ``allgather`` then shares the outcomes. If any rank failed, or
+   options, and runs the method's ``init`` (which sends no message); one
+   ``allgather`` then shares the outcomes (:meth:`Collective.init`). Each solve
+   of the plan agrees the same way on its right-hand side. If any rank failed, or
    the ranks' fingerprints differ (another method, system, options,
    ``maxiter``), every rank raises: the failing rank its own exception, the
    others a :class:`RankError` naming that rank and its message. No
@@ -98,23 +100,26 @@ def digest(*arrays: Any) -> str:
     return h.hexdigest()
 
 
-def fingerprint(system: Any, options: dict, method: str = "") -> str:
+def fingerprint(system: Any, options: dict, method: str = "", matrix: bool = True) -> str:
     """``part=digest;...`` of the method, the system and the options.
 
-    The parts: method, structure, couplings, row scalings, right-hand side and
-    options (``comm`` and ``callback`` excepted), named in :func:`agree`'s message.
+    The parts: method, structure, couplings, row scalings (``matrix=False``
+    leaves these three out: a plan's solve, whose matrix was agreed on by its
+    ``init``), right-hand side and options (``comm`` and ``callback`` excepted),
+    named in :func:`agree`'s message.
     """
-    structure = (system.lower, system.form, system.sizes, system.nrhs, str(system.dtype),
-                 tuple((row, col, tuple(M.shape)) for row, col, M in system._edges))
-    distinct = {id(M): M for _, _, M in system._edges}
-    per = len(system.structure.sizes) if system.structure is not None else None
-    scales = (system.periodic_scales(per) if per else system._row_scale)
     settings = sorted((key, digest(value) if hasattr(value, "shape") else repr(value))
                       for key, value in options.items() if key not in IGNORED)
-    parts = {"method": method, "structure": repr(structure),
-             "couplings": digest(*distinct.values()),
-             "row scalings": digest(*scales), "right-hand side": digest(system.rhs),
-             "options": repr(settings)}
+    parts = {"method": method}
+    if matrix:
+        structure = (system.lower, system.form, system.sizes, system.nrhs, str(system.dtype),
+                     tuple((row, col, tuple(M.shape)) for row, col, M in system._edges))
+        distinct = {id(M): M for _, _, M in system._edges}
+        per = len(system.structure.sizes) if system.structure is not None else None
+        scales = (system.periodic_scales(per) if per else system._row_scale)
+        parts.update({"structure": repr(structure), "couplings": digest(*distinct.values()),
+                      "row scalings": digest(*scales)})
+    parts.update({"right-hand side": digest(system.rhs), "options": repr(settings)})
     return ";".join(f"{part}={hashlib.blake2b(text.encode(), digest_size=8).hexdigest()}"
                     for part, text in parts.items())
 
@@ -138,37 +143,66 @@ class Collective:
         agree(options.get("comm") or world(), error)
         return out
 
-    def solve(self, method: str, system: Any, options: dict, checks: Callable[[], None],
-              run: Callable[[], Any]) -> Any:
-        """``checks()`` agreed on by every rank with the fingerprints, then ``run()``.
+    def init(self, method: str, system: Any, options: dict, checks: Callable[[], None],
+             work: Callable[[], Any]) -> Any:
+        """A plan's ``init`` on every rank, its outcome agreed on (one ``allgather``).
 
-        ``system`` may be a callable making the system (a plan's new right-hand
-        side): its failure on one rank is agreed on with the checks.
+        ``checks()``, the partition, the fingerprints (method, matrix, options)
+        and ``work()``, the method's ``init``, which sends no message, are
+        agreed on together; then a state with a ``connect()`` method finishes
+        its init by communicating, where an exception cannot be agreed on
+        (:meth:`solve`'s second phase).
+        """
+        comm = options.get("comm") or world()
+        error, mine, state = None, "", None
+        try:
+            checks()
+            check_partition(system, comm.Get_size())
+            mine = fingerprint(system, options, method)
+            state = work()
+        except Exception as failure:  # agreed on below, then raised on every rank
+            error = failure
+        agree(comm, error, mine)
+        if hasattr(state, "connect"):
+            _unagreeable(comm, state.connect)
+        return state
+
+    def solve(self, method: str, system: Any, options: dict, run: Callable[[Any], Any]
+              ) -> Any:
+        """A plan's solve: the right-hand side made and agreed on by every rank, then ``run``.
+
+        ``system`` is a callable making the system (a plan's new right-hand
+        side): its failure on one rank is agreed on, with the fingerprint of the
+        right-hand side and the options (the matrix was agreed on by
+        :meth:`init`). Returns ``(system, run(system))``.
         """
         comm = options.get("comm") or world()
         error, mine, callback = None, "", options.get("callback")
         try:
             system = system() if callable(system) else system
-            checks(system)
-            check_partition(system, comm.Get_size())
-            mine = fingerprint(system, options, method)
+            mine = fingerprint(system, options, method, matrix=False)
         except Exception as failure:  # agreed on below, then raised on every rank
             error = failure
         if agree(comm, error, mine, flag=callback is not None):  # some rank has a callback
             options["callback"] = _agreed(comm, callback or _nothing)
-        try:
-            return system, run(system)
-        except RankError:  # agreed: every rank raises
-            raise
-        except _CallbackError as failure:  # agreed: this rank raises its own
-            raise failure.__cause__ from None
-        except BaseException:  # cannot be agreed on: end the job rather than hang it
-            sys.stderr.write(f"propop: MPI rank {comm.Get_rank()} failed inside a solve; "
-                             f"aborting all {comm.Get_size()} ranks:\n{traceback.format_exc()}")
-            sys.stderr.flush()
-            time.sleep(0.2)  # let mpiexec forward the message before it tears the job down
-            comm.Abort(1)
-            raise  # not reached under MPI
+        return system, _unagreeable(comm, lambda: run(system))
+
+
+def _unagreeable(comm: Any, work: Callable[[], Any]) -> Any:
+    """``work()``, which communicates: an exception no rank can agree on aborts the job."""
+    try:
+        return work()
+    except RankError:  # agreed: every rank raises
+        raise
+    except _CallbackError as failure:  # agreed: this rank raises its own
+        raise failure.__cause__ from None
+    except BaseException:  # cannot be agreed on: end the job rather than hang it
+        sys.stderr.write(f"propop: MPI rank {comm.Get_rank()} failed inside a solve; "
+                         f"aborting all {comm.Get_size()} ranks:\n{traceback.format_exc()}")
+        sys.stderr.flush()
+        time.sleep(0.2)  # let mpiexec forward the message before it tears the job down
+        comm.Abort(1)
+        raise  # not reached under MPI
 
 
 COLLECTIVE = Collective()

@@ -24,15 +24,17 @@ from typing import Any
 
 import numpy as np
 
-from ..solvers.reduction.chain import Counter, apply, product
-from ..solvers.convergence import Tolerance, finish, initial_guess
+from ..solvers.reduction.chain import Counter, product
+from ..solvers.reduction.segments import expand
+from ..solvers.convergence import finish
+from ..solvers.iterative.views import Setup
 from ..solvers.registry import register
-from ..solvers.reduction.segments import expand, relation
 from ..solvers.solution import Solution
 from .guard import COLLECTIVE
+from .krylov import Distributed
 from .system import DistributedSystem
 
-__all__ = ["mpi_substitution", "mpi_cyclic_reduction", "mpi_jacobi"]
+__all__ = ["MpiSubstitution", "MpiCyclicReduction", "MpiJacobi"]
 
 
 def _info(d: DistributedSystem, **more: Any) -> dict:
@@ -42,131 +44,151 @@ def _info(d: DistributedSystem, **more: Any) -> dict:
 
 @register("mpi.substitution", kind="direct", exact=True, backends=("numpy",), needs=("mpi4py",),
           extra="mpi", guard=COLLECTIVE)
-def mpi_substitution(system: Any, *, comm: Any = None, rtol: float | None = None,
-                     atol: float = 0.0) -> Solution:
+class MpiSubstitution(Distributed):
     """Pipelined block substitution over MPI ranks: the distributed baseline.
 
     ``levels`` is the number of blocks: the ranks take their turns.
     """
-    d = DistributedSystem(system, comm)
-    imported = d.receive() if d.rank > 0 else {}
-    x_local = d.solve_local(d.local.rhs + d.external_rhs(imported))
-    if d.rank + 1 < d.size:
-        d.send(d.split(x_local))
-    return finish(system, d.gather(x_local), tol=Tolerance.of(system, rtol, atol),
-                  levels=system.nblocks, info=_info(d), direct=True)
+
+    def init(self, operator: Any, *, comm: Any = None, rtol: float | None = None,
+             atol: float = 0.0) -> Setup:
+        """My rows."""
+        return super().init(operator, comm=comm, rtol=rtol, atol=atol)
+
+    def compute(self, state: Setup, system: Any) -> Solution:
+        """Wait for the previous rank's boundary, solve my rows, pass mine on."""
+        d = state.own["d"]
+        C = d.own(system.rhs)
+        c = C.shape[1]
+        imported = d.receive(c) if d.rank > 0 else {}
+        x_local = d.solve_local(C + d.external_rhs(imported, c))
+        if d.rank + 1 < d.size:
+            d.send(d.split(x_local), c)
+        return finish(system, d.gather(x_local), tol=state.tolerance(system),
+                      levels=system.nblocks, info=_info(d), direct=True)
 
 
-def _boundary_relation(d: DistributedSystem) -> tuple[Any, Any, int]:
-    """``(Y, Ag, m)``: the local solution ``Y [y_prev; 1]`` and the exports' ``[A | g]``.
+class _Relation:
+    """``mpi.cyclic-reduction``'s state: my rows' boundary relation, composed over the ranks.
 
-    ``Y = D^{-1} [G | c]`` per sample, ``(r, local entries, imports + 1)``, from
-    ``1 + imports`` local substitutions (a unit right-hand side per imported
-    entry, then the system's own); ``Ag`` holds its exported rows
-    (:func:`~propop.solvers.reduction.segments.relation`) padded to ``m`` entries,
-    ``(r, m, m + 1)``, one buffer per sample for the exchanges.
+    :func:`~propop.solvers.reduction.segments`' stages with the ranks as
+    segments: ``D^{-1} G`` from one local substitution per imported entry (a
+    unit right-hand side each), ``A`` its exported rows padded to ``(s, m, m)``
+    (``s`` the operator's samples); :meth:`connect` composes the ``A`` over the
+    ranks by recursive doubling, keeping at each step the ``A_p`` that a solve's
+    ``g`` needs: ``g_p <- A_p g_q + g_p``.
     """
-    xp = d.xp
-    columns = []
-    for k in d.imports:
-        for i in range(d.sizes[k]):
-            unit = {j: xp.zeros((d.sizes[j],) + d.local.rhs.shape[1:], dtype=d.dtype)
-                    for j in d.imports}
-            unit[k][i] = 1
-            columns.append(d.solve_local(d.external_rhs(unit)))
-    columns.append(d.solve_local(d.local.rhs))
-    Y = xp.stack(columns, axis=-1)  # (entries[, r], imports + 1)
-    Y = xp.permute_dims(Y[:, None] if Y.ndim == 2 else Y, (1, 0, 2))
-    A, g = relation(Y, d.boundary_entries(d.exports))
-    m = d.boundary
-    Ag = xp.zeros((Y.shape[0], m, m + 1), dtype=d.dtype)
-    Ag[:, : A.shape[1], : A.shape[2]] = A
-    Ag[:, : g.shape[1], m] = g
-    return Y, Ag, m
 
+    def __init__(self, setup: Setup, samples: int) -> None:
+        d = setup.own["d"]
+        xp, self.d, self.setup = d.xp, d, setup
+        columns = []
+        for k in d.imports:
+            for i in range(d.sizes[k]):
+                unit = {j: xp.zeros((d.sizes[j], samples), dtype=d.dtype) for j in d.imports}
+                unit[k][i] = 1
+                columns.append(d.solve_local(d.external_rhs(unit, samples)))
+        entries = d.local.size
+        G = xp.stack(columns, axis=-1) if columns else xp.zeros((entries, samples, 0),
+                                                                 dtype=d.dtype)
+        self.G = xp.permute_dims(G, (1, 0, 2))  # D^{-1} G: (s, entries, imported entries)
+        self.rows, self.m = d.boundary_entries(d.exports), d.boundary
+        A = xp.zeros((samples, self.m, self.m), dtype=d.dtype)
+        exported = self.G[:, self.rows, :]
+        A[:, : exported.shape[1], : exported.shape[2]] = exported
+        self.A, self.steps = A, []
 
-def _compose_over_ranks(d: DistributedSystem, Ag: Any, m: int) -> tuple[Any, int]:
-    """Recursive doubling: after ``ceil(log2 P)`` steps ``Ag[..., m]`` holds ``y_p``."""
-    from mpi4py import MPI
+    def connect(self) -> None:
+        """Recursive doubling of the ``A``: ``ceil(log2 P)`` ``Sendrecv`` steps, once."""
+        from mpi4py import MPI
 
-    step, levels = 1, 0
-    while step < d.size:
-        levels += 1
-        incoming = np.zeros_like(Ag)
-        dest = d.rank + step if d.rank + step < d.size else MPI.PROC_NULL
-        source = d.rank - step if d.rank - step >= 0 else MPI.PROC_NULL
-        d.comm.Sendrecv(Ag, dest=dest, recvbuf=incoming, source=source)
-        if source != MPI.PROC_NULL:  # F_p o F_q: A_p A_q, A_p g_q + g_p
-            Ag = _composed(Ag, incoming, m)
-        step *= 2
-    return Ag, levels
+        d, A, step = self.d, self.A, 1
+        ones = np.ones((1,) + A.shape[:2], dtype=A.dtype)
+        while step < d.size:
+            incoming = np.zeros_like(A)
+            dest = d.rank + step if d.rank + step < d.size else MPI.PROC_NULL
+            source = d.rank - step if d.rank - step >= 0 else MPI.PROC_NULL
+            d.comm.Sendrecv(A, dest=dest, recvbuf=incoming, source=source)
+            self.steps.append((dest, source, A if source != MPI.PROC_NULL else None))
+            if source != MPI.PROC_NULL:  # F_p o F_q: A_p A_q, as cyclic reduction pairs
+                A = np.ascontiguousarray(product(ones, A[None], ones, incoming[None],
+                                                 Counter())[0])
+            step *= 2
 
-
-def _composed(Ag: Any, incoming: Any, m: int) -> Any:
-    """``[A_p A_q | A_p g_q + g_p]`` per sample: one reduction step of the chain over ranks.
-
-    The cores and right-hand sides are a one-position :class:`~propop.solvers.reduction.chain.Chain`
-    level (``(1, r, m, m)`` and ``(1, r, m)``, unit scalings), combined by the
-    reduction's own kernels, :func:`~propop.solvers.reduction.chain.product` and
-    :func:`~propop.solvers.reduction.chain.apply`, as cyclic reduction combines neighbours.
-    """
-    counter, ones = Counter(), np.ones((1,) + Ag.shape[:2], dtype=Ag.dtype)
-    A, g = Ag[None, :, :, :m], Ag[None, :, :, m]
-    A_q, g_q = incoming[None, :, :, :m], incoming[None, :, :, m]
-    core = product(ones, A, ones, A_q, counter)
-    rhs = apply(ones, A, g_q, counter) + g
-    return np.concatenate([core[0], rhs[0][:, :, None]], axis=2)
+    def exports(self, g: Any) -> Any:
+        """``y_p`` ``(c, m)``, my exported entries, from my ``g`` ``(c, m)``: one message a step."""
+        for dest, source, A in self.steps:
+            incoming = np.zeros_like(g)
+            self.d.comm.Sendrecv(g, dest=dest, recvbuf=incoming, source=source)
+            if A is not None:
+                g = g + (A @ incoming[..., None])[..., 0]
+        return g
 
 
 @register("mpi.cyclic-reduction", kind="direct", exact=True, backends=("numpy",),
           needs=("mpi4py",), extra="mpi", guard=COLLECTIVE)
-def mpi_cyclic_reduction(system: Any, *, comm: Any = None, rtol: float | None = None,
-                         atol: float = 0.0) -> Solution:
+class MpiCyclicReduction(Distributed):
     """Local reduction to boundary relations, cyclic reduction over the ranks, local solves.
 
-    ``levels`` counts the blocks of the largest rank (its local solves run in
-    parallel with the others') plus the ``ceil(log2 P)`` steps over the ranks;
-    ``info["rank_levels"]`` gives the latter.
+    ``init`` reduces my rows to the relation ``y_p = A_p y_{p-1} + g_p``
+    (``1 + imports`` local substitutions) and composes the ``A`` over the ranks;
+    each solve then substitutes once locally, sends ``g`` in ``ceil(log2 P)``
+    steps and expands. ``levels`` counts the blocks of the largest rank (its
+    local solves run in parallel with the others') plus the ``ceil(log2 P)``
+    steps over the ranks; ``info["rank_levels"]`` gives the latter.
     """
-    d = DistributedSystem(system, comm)
-    Y, Ag, m = _boundary_relation(d)
-    Ag, rank_levels = _compose_over_ranks(d, Ag, m)
-    y = np.ascontiguousarray(Ag[:, :, m])  # my exports, (r, m)
-    y_prev = np.zeros_like(y)
-    d.comm.Sendrecv(y, dest=d.next, recvbuf=y_prev, source=d.previous)
-    x = expand(Y, y_prev[:, : Y.shape[2] - 1], Counter())  # (r, local entries)
-    x_local = x[0] if d.local.rhs.ndim == 1 else x.T
-    local_levels = max(d.comm.allgather(len(d.blocks)))
-    return finish(system, d.gather(x_local), tol=Tolerance.of(system, rtol, atol),
-                  levels=local_levels + rank_levels, direct=True,
-                  info=_info(d, rank_levels=rank_levels,
-                                            expected_rank_levels=math.ceil(math.log2(d.size))
-                                            if d.size > 1 else 0))
+
+    def init(self, operator: Any, *, comm: Any = None, rtol: float | None = None,
+             atol: float = 0.0) -> _Relation:
+        """My rows and their boundary relation (composed over the ranks by its ``connect``)."""
+        return _Relation(super().init(operator, comm=comm, rtol=rtol, atol=atol),
+                         operator.samples)
+
+    def compute(self, state: _Relation, system: Any) -> Solution:
+        """``g`` from one local substitution, composed over the ranks, then my rows."""
+        d, relation = state.d, state
+        Y = d.solve_local(d.own(system.rhs))  # D^{-1} c: (entries, c)
+        g = np.zeros((Y.shape[1], relation.m), dtype=Y.dtype)
+        g[:, : len(relation.rows)] = Y[relation.rows].T
+        y = np.ascontiguousarray(relation.exports(g))
+        y_prev = np.zeros_like(y)
+        d.comm.Sendrecv(y, dest=d.next, recvbuf=y_prev, source=d.previous)
+        G = relation.G  # x = D^{-1} c + D^{-1} G y_prev
+        x_local = expand(G, Y.T, y_prev[:, : G.shape[2]], Counter()).T
+        rank_levels = len(relation.steps)
+        local_levels = max(d.comm.allgather(len(d.blocks)))
+        return finish(system, d.gather(x_local), tol=state.setup.tolerance(system),
+                      levels=local_levels + rank_levels, direct=True,
+                      info=_info(d, rank_levels=rank_levels,
+                                 expected_rank_levels=math.ceil(math.log2(d.size))
+                                 if d.size > 1 else 0))
 
 
 @register("mpi.jacobi", kind="iterative", exact=False, backends=("numpy",), needs=("mpi4py",),
           extra="mpi", guard=COLLECTIVE)
-def mpi_jacobi(system: Any, *, comm: Any = None, x0: Any = None, rtol: float | None = None,
-               atol: float = 0.0, maxiter: int | None = None, callback: Any = None
-               ) -> Solution:
+class MpiJacobi(Distributed):
     """Block Jacobi over MPI ranks: one neighbour exchange and two ``Allreduce`` a sweep."""
-    from .krylov import DistributedBlock
 
-    d = DistributedSystem(system, comm)
-    block = DistributedBlock(d)
-    maxiter = system.nblocks if maxiter is None else int(maxiter)
-    tol = Tolerance.of(system, rtol, atol)
-    X = d.own(initial_guess(system, x0)).reshape(d.local.size, -1)
-    history, it = [], 0
-    while True:
-        R = block.residual(X)
-        met, norms = block.met(tol, R, X)
-        history.append(float(norms.max()))
-        if met.all() or it >= maxiter:
-            break
-        X = X + R
-        it += 1
-        if callback is not None:
-            callback(block.out(X))
-    return finish(system, d.gather(block.out(X)), tol=tol, iterations=it, history=history,
-                  levels=it, maxiter=maxiter, info=_info(d))
+    def init(self, operator: Any, *, comm: Any = None, rtol: float | None = None,
+             atol: float = 0.0, maxiter: int | None = None) -> Setup:
+        """My rows; ``maxiter`` defaults to ``nblocks`` (exact)."""
+        return super().init(operator, comm=comm, rtol=rtol, atol=atol,
+                            maxiter=operator.nblocks if maxiter is None else maxiter)
+
+    def compute(self, state: Setup, system: Any, x0: Any = None, callback: Any = None
+                ) -> Solution:
+        """Sweeps ``x <- x + (c - A x)`` on my rows."""
+        d, block, tol, X = self.start(state, system, x0)
+        history, it = [], 0
+        while True:
+            R = block.residual(X)
+            met, norms = block.met(tol, R, X)
+            history.append(float(norms.max()))
+            if met.all() or it >= state.maxiter:
+                break
+            X = X + R
+            it += 1
+            if callback is not None:
+                callback(X)
+        return finish(system, d.gather(X), tol=tol, iterations=it, history=history,
+                      levels=it, maxiter=state.maxiter, info=_info(d))

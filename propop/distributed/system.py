@@ -7,7 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from ..solvers.plan import prepare
+from ..solvers.direct.substitution import substitute
+from ..systems.make_system import make_system
+from ..systems.triangular import TriangularSystem
 
 __all__ = ["DistributedSystem", "partition", "world", "check_partition"]
 
@@ -32,17 +34,21 @@ def partition(nblocks: int, ranks: int) -> list[tuple[int, int]]:
 
 
 class DistributedSystem:
-    """The block rows rank ``comm.rank`` owns of ``system`` (in its scaled form).
+    """The block rows rank ``comm.rank`` owns of a system's matrix (its canonical operator).
 
-    ``imports`` are the blocks of the previous rank (in solve order) that these
-    rows read; ``exports`` the blocks of this rank that the next rank reads.
-    Both are exchanged with one ``Sendrecv`` of a contiguous buffer, padded to
-    the widest block so that every message has the same shape.
+    ``system`` is a :class:`~propop.TriangularSystem` or its canonical operator
+    (scaled form, 2-D: :mod:`propop.systems.make_system`); no right-hand side is
+    kept: a method's ``init`` builds this once and each solve passes its rows
+    (:meth:`own`). ``local`` is the operator of my rows; ``imports`` are the
+    blocks of the previous rank (in solve order) that they read, ``exports`` the
+    blocks of this rank that the next rank reads. Both are exchanged with one
+    ``Sendrecv`` of a contiguous buffer, padded to the widest block so that
+    every message has the same shape.
     """
 
     def __init__(self, system: Any, comm: Any = None) -> None:
         self.comm = world() if comm is None else comm
-        self._adopt(_share(system, self.comm.Get_rank(), self.comm.Get_size()))
+        self._adopt(_share(_canonical(system), self.comm.Get_rank(), self.comm.Get_size()))
 
     @classmethod
     def scatter(cls, system: Any, comm: Any = None, root: int = 0) -> DistributedSystem:
@@ -50,6 +56,7 @@ class DistributedSystem:
         comm = world() if comm is None else comm
         shares = None
         if comm.Get_rank() == root:
+            system = _canonical(system)
             shares = [_share(system, p, comm.Get_size()) for p in range(comm.Get_size())]
         self = cls.__new__(cls)
         self.comm = comm
@@ -57,20 +64,17 @@ class DistributedSystem:
         return self
 
     def _adopt(self, share: dict) -> None:
-        """Take over a rank's share (:func:`_share`) and agree on the boundary width."""
+        """Take over a rank's share (:func:`_share`): no message is sent."""
         self.__dict__.update(share)
         self.xp = self.local.backend.xp
-        entries = max(sum(self.sizes[k] for k in self.exports),
-                      sum(self.sizes[k] for k in self.imports))
-        self.boundary = self.comm.allreduce(max(entries, 1), op=_max())
+        self.local.ready().blocks.steps  # noqa: B018 (products and solves' order, once)
 
     # -- exchanges --------------------------------------------------------------------
-    def _buffer(self, count: int) -> Any:
-        columns = () if self.nrhs is None else (self.nrhs,)
-        return np.zeros((max(count, 1), self.width) + columns, dtype=self.dtype)
+    def _buffer(self, count: int, columns: int) -> Any:
+        return np.zeros((max(count, 1), self.width, columns), dtype=self.dtype)
 
-    def _pack(self, values: dict) -> Any:
-        out = self._buffer(len(self.exports))
+    def _pack(self, values: dict, columns: int) -> Any:
+        out = self._buffer(len(self.exports), columns)
         for i, k in enumerate(self.exports):
             out[i, : self.sizes[k]] = values[k]
         return out
@@ -78,10 +82,14 @@ class DistributedSystem:
     def _unpack(self, incoming: Any) -> dict:
         return {k: incoming[i, : self.sizes[k]] for i, k in enumerate(self.imports)}
 
-    def exchange(self, values: dict) -> dict:
-        """Send my exports to the next rank, receive my imports from the previous one."""
-        incoming = self._buffer(len(self.imports))  # the previous rank's exports
-        self.comm.Sendrecv(self._pack(values), dest=self.next, recvbuf=incoming,
+    def exchange(self, values: dict, columns: int) -> dict:
+        """Send my exports to the next rank, receive my imports from the previous one.
+
+        ``values`` maps my blocks to ``(n_k, columns)`` arrays (every rank passes
+        the same ``columns``: the right-hand side's, agreed on by the guard).
+        """
+        incoming = self._buffer(len(self.imports), columns)  # the previous rank's exports
+        self.comm.Sendrecv(self._pack(values, columns), dest=self.next, recvbuf=incoming,
                            source=self.previous)
         return self._unpack(incoming)
 
@@ -95,15 +103,15 @@ class DistributedSystem:
                                               "min": MPI.MIN}[op])
         return total
 
-    def receive(self) -> dict:
+    def receive(self, columns: int) -> dict:
         """Wait for my imports from the previous rank (a pipeline step)."""
-        incoming = self._buffer(len(self.imports))
+        incoming = self._buffer(len(self.imports), columns)
         self.comm.Recv(incoming, source=self.previous)
         return self._unpack(incoming)
 
-    def send(self, values: dict) -> None:
+    def send(self, values: dict, columns: int) -> None:
         """Pass my exports on to the next rank."""
-        self.comm.Send(self._pack(values), dest=self.next)
+        self.comm.Send(self._pack(values, columns), dest=self.next)
 
     def boundary_entries(self, blocks: Sequence[int]) -> Any:
         """Positions in the local vector of ``blocks``' entries (my exports, say)."""
@@ -122,9 +130,9 @@ class DistributedSystem:
         return self.rank + 1 if self.rank + 1 < self.size else _null()
 
     # -- the local rows ---------------------------------------------------------------
-    def external_rhs(self, imported: dict) -> Any:
+    def external_rhs(self, imported: dict, columns: int) -> Any:
         """``s * (M x_import)`` summed into the local rows: the couplings to the neighbour."""
-        parts = self.local.split(self.xp.zeros_like(self.local.rhs))
+        parts = self.local.split(self.xp.zeros((self.local.size, columns), dtype=self.dtype))
         position = {k: i for i, k in enumerate(self.blocks)}
         for e in self.external:
             product = e.matrix @ imported[e.col]
@@ -132,13 +140,11 @@ class DistributedSystem:
         return self.xp.concatenate(parts)
 
     def solve_local(self, rhs: Any) -> Any:
-        """The local rows solved for ``rhs`` by substitution (one plan, many solves)."""
-        if "_plan" not in self.__dict__:
-            self._plan = prepare(self.local, "substitution")
-        return self._plan.solve(rhs).x
+        """The local rows solved for ``rhs`` ``(N_local, c)`` by substitution."""
+        return substitute(TriangularSystem.of(self.local, rhs, check=False))
 
     def own(self, x: Any) -> Any:
-        """My rows of a full vector ``x`` (shaped like the system's right-hand side)."""
+        """My rows of a full ``(N, c)`` array ``x`` (a canonical right-hand side, say)."""
         offsets = np.cumsum([0] + list(self.sizes))
         return np.concatenate([x[offsets[k]: offsets[k + 1]] for k in self.blocks])
 
@@ -175,9 +181,18 @@ def check_partition(system: Any, size: int) -> None:
                              "that each owns more blocks than a coupling spans")
 
 
+def _canonical(system: Any) -> Any:
+    """The canonical operator of a system (:func:`make_system`); an operator as it is."""
+    return make_system(system).system.operator_of if isinstance(system, TriangularSystem) \
+        else system
+
+
 def _share(system: Any, rank: int, size: int) -> dict:
-    """Everything rank ``rank`` of ``size`` holds: its rows, couplings out, neighbours."""
-    system = system.scaled()
+    """Everything rank ``rank`` of ``size`` holds: its rows, couplings out, neighbours.
+
+    ``boundary`` is the widest exchange of any rank (told from the whole matrix,
+    which every rank holds, so no message is needed).
+    """
     order = list(system.blocks.order())
     ranges = partition(system.nblocks, size)
     start, stop = ranges[rank]
@@ -188,10 +203,16 @@ def _share(system: Any, rank: int, size: int) -> dict:
     imports = sorted({e.col for e in external})  # all of rank - 1 (check_partition)
     exports = sorted({e.col for e in system.blocks.edges
                       if e.col in mine and owner[e.row] == rank + 1})
+    crossing: dict[int, set] = {}  # per sending rank, the blocks the next one reads
+    for e in system.blocks.edges:
+        if owner[e.row] != owner[e.col]:
+            crossing.setdefault(owner[e.col], set()).add(e.col)
+    boundary = max([1] + [sum(system.sizes[k] for k in blocks_)
+                          for blocks_ in crossing.values()])
     return {"rank": rank, "size": size, "ranges": ranges, "blocks": blocks,
             "external": external, "imports": imports, "exports": exports,
             "local": system.subsystem(blocks), "sizes": system.sizes,
-            "width": max(system.sizes), "nrhs": system.nrhs, "dtype": system.dtype,
+            "width": max(system.sizes), "dtype": system.dtype, "boundary": boundary,
             "_order": order}
 
 
@@ -201,7 +222,3 @@ def _null() -> Any:
     return MPI.PROC_NULL
 
 
-def _max() -> Any:
-    from mpi4py import MPI
-
-    return MPI.MAX

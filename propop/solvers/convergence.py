@@ -37,7 +37,6 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from .._checks import require_finite, require_shape
 from .solution import Solution, Status
 
 __all__ = [
@@ -182,14 +181,8 @@ class Tolerance:
 
 
 def initial_guess(system: Any, x0: Any) -> Any:
-    """Zeros, or a validated copy of ``x0`` in the system's shape and dtype."""
-    xp = system.backend.xp
-    if x0 is None:
-        return xp.zeros_like(system.rhs)
-    x0 = xp.asarray(x0)
-    require_shape(x0, system.rhs.shape, "x0", " (the rhs's shape)")
-    require_finite(x0, "x0")
-    return x0.astype(system.dtype, copy=True)
+    """Zeros like the right-hand side, or ``x0`` (checked and copied by ``make_system``)."""
+    return system.backend.xp.zeros_like(system.rhs) if x0 is None else x0
 
 
 def _first_nonfinite(system: Any, x: Any) -> str:

@@ -104,15 +104,16 @@ class Plan:
         def compute(made: Any, given: dict) -> tuple[Problem, Solution]:
             problem = make_system(made, self.options.get("x0"))
             own = dict(given, x0=problem.x0) if problem.x0 is not None or \
-                self._method.names("x0") else given
+                self._method.names("x0") else dict(given)
+            if own.get("callback") is not None:  # the caller's shape, as x is given back
+                own["callback"] = _postprocessed(problem, own["callback"])
             return problem, self._method.compute(self._state, problem.system, **own)
 
         if self._guard is None:
             return compute(system(), extra)
-        options = {**self.options, **extra}  # under MPI the checks are agreed on per solve
+        options = {**self.options, **extra}  # under MPI the right-hand side is agreed on
         made, (problem, solution) = self._guard.solve(
             self.method, system, options,
-            lambda made: validate(self.method, self._method, made, options),
             lambda made: compute(made, {k: options[k] for k in ("callback",)  # the agreed one
                                         if options.get(k) is not None}))
         return problem, solution
@@ -149,12 +150,20 @@ def prepare(system: Any, method: str | Callable[..., Solution] | Method = "subst
         runner = as_method(method)
         name = getattr(method, "__name__", None) or type(runner).__name__
     start = time.perf_counter()
-    if guard is None:  # a communicating method agrees on its checks with every solve
-        validate(name, runner, system, options)
     own = {k: v for k, v in options.items() if k not in COMPUTE_OPTIONS}
-    try:
+
+    def init() -> Any:  # every solve's true residual applies the operator: build that here
+        operator = make_system(system).system.operator_of.ready()
         with backend.quiet(system.backend.xp):
-            state = runner.init(make_system(system).system.operator_of, **own)
+            return runner.init(operator, **own)
+
+    try:
+        if guard is None:
+            validate(name, runner, system, options)
+            state = init()
+        else:  # a communicating method: every rank agrees on the checks and the init
+            state = guard.init(name, system, options,
+                               lambda: validate(name, runner, system, options), init)
     except OptionError as error:
         raise OptionError(f"{name}: {error}") from None
     return Plan(system, name, dict(options), time.perf_counter() - start, runner, state, guard)
@@ -242,6 +251,11 @@ def judged(system: Any, exact: Any, solution: Solution, options: dict) -> Soluti
         f"system's residual is {truth.residuals[-1]:.2e}, its worst block {worst:.1e} times "
         f"its bound at rtol={truth.info['rtol']:.1e}; solve the system itself with a "
         "batched method for the exact answer"))
+
+
+def _postprocessed(problem: Problem, callback: Callable) -> Callable[[Any], None]:
+    """``callback`` called with the iterate in the caller's shape (:meth:`Problem.postprocess`)."""
+    return lambda x: callback(problem.postprocess(x))
 
 
 def _advancing(shown: Any, callback: Callable | None) -> Callable[[Any], None]:

@@ -134,12 +134,13 @@ def register(name: str, *, kind: str, exact: bool, backends: tuple = ("numpy",),
     extra : str
         The ``propop[extra]`` that installs ``needs``.
     guard : object, optional
-        For a method that communicates: ``guard.solve(name, system, options,
-        checks, run)`` makes the system (``system()``), runs the option checks and
-        the solve so that a failure on one process ends the solve on all, and
-        returns ``(system, solution)``; ``guard.prepare(options, work)`` does
-        the same for the work before a solve
-        (:class:`propop.distributed.guard.Collective`).
+        For a method that communicates: ``guard.init(name, system, options,
+        checks, init)`` runs the option checks and the method's ``init`` so
+        that a failure on one process ends :func:`prepare` on all, and
+        ``guard.solve(name, system, options, run)`` makes each solve's system
+        (``system()``) and runs it the same way, returning ``(system,
+        solution)``; ``guard.prepare(options, work)`` does the same for the work
+        before a solve (:class:`propop.distributed.guard.Collective`).
     replace : bool
         Register ``name`` again, replacing the method it names.
 

@@ -351,15 +351,26 @@ class Operator:
     # -- variants -----------------------------------------------------------------
     def scaled(self) -> Operator:
         """The operator in the unit-diagonal form (itself if it is already)."""
-        return self if self.form == "scaled" else self._with(form="scaled")
+        return self if self.form == "scaled" else self._variant("scaled", form="scaled")
 
     def paper(self) -> Operator:
         """The operator in the paper's form with diagonal blocks ``D``/``E``."""
-        return self if self.form == "paper" else self._with(form="paper")
+        return self if self.form == "paper" else self._variant("paper", form="paper")
 
     def unstructured(self) -> Operator:
         """The same operator without its :attr:`structure`: products edge by edge."""
-        return self if self.structure is None else self._with(structure=None)
+        return self if self.structure is None else self._variant("unstructured",
+                                                                  structure=None)
+
+    @functools.cached_property
+    def _variants(self) -> dict:
+        return {}
+
+    def _variant(self, key: Any, **changes: Any) -> Operator:
+        """``self._with(**changes)``, made once: a plan's solves reuse its views."""
+        if key not in self._variants:
+            self._variants[key] = self._with(**changes)
+        return self._variants[key]
 
     def _with(self, **changes: Any) -> Operator:
         """An operator like this one with ``changes`` to its constructor's arguments."""
@@ -412,6 +423,13 @@ class Operator:
         i = int(i)
         if not -r <= i < r:
             raise IndexError(f"sample {i} out of range for a batch of {r}")
+        key = ("sample", i % r)
+        if key not in self._variants:
+            self._variants[key] = self._sample(i % r)
+        return self._variants[key]
+
+    def _sample(self, i: int) -> Operator:
+        """:meth:`sample`'s operator, made."""
         if self._layer_scales is not None:  # stacked over time: one column of each layer
             layers = [None if s is None else s[:, :, i if s.shape[2] > 1 else 0]
                       for s in self._layer_scales]
@@ -455,10 +473,12 @@ class Operator:
             raise ValueError(f"how must be one of ('exact', 'mean'), got {how!r}")
         if self._scaled_once:
             return self
-        shared = self._shared(how)
-        if how == "mean" and not self.shares_matrix:
-            shared.approximates = self
-        return shared
+        if ("shared", how) not in self._variants:
+            shared = self._shared(how)
+            if how == "mean" and not self.shares_matrix:
+                shared.approximates = self
+            self._variants["shared", how] = shared
+        return self._variants["shared", how]
 
     def _shared(self, how: str) -> Operator:
         """:meth:`shared`'s operator, without saying whether it approximates this one."""
@@ -558,6 +578,21 @@ class Operator:
                                       for k in range(period)]
         return self._periodic[period]
 
+    def ready(self) -> Operator:
+        """Build what :meth:`apply` needs (its edge groups), once: a plan's solves then don't.
+
+        Returns the operator.
+        """
+        if self.structure is None and not self._applies_stacked:
+            self._forward_groups  # noqa: B018 (a cached property, built here)
+        return self
+
+    @property
+    def _applies_stacked(self) -> bool:
+        """Whether :meth:`apply` multiplies the stacks as they are (no edge groups)."""
+        return self.coupling_stack is not None and (self.scale_stack is not None
+                                                    or self.unscaled_stack)
+
     def accepts(self, x: Any) -> bool:
         """Whether ``x`` is a vector this operator applies to: ``(N,)`` or ``(N, columns)``.
 
@@ -581,8 +616,7 @@ class Operator:
             raise ValueError(f"x has shape {tuple(x.shape)}, expected {expected}")
         if self.structure is not None:
             return self.structure.apply(self, x, transpose)
-        if self.coupling_stack is not None and (self.scale_stack is not None
-                                                or self.unscaled_stack):
+        if self._applies_stacked:
             return self._apply_stacked(x, transpose)
         D = self._diagonal
         out = x * 1 if D is None else (D[:, 0] if x.ndim == 1 else D) * x

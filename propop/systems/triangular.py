@@ -95,19 +95,25 @@ class TriangularSystem:
         self._bind(op, rhs, rhs_support)
 
     @classmethod
-    def of(cls, op: Operator, rhs: Any, rhs_support: Sequence[int] | None = None
-           ) -> TriangularSystem:
-        """The system of operator ``op`` with the scaled right-hand side ``rhs``."""
+    def of(cls, op: Operator, rhs: Any, rhs_support: Sequence[int] | None = None, *,
+           check: bool = True) -> TriangularSystem:
+        """The system of operator ``op`` with the scaled right-hand side ``rhs``.
+
+        ``check=False`` skips the finiteness check: for a solve inside a method
+        (a preconditioner's), whose outer method judges its own residual.
+        """
         system = cls.__new__(cls)
-        system._bind(op, rhs, rhs_support)
+        system._bind(op, rhs, rhs_support, check)
         return system
 
-    def _bind(self, op: Operator, rhs: Any, rhs_support: Sequence[int] | None) -> None:
+    def _bind(self, op: Operator, rhs: Any, rhs_support: Sequence[int] | None,
+              check: bool = True) -> None:
         self._op = op
         if rhs.ndim not in (1, 2) or rhs.shape[0] != op.size:
             raise ValueError(f"rhs has shape {tuple(rhs.shape)}, expected ({op.size},) or "
                              f"({op.size}, r)")
-        require_finite(rhs, "rhs")
+        if check:
+            require_finite(rhs, "rhs")
         self._scaled_rhs = rhs
         self.rhs_support = None if rhs_support is None else frozenset(int(k)
                                                                        for k in rhs_support)

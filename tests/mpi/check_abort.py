@@ -16,16 +16,18 @@ sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))
 from cases import Case  # noqa: E402
 
 def main(method: str) -> None:
-    """Break rank 1 after the checks, then solve."""
+    """Prepare, break rank 1 after the checks, then solve."""
+    net, trace, eps, _ = Case((5, 6, 4, 6, 3), r=3).problem()
+    plan = pp.prepare(pp.backward_system(net, trace, eps), method)
     if MPI.COMM_WORLD.Get_rank() == 1:  # rank 1 breaks after the checks, mid-solve
         def broken(self, *args, **kwargs):
             raise RuntimeError("injected fault on rank 1")
 
         DistributedSystem.solve_local = broken
         DistributedSystem.exchange = broken
-
-    net, trace, eps, _ = Case((5, 6, 4, 6, 3), r=3).problem()
-    pp.solve(pp.backward_system(net, trace, eps), method)
+        DistributedSystem.receive = broken
+        DistributedSystem.own = broken
+    plan.solve()
     print("not reached: the job should have been aborted")
 
 

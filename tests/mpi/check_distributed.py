@@ -97,6 +97,6 @@ def test_a_system_scattered_from_rank_0_holds_the_same_rows():
     here = DistributedSystem(system)
     sent = DistributedSystem.scatter(system if MPI.COMM_WORLD.Get_rank() == 0 else None)
     assert sent.blocks == here.blocks and sent.imports == here.imports
-    rhs = sent.local.rhs + sent.external_rhs({k: np.ones((system.sizes[k], 2))
-                                              for k in sent.imports})
+    imported = {k: np.ones((system.sizes[k], 2)) for k in sent.imports}
+    rhs = sent.own(system.scaled().rhs) + sent.external_rhs(imported, 2)
     np.testing.assert_array_equal(sent.solve_local(rhs), here.solve_local(rhs))

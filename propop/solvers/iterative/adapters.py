@@ -15,10 +15,12 @@ off-diagonal part is nilpotent, so ``nblocks`` iterations are exact in exact
 arithmetic, and a library left to its own default (``10 N``) spends minutes
 producing NaN after a breakdown.
 
-These solvers take one vector: a batch is solved sample by sample through
-``system.sample(i)``, and ``callback(x)`` is called after each sample with the
-whole ``x``. The libraries stop on a global residual; propop's accuracy contract
-holds every block to ``rtol`` (:mod:`.convergence`), so each sample is refined:
+These solvers take one vector: a batch is solved column by column, each with
+its sample's ``LinearOperator`` and preconditioner (built once, by ``init``: one
+for all columns where the matrix is shared), and ``callback(x)`` is called after
+each sample with the whole ``x``. The libraries stop on a global residual;
+propop's accuracy contract holds every block to ``rtol`` (:mod:`.convergence`),
+so each sample is refined:
 the library solves ``A d = c - A x`` to ``rtol`` and ``x += d``, until every
 block meets the contract, ``maxiter`` iterations are spent, or a round stops
 improving. Each round resolves blocks down to ``rtol`` of the current residual,
@@ -39,20 +41,23 @@ import numpy as np
 import pyamg.krylov
 import scipy.sparse.linalg as spla
 
+from ...systems import assemble
+from ...systems.triangular import TriangularSystem
 from ..convergence import Tolerance, column_norms, default_maxiter, finish, initial_guess
+from ..method import Method
 from .preconditioners import preconditioner
 from ..registry import register
 from ..solution import Solution
 
-__all__: list[str] = []
+__all__ = ["LibraryMethod"]
 
 # Library parameters propop sets itself; the others are the method's own options.
 TRANSLATED = {"A", "b", "x0", "rtol", "atol", "tol", "maxiter", "M", "callback",
               "callback_type", "residuals", "restrt", "show", "criteria"}
 
 
-def _scipy_call(function: Callable, sample: Any, rhs: Any, rtol: float, maxiter: int,
-                M: Any, options: dict) -> tuple[Any, int, list, int]:
+def _scipy_call(function: Callable, sample: _Sample, rhs: Any, rtol: float, maxiter: int,
+                options: dict) -> tuple[Any, int, list, int]:
     """Solve ``A d = rhs`` with a SciPy solver; return ``(d, info, history, iterations)``."""
     history: list[float] = []
     norm_c = float(np.linalg.norm(rhs))
@@ -70,25 +75,25 @@ def _scipy_call(function: Callable, sample: Any, rhs: Any, rtol: float, maxiter:
         options = {**options, "inner_m": inner, "maxiter": math.ceil(maxiter / inner)}
     else:  # x-callbacks are only counted: a true residual each would cost a product
         options = {**options, "maxiter": maxiter}
-    d, info = function(sample.operator, rhs, rtol=rtol, atol=0.0, M=M, callback=record,
+    d, info = function(sample.linear, rhs, rtol=rtol, atol=0.0, M=sample.M, callback=record,
                        **options)
     estimates = [h for h in history if not np.isnan(h)]
     return d, info, estimates, len(history)
 
 
-def _pyamg_call(function: Callable, sample: Any, rhs: Any, rtol: float, maxiter: int,
-                M: Any, options: dict) -> tuple[Any, int, list, int]:
+def _pyamg_call(function: Callable, sample: _Sample, rhs: Any, rtol: float, maxiter: int,
+                options: dict) -> tuple[Any, int, list, int]:
     """Solve ``A d = rhs`` with a PyAMG solver; return ``(d, info, history, iterations)``."""
     residuals: list[float] = []
-    maxiter = min(maxiter, sample.size)  # PyAMG's GMRES warns beyond N, which is exact
-    d, info = function(sample.operator, rhs, tol=rtol, maxiter=maxiter, M=M,
+    maxiter = min(maxiter, sample.operator.size)  # PyAMG's GMRES warns beyond N: exact there
+    d, info = function(sample.linear, rhs, tol=rtol, maxiter=maxiter, M=sample.M,
                        residuals=residuals, **options)
     return d, info, residuals[1:], max(len(residuals) - 1, 0)
 
 
-def _refine(call: Callable, function: Callable, sample: Any, x: Any, tol: Tolerance,
-            maxiter: int, M: Any, options: dict) -> tuple[int, list, int, bool]:
-    """Rounds ``x += library(A, c - A x)`` on one sample, in place in ``x``.
+def _refine(call: Callable, function: Callable, sample: Any, built: _Sample, x: Any,
+            tol: Tolerance, maxiter: int, options: dict) -> tuple[int, list, int, bool]:
+    """Rounds ``x += library(A, c - A x)`` on one sample's system, in place in ``x``.
 
     Returns ``(library info, residual history, iterations, stopped improving)``.
     """
@@ -102,7 +107,7 @@ def _refine(call: Callable, function: Callable, sample: Any, x: Any, tol: Tolera
             return info, history, its, True
         previous = progress
         with np.errstate(all="ignore"):
-            d, info, estimates, k = call(function, sample, r, tol.rtol, maxiter - its, M,
+            d, info, estimates, k = call(function, built, r, tol.rtol, maxiter - its,
                                          options)
         x += d
         history += estimates
@@ -114,42 +119,74 @@ def _refine(call: Callable, function: Callable, sample: Any, x: Any, tol: Tolera
     return int(info), history, its, False
 
 
-def _library_preconditioner(sample: Any, spec: Any) -> Any:
-    """A preconditioner spec for one sample, as the ``LinearOperator`` the libraries take."""
-    apply = preconditioner(sample, spec)
-    if apply is None:
-        return None
-    return spla.LinearOperator(sample.shape, matvec=apply, dtype=sample.dtype)
+class _Sample:
+    """One sample's matrix as the libraries take it, built once by ``init``.
+
+    ``operator`` is the sample's (one vector), ``linear`` its ``LinearOperator``
+    and ``M`` the preconditioner spec's ``LinearOperator`` (or ``None``).
+    """
+
+    def __init__(self, operator: Any, spec: Any) -> None:
+        self.operator = operator.ready()
+        self.linear = assemble.linear_operator(operator, None)
+        apply = preconditioner(operator.batch, spec)
+        self.M = None if apply is None else spla.LinearOperator(
+            self.linear.shape, matvec=lambda v: apply(v.reshape(-1, 1))[:, 0],
+            dtype=operator.dtype)
+
+    def system(self, c: Any) -> Any:
+        """The sample's system with right-hand side ``c`` (nothing of the matrix rebuilt)."""
+        return TriangularSystem.of(self.operator, c, check=False)
 
 
-def _adapter(call: Callable, function: Callable, name: str) -> Callable[..., Solution]:
-    """A registered method that runs ``function`` through ``call`` on every sample."""
+class LibraryMethod(Method):
+    """A SciPy or PyAMG Krylov function as a method: ``call`` runs ``function`` per sample.
 
-    def method(system: Any, *, x0: Any = None, rtol: float | None = None, atol: float = 0.0,
-               maxiter: int | None = None, callback: Callable | None = None, M: Any = None,
-               **options: Any) -> Solution:
-        maxiter = default_maxiter(system) if maxiter is None else int(maxiter)
-        tol = Tolerance.of(system, rtol, atol)
+    ``init`` builds every sample's ``LinearOperator`` and preconditioner (one
+    for all columns where the matrix is shared); ``compute`` refines each
+    column of the right-hand side with the library (:func:`_refine`).
+    """
+
+    def __init__(self, call: Callable, function: Callable, name: str) -> None:
+        self.call, self.function, self.name = call, function, name
+        self.__doc__ = (f"``{function.__module__.split('.')[0]}``'s ``{function.__name__}``, "
+                        "one sample at a time, refined until every block meets rtol.")
+
+    def init(self, operator: Any, *, rtol: float | None = None, atol: float = 0.0,
+             maxiter: int | None = None, M: Any = None, **options: Any) -> dict:
+        """The samples' operators and preconditioners; the library's options kept."""
+        shared = operator.shares_matrix
+        samples = [_Sample(operator.sample(i), M)
+                   for i in range(1 if shared else operator.samples)]
+        maxiter = default_maxiter(operator) if maxiter is None else int(maxiter)
+        return dict(rtol=rtol, atol=atol, maxiter=maxiter, samples=samples, options=options)
+
+    def compute(self, state: dict, system: Any, x0: Any = None,
+                callback: Callable | None = None) -> Solution:
+        """Every column refined with the library, sample by sample."""
+        tol, maxiter = Tolerance.of(system, state["rtol"], state["atol"]), state["maxiter"]
         x = initial_guess(system, x0)
-        columns = [x] if system.nrhs is None else [x[:, i] for i in range(system.nrhs)]
+        samples = state["samples"]
         infos, histories, iterations, stalled = [], [], [], []
-        for sample, column in zip(system.samples(), columns):
-            column_x = column.copy()
+        for j in range(x.shape[1]):
+            sample = samples[min(j, len(samples) - 1)]
+            one = sample.system(system.rhs[:, j])
+            column = x[:, j].copy()
             info, history, its, stopped = _refine(
-                call, function, sample, column_x, Tolerance.of(sample, tol.rtol, tol.atol),
-                maxiter, _library_preconditioner(sample, M), options)
-            column[...] = column_x
+                self.call, self.function, one, sample, column,
+                Tolerance.of(one, tol.rtol, tol.atol), maxiter, state["options"])
+            x[:, j] = column
             infos.append(info)
             histories.append(history)
             iterations.append(its)
             stalled.append(stopped)
             if callback is not None:
                 callback(x)
-        breakdown = next((f"{name} reported breakdown (info={i}) in sample {s}; try "
+        breakdown = next((f"{self.name} reported breakdown (info={i}) in sample {s}; try "
                           "'bicgstab' (propop's, random shadow residual) or 'scipy.gmres'"
                           for s, i in enumerate(infos) if i < 0), "") or next((
-            f"{name} stopped improving in sample {s}: a round of refinement did not bring "
-            "its worst block closer to rtol; use a direct method such as 'substitution'"
+            f"{self.name} stopped improving in sample {s}: a round of refinement did not "
+            "bring its worst block closer to rtol; use a direct method such as 'substitution'"
             for s, stop in enumerate(stalled) if stop), "")
         initial = float(column_norms(system.residual(initial_guess(system, x0))).max())
         return finish(system, x, tol=tol, iterations=max(iterations), levels=max(iterations),
@@ -158,16 +195,14 @@ def _adapter(call: Callable, function: Callable, name: str) -> Callable[..., Sol
                       info={"library_info": infos, "sample_iterations": iterations,
                             "sample_histories": histories})
 
-    own = [inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, default=p.default)
-           for p in inspect.signature(function).parameters.values()
-           if p.name not in TRANSLATED and p.kind is not p.VAR_KEYWORD]
-    base = [p for p in inspect.signature(method).parameters.values()
-            if p.kind is not p.VAR_KEYWORD]
-    method.__signature__ = inspect.Signature(base + own)
-    method.__name__ = name.replace(".", "_")
-    method.__doc__ = (f"``{function.__module__.split('.')[0]}``'s ``{function.__name__}``, "
-                      "one sample at a time, refined until every block meets rtol.")
-    return method
+    @property
+    def parameters(self) -> list[inspect.Parameter]:
+        """``init``'s options, the library's own (``restart``, ``orthog``, ...), ``compute``'s."""
+        base = [p for p in super().parameters if p.kind is not p.VAR_KEYWORD]
+        own = [inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, default=p.default)
+               for p in inspect.signature(self.function).parameters.values()
+               if p.name not in TRANSLATED and p.kind is not p.VAR_KEYWORD]
+        return base + own
 
 
 def _merge(histories: list[list[float]]) -> list[float]:
@@ -193,4 +228,4 @@ for _prefix, _call, _table in (("scipy", _scipy_call, _SCIPY), ("pyamg", _pyamg_
     for _short, (_function, _description) in _table.items():
         _name = f"{_prefix}.{_short}"
         register(_name, kind="krylov", exact=False, description=f"{_prefix}: {_description}")(
-            _adapter(_call, _function, _name))
+            LibraryMethod(_call, _function, _name))

@@ -24,14 +24,15 @@ import numpy as np
 
 from ... import backend, memory
 from ..reduction import footprint
-from .bicgstab import bicgstab
-from ..convergence import Tolerance, default_maxiter, finish, initial_guess
+from .bicgstab import BiCGStab
+from ..convergence import Tolerance, finish, initial_guess
+from ..method import Method
 from ..options import OptionError
 from ..registry import register
 from ..solution import Solution
-from .views import Block
+from .views import Block, Setup
 
-__all__ = ["batched_gmres", "gmres", "restart_length"]
+__all__ = ["BatchedGMRES", "gmres", "restart_length"]
 
 
 def _safe(xp: Any, num: Any, den: Any) -> Any:
@@ -40,16 +41,17 @@ def _safe(xp: Any, num: Any, den: Any) -> Any:
     return xp.where(ok, num / xp.where(ok, den, 1), 0)
 
 
-def restart_length(system: Any, restart: int | None) -> int:
+def restart_length(operator: Any, restart: int | None) -> int:
     """``restart``, checked against the memory budget, or the default ``min(nblocks + 1, 50)``.
 
-    A cycle keeps ``restart + 1`` basis blocks the size of the right-hand side.
+    A cycle keeps ``restart + 1`` basis blocks the size of the right-hand side
+    (``operator.samples`` columns).
     """
     if restart is not None and restart < 1:
         raise OptionError(f"restart must be >= 1, got {restart}")
-    m = min(system.nblocks + 1, 50) if restart is None else int(restart)
-    memory.require(footprint.krylov_basis(system, m), f"GMRES with restart={m} on this "
-                   f"{system.nrhs or 1}-sample system", "lower restart, or use 'bicgstab' "
+    m = min(operator.nblocks + 1, 50) if restart is None else int(restart)
+    memory.require(footprint.krylov_basis(operator, m), f"GMRES with restart={m} on this "
+                   f"{operator.nrhs or 1}-sample system", "lower restart, or use 'bicgstab' "
                    "or 'substitution'")
     return m
 
@@ -146,9 +148,7 @@ def gmres(block: Block, X: Any, tol: Tolerance, maxiter: int, m: int,
 
 
 @register("batched-gmres", kind="krylov", exact=False, backends=("numpy", "cupy", "torch"))
-def batched_gmres(system: Any, *, x0: Any = None, rtol: float | None = None, atol: float = 0.0,
-                  maxiter: int | None = None, callback: Callable | None = None,
-                  restart: int | None = None, M: Any = None) -> Solution:
+class BatchedGMRES(Method):
     """GMRES for every sample at once: one batched product per iteration.
 
     Parameters
@@ -159,7 +159,8 @@ def batched_gmres(system: Any, *, x0: Any = None, rtol: float | None = None, ato
         most ``nblocks``, so an unrestarted cycle of that length is exact.
     M : spec, optional
         Right preconditioner: ``"diagonal"``, ``"block-jacobi"``, ``"air"``, a
-        ``(name, {options})`` tuple or a function (:mod:`.preconditioners`).
+        ``(name, {options})`` tuple or a function (:mod:`.preconditioners`),
+        built once by ``init``.
 
     Notes
     -----
@@ -172,18 +173,27 @@ def batched_gmres(system: Any, *, x0: Any = None, rtol: float | None = None, ato
     contract of :mod:`.convergence`) stops the method as stagnated
     (``BREAKDOWN``); ``callback(x)`` is called after each cycle.
     """
-    maxiter = default_maxiter(system) if maxiter is None else int(maxiter)
-    m = restart_length(system, restart)
-    block, tol = Block(system, M), Tolerance.of(system, rtol, atol)
-    X = initial_guess(system, x0).reshape(system.size, -1)
-    X, history, it, stagnated, columns, cycles = gmres(block, X, tol, maxiter, m, callback)
-    return finish(system, block.out(X), tol=tol, iterations=it, history=history, levels=it,
-                  maxiter=maxiter, breakdown=stagnated, estimates=True,
-                  info={"restart": m, "matvecs": (it + cycles + 1) * columns.size,
-                        "column_iterations": columns.tolist(),
-                        "operator_applications": it + cycles + 1})
+
+    def init(self, operator: Any, *, rtol: float | None = None, atol: float = 0.0,
+             maxiter: int | None = None, restart: int | None = None, M: Any = None
+             ) -> Setup:
+        """The options checked (``restart`` against the memory budget), the preconditioner built."""
+        return Setup.of(operator, rtol, atol, maxiter, M,
+                        restart=restart_length(operator, restart))
+
+    def compute(self, state: Setup, system: Any, x0: Any = None,
+                callback: Callable | None = None) -> Solution:
+        """The lock-step GMRES(m) cycles from ``x0`` for ``system``'s right-hand side."""
+        tol, maxiter, m = state.tolerance(system), state.maxiter, state.own["restart"]
+        X, history, it, stagnated, columns, cycles = gmres(
+            state.block(system), initial_guess(system, x0), tol, maxiter, m, callback)
+        return finish(system, X, tol=tol, iterations=it, history=history, levels=it,
+                      maxiter=maxiter, breakdown=stagnated, estimates=True,
+                      info={"restart": m, "matvecs": (it + cycles + 1) * columns.size,
+                            "column_iterations": columns.tolist(),
+                            "operator_applications": it + cycles + 1})
 
 
 register("batched-bicgstab", kind="krylov", exact=False, backends=("numpy", "cupy", "torch"),
          description="propop's 'bicgstab' by its batched name: r recurrences in lock-step, "
-                     "per-sample scalars")(bicgstab)
+                     "per-sample scalars")(BiCGStab)

@@ -23,12 +23,13 @@ import numpy as np
 
 from ... import backend
 
-from ..convergence import Tolerance, default_maxiter, finish, initial_guess
+from ..convergence import Tolerance, finish, initial_guess
+from ..method import Method
 from ..registry import register
 from ..solution import Solution
-from .views import Block
+from .views import Block, Setup
 
-__all__ = ["bicgstab", "iterate"]
+__all__ = ["BiCGStab", "iterate"]
 
 def _ratio(xp: Any, num: Any, den: Any, active: Any) -> Any:
     """``num / den`` on the active columns with a non-zero denominator, 0 elsewhere."""
@@ -37,10 +38,7 @@ def _ratio(xp: Any, num: Any, den: Any, active: Any) -> Any:
 
 
 @register("bicgstab", kind="krylov", exact=False, backends=("numpy", "cupy"))
-def bicgstab(system: Any, *, x0: Any = None, rtol: float | None = None, atol: float = 0.0,
-             maxiter: int | None = None, callback: Callable | None = None,
-             shadow: Literal["random", "residual"] = "random", seed: int = 0, M: Any = None
-             ) -> Solution:
+class BiCGStab(Method):
     """BiCGStab with a random shadow residual; all samples in lock-step.
 
     Parameters
@@ -51,7 +49,8 @@ def bicgstab(system: Any, *, x0: Any = None, rtol: float | None = None, atol: fl
     seed : int
         Seed of the random shadow residual.
     M : spec, optional
-        Right preconditioner (:mod:`propop.solvers.iterative.preconditioners`).
+        Right preconditioner (:mod:`propop.solvers.iterative.preconditioners`),
+        built once by ``init``.
 
     Notes
     -----
@@ -62,15 +61,23 @@ def bicgstab(system: Any, *, x0: Any = None, rtol: float | None = None, atol: fl
     recurrence drifted, or whose small blocks the recurrence resolved only to the
     precision of its large ones, is restarted from it.
     """
-    maxiter = default_maxiter(system) if maxiter is None else int(maxiter)
-    tol = Tolerance.of(system, rtol, atol)
-    block = Block(system, M)
-    X = initial_guess(system, x0).reshape(system.size, -1)
-    X, history, it, breakdown = iterate(block, X, tol, maxiter, callback, shadow, seed)
-    return finish(system, block.out(X), tol=tol, iterations=it, history=history,
-                  levels=2 * it, maxiter=maxiter, breakdown=breakdown, estimates=True,
-                  info={"matvecs": (2 * it + 1) * X.shape[1], "shadow": shadow,
-                        "operator_applications": 2 * it + 1})
+
+    def init(self, operator: Any, *, rtol: float | None = None, atol: float = 0.0,
+             maxiter: int | None = None, shadow: Literal["random", "residual"] = "random",
+             seed: int = 0, M: Any = None) -> Setup:
+        """The options checked and the preconditioner built."""
+        return Setup.of(operator, rtol, atol, maxiter, M, shadow=shadow, seed=seed)
+
+    def compute(self, state: Setup, system: Any, x0: Any = None,
+                callback: Callable | None = None) -> Solution:
+        """The lock-step iteration from ``x0`` for ``system``'s right-hand side."""
+        tol, maxiter = state.tolerance(system), state.maxiter
+        X, history, it, breakdown = iterate(state.block(system), initial_guess(system, x0),
+                                            tol, maxiter, callback, **state.own)
+        return finish(system, X, tol=tol, iterations=it, history=history,
+                      levels=2 * it, maxiter=maxiter, breakdown=breakdown, estimates=True,
+                      info={"matvecs": (2 * it + 1) * X.shape[1], "shadow": state.own["shadow"],
+                            "operator_applications": 2 * it + 1})
 
 
 def iterate(block: Block, X: Any, tol: Tolerance, maxiter: int, callback: Callable | None,
@@ -118,7 +125,7 @@ def iterate(block: Block, X: Any, tol: Tolerance, maxiter: int, callback: Callab
             breakdown = _breakdown("omega = t.s / t.t", stalled, it)
             active &= ~stalled
         if callback is not None:
-            callback(block.out(X))
+            callback(X)
         active, restart = _confirm(block, tol, active, met, X, R)
         if bool(restart.any()):  # a fresh recurrence from the true residual
             P[:, restart], V[:, restart] = 0, 0

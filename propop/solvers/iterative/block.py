@@ -36,19 +36,17 @@ import numpy as np
 
 from ... import backend
 
+from ...systems.triangular import TriangularSystem
 from .batched import restart_length
-from ..convergence import Tolerance, default_maxiter, finish, initial_guess
+from ..convergence import Tolerance, finish, initial_guess
 from ..direct.substitution import approximation_report
+from ..method import Method
 from ..options import OptionError
 from ..registry import register
 from ..solution import Solution
-from .views import Block
+from .views import Block, Setup
 
-__all__ = ["block_gmres", "block_bicgstab"]
-
-def _shared(system: Any, shared_diagonal: str | None) -> Any:
-    """The one-matrix system the block methods work on, or a clear error."""
-    return system.shared("exact" if shared_diagonal is None else "mean")
+__all__ = ["BlockGMRES", "BlockBiCGStab"]
 
 
 def _orthonormal(xp: Any, W: Any, drop: float, size: float = 0.0) -> tuple[Any, Any]:
@@ -129,13 +127,29 @@ class _Arnoldi:
         return xp.concatenate(self.V[:-1], axis=1) @ Y
 
 
+class _BlockMethod(Method):
+    """What both block methods do per matrix: the one shared operator and its preconditioner."""
+
+    def _setup(self, operator: Any, rtol: float | None, atol: float, maxiter: int | None,
+               M: Any, shared_diagonal: str | None, **own: Any) -> Setup:
+        shared = operator.shared("exact" if shared_diagonal is None else "mean").ready()
+        return Setup.of(shared, rtol, atol, maxiter, M, shared=shared, **own)
+
+    @staticmethod
+    def _start(state: Setup, system: Any, x0: Any) -> tuple[Any, Block, Tolerance, Any]:
+        """The shared system of ``system``'s right-hand side, its block, tolerance and ``X``."""
+        shared = TriangularSystem.of(state.own["shared"], system.rhs, check=False)
+        return shared, state.block(shared), state.tolerance(shared), initial_guess(shared, x0)
+
+    @staticmethod
+    def _judged(system: Any, solution: Solution) -> Solution:
+        """Report a ``shared_diagonal="mean"`` answer as the approximation it is."""
+        return solution if system.shares_matrix else approximation_report(system, solution)
+
+
 @register("block-gmres", kind="block", exact=False, backends=("numpy", "cupy"),
           requires=("shared_matrix",))
-def block_gmres(system: Any, *, x0: Any = None, rtol: float | None = None, atol: float = 0.0,
-                maxiter: int | None = None, callback: Callable | None = None,
-                restart: int | None = None, M: Any = None,
-                shared_diagonal: Literal["mean"] | None = None,
-                deflation_tol: float | None = None) -> Solution:
+class BlockGMRES(_BlockMethod):
     """Block GMRES for several right-hand sides of one matrix, with deflation.
 
     Parameters
@@ -143,7 +157,8 @@ def block_gmres(system: Any, *, x0: Any = None, rtol: float | None = None, atol:
     restart : int, optional
         Block iterations per cycle; default ``min(nblocks + 1, 50)``.
     M : spec, optional
-        Right preconditioner (:mod:`propop.solvers.iterative.preconditioners`).
+        Right preconditioner (:mod:`propop.solvers.iterative.preconditioners`),
+        built once by ``init``.
     shared_diagonal : {None, "mean"}
         ``None``: the system must share one matrix over its columns, else
         ``ValueError``. ``"mean"``: solve the batch-mean matrix instead, an
@@ -159,71 +174,72 @@ def block_gmres(system: Any, *, x0: Any = None, rtol: float | None = None, atol:
     and one a cycle), ``info["matvecs"]`` the columns all of them carried,
     ``info["block_widths"]`` the width of each Arnoldi block.
     """
-    shared = _shared(system, shared_diagonal)
-    maxiter = default_maxiter(system) if maxiter is None else int(maxiter)
-    m = restart_length(system, restart)
-    if deflation_tol is not None and not 0 <= deflation_tol < 1:
-        raise OptionError(f"deflation_tol must lie in [0, 1), got {deflation_tol}")
-    drop = float(np.sqrt(backend.eps(system.dtype))) if deflation_tol is None \
-        else float(deflation_tol)
-    block, tol = Block(shared, M), Tolerance.of(shared, rtol, atol)
-    xp = block.xp
-    X = initial_guess(shared, x0).reshape(shared.size, -1)
-    R = block.residual(X)
-    met, norms = block.met(tol, R, X)
-    history, it, widths, stagnated, cycles = [float(norms.max())], 0, [], "", 0
-    progress = (np.inf, np.inf)
-    while it < maxiter and not met.all():
-        active = np.flatnonzero(~met)
-        floor = np.maximum(tol.floor(X[:, active], active),  # or rounding: restart refines
-                           10 * backend.eps(R.dtype) * block.norms(R[:, active]))
-        arnoldi = _Arnoldi(xp, R[:, active], drop)
-        for _ in range(min(m, maxiter - it)):
-            it += 1
-            widths.append(arnoldi.width)
-            grew = arnoldi.extend(block.A(block.M(arnoldi.V[-1])))
-            estimates = np.asarray(arnoldi.estimates().tolist())
-            history.append(float(estimates.max()))
-            if not grew or (estimates <= floor).all():
+
+    def init(self, operator: Any, *, rtol: float | None = None, atol: float = 0.0,
+             maxiter: int | None = None, restart: int | None = None, M: Any = None,
+             shared_diagonal: Literal["mean"] | None = None,
+             deflation_tol: float | None = None) -> Setup:
+        """The shared operator, ``restart`` and ``deflation_tol`` checked, ``M`` built."""
+        if deflation_tol is not None and not 0 <= deflation_tol < 1:
+            raise OptionError(f"deflation_tol must lie in [0, 1), got {deflation_tol}")
+        drop = float(np.sqrt(backend.eps(operator.dtype))) if deflation_tol is None \
+            else float(deflation_tol)
+        return self._setup(operator, rtol, atol, maxiter, M, shared_diagonal,
+                           restart=restart_length(operator, restart), drop=drop)
+
+    def compute(self, state: Setup, system: Any, x0: Any = None,
+                callback: Callable | None = None) -> Solution:
+        """Block GMRES(m) cycles on the shared matrix from ``x0``."""
+        shared, block, tol, X = self._start(state, system, x0)
+        maxiter, m, drop = state.maxiter, state.own["restart"], state.own["drop"]
+        R = block.residual(X)
+        met, norms = block.met(tol, R, X)
+        history, it, widths, stagnated, cycles = [float(norms.max())], 0, [], "", 0
+        progress = (np.inf, np.inf)
+        while it < maxiter and not met.all():
+            active = np.flatnonzero(~met)
+            floor = np.maximum(tol.floor(X[:, active], active),  # or rounding: restart refines
+                               10 * backend.eps(R.dtype) * block.norms(R[:, active]))
+            arnoldi = _Arnoldi(block.xp, R[:, active], drop)
+            for _ in range(min(m, maxiter - it)):
+                it += 1
+                widths.append(arnoldi.width)
+                grew = arnoldi.extend(block.A(block.M(arnoldi.V[-1])))
+                estimates = np.asarray(arnoldi.estimates().tolist())
+                history.append(float(estimates.max()))
+                if not grew or (estimates <= floor).all():
+                    break
+            correction = arnoldi.correction()
+            if correction is None:
+                stagnated = (f"block GMRES breakdown at iteration {it}: the block Hessenberg "
+                             "matrix is singular or not finite (a long product of Jacobians "
+                             "overflowed?); use a direct method such as 'substitution'")
                 break
-        correction = arnoldi.correction()
-        if correction is None:
-            stagnated = (f"block GMRES breakdown at iteration {it}: the block Hessenberg "
-                         "matrix is singular or not finite (a long product of Jacobians "
-                         "overflowed?); use a direct method such as 'substitution'")
-            break
-        X[:, active] += block.M(correction)
-        cycles += 1
-        R, met, progress, stagnated = block.end_cycle(X, progress, history, callback, tol, it,
-                                                      m, "block GMRES", last=it >= maxiter)
-        if stagnated:
-            break
-    solution = finish(system, block.out(X), tol=Tolerance.of(system, rtol, atol),
-                      iterations=it, history=history, levels=it, maxiter=maxiter,
-                      breakdown=stagnated, estimates=True,
-                      info={"restart": m, "block_widths": widths,
-                            "matvecs": int(sum(widths)) + (cycles + 1) * X.shape[1],
-                            "operator_applications": it + cycles + 1})
-    return _judged(system, solution)
-
-
-def _judged(system: Any, solution: Solution) -> Solution:
-    """Report a ``shared_diagonal="mean"`` answer as the approximation it is."""
-    return solution if system.shares_matrix else approximation_report(system, solution)
+            X[:, active] += block.M(correction)
+            cycles += 1
+            R, met, progress, stagnated = block.end_cycle(
+                X, progress, history, callback, tol, it, m, "block GMRES", last=it >= maxiter)
+            if stagnated:
+                break
+        solution = finish(system, X, tol=state.tolerance(system), iterations=it,
+                          history=history, levels=it, maxiter=maxiter, breakdown=stagnated,
+                          estimates=True,
+                          info={"restart": m, "block_widths": widths,
+                                "matvecs": int(sum(widths)) + (cycles + 1) * X.shape[1],
+                                "operator_applications": it + cycles + 1})
+        return self._judged(system, solution)
 
 
 @register("block-bicgstab", kind="block", exact=False, backends=("numpy", "cupy"),
           requires=("shared_matrix",))
-def block_bicgstab(system: Any, *, x0: Any = None, rtol: float | None = None, atol: float = 0.0,
-                   maxiter: int | None = None, callback: Callable | None = None,
-                   M: Any = None, shared_diagonal: Literal["mean"] | None = None, seed: int = 0
-                   ) -> Solution:
+class BlockBiCGStab(_BlockMethod):
     """Block BiCGStab (Guennouni et al. 2003) for several right-hand sides of one matrix.
 
     Parameters
     ----------
     M : spec, optional
-        Right preconditioner (:mod:`propop.solvers.iterative.preconditioners`).
+        Right preconditioner (:mod:`propop.solvers.iterative.preconditioners`),
+        built once by ``init``.
     shared_diagonal : {None, "mean"}
         As for ``block-gmres``.
     seed : int
@@ -235,48 +251,56 @@ def block_bicgstab(system: Any, *, x0: Any = None, rtol: float | None = None, at
     Two block operator applications per iteration. A singular ``R~^T V`` is a
     breakdown, reported with the iteration.
     """
-    shared = _shared(system, shared_diagonal)
-    maxiter = default_maxiter(system) if maxiter is None else int(maxiter)
-    block, tol = Block(shared, M), Tolerance.of(shared, rtol, atol)
-    xp = block.xp
-    X = initial_guess(shared, x0).reshape(shared.size, -1)
-    R = block.residual(X)
-    shadow = xp.asarray(np.random.default_rng(seed).standard_normal(R.shape), dtype=R.dtype)
-    P = R.copy()
-    met, norms = block.met(tol, R, X)
-    history, it, breakdown = [float(norms.max())], 0, ""
-    while it < maxiter and not met.all():
-        it += 1
-        P_hat = block.M(P)
-        V = block.A(P_hat)
-        SV = shadow.T @ V
-        if _singular(xp, SV):
-            breakdown = _breakdown(xp, it, block.residual(X))
-            break
-        alpha = xp.linalg.solve(SV, shadow.T @ R)
-        S = R - V @ alpha
-        S_hat = block.M(S)
-        T = block.A(S_hat)
-        tt = float(xp.sum(T * T))
-        omega = float(xp.sum(T * S)) / tt if tt > 0 else 0.0
-        X = X + P_hat @ alpha + omega * S_hat
-        R = S - omega * T
-        beta = xp.linalg.solve(SV, -(shadow.T @ T))
-        P = R + (P - omega * V) @ beta
+
+    def init(self, operator: Any, *, rtol: float | None = None, atol: float = 0.0,
+             maxiter: int | None = None, M: Any = None,
+             shared_diagonal: Literal["mean"] | None = None, seed: int = 0) -> Setup:
+        """The shared operator and ``M`` built."""
+        return self._setup(operator, rtol, atol, maxiter, M, shared_diagonal, seed=seed)
+
+    def compute(self, state: Setup, system: Any, x0: Any = None,
+                callback: Callable | None = None) -> Solution:
+        """Block BiCGStab iterations on the shared matrix from ``x0``."""
+        shared, block, tol, X = self._start(state, system, x0)
+        xp, maxiter = block.xp, state.maxiter
+        R = block.residual(X)
+        shadow = xp.asarray(np.random.default_rng(state.own["seed"]).standard_normal(R.shape),
+                            dtype=R.dtype)
+        P = R.copy()
         met, norms = block.met(tol, R, X)
-        history.append(float(norms.max()))
-        if callback is not None:
-            callback(block.out(X))
-        if met.all():  # confirm on the true residual; restart from it if it disagrees
-            R = block.residual(X)
+        history, it, breakdown = [float(norms.max())], 0, ""
+        while it < maxiter and not met.all():
+            it += 1
+            P_hat = block.M(P)
+            V = block.A(P_hat)
+            SV = shadow.T @ V
+            if _singular(xp, SV):
+                breakdown = _breakdown(xp, it, block.residual(X))
+                break
+            alpha = xp.linalg.solve(SV, shadow.T @ R)
+            S = R - V @ alpha
+            S_hat = block.M(S)
+            T = block.A(S_hat)
+            tt = float(xp.sum(T * T))
+            omega = float(xp.sum(T * S)) / tt if tt > 0 else 0.0
+            X = X + P_hat @ alpha + omega * S_hat
+            R = S - omega * T
+            beta = xp.linalg.solve(SV, -(shadow.T @ T))
+            P = R + (P - omega * V) @ beta
             met, norms = block.met(tol, R, X)
-            P = R.copy()
-    solution = finish(system, block.out(X), tol=Tolerance.of(system, rtol, atol),
-                      iterations=it, history=history, levels=2 * it, maxiter=maxiter,
-                      breakdown=breakdown, estimates=True,
-                      info={"matvecs": 2 * it * X.shape[1] + X.shape[1],
-                            "operator_applications": 2 * it + 1})
-    return _judged(system, solution)
+            history.append(float(norms.max()))
+            if callback is not None:
+                callback(X)
+            if met.all():  # confirm on the true residual; restart from it if it disagrees
+                R = block.residual(X)
+                met, norms = block.met(tol, R, X)
+                P = R.copy()
+        solution = finish(system, X, tol=state.tolerance(system), iterations=it,
+                          history=history, levels=2 * it, maxiter=maxiter,
+                          breakdown=breakdown, estimates=True,
+                          info={"matvecs": 2 * it * X.shape[1] + X.shape[1],
+                                "operator_applications": 2 * it + 1})
+        return self._judged(system, solution)
 
 
 def _breakdown(xp: Any, it: int, R: Any) -> str:

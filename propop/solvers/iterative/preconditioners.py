@@ -1,9 +1,9 @@
 """Preconditioners for the Krylov methods: ``M=`` (paper section 3.2, scaling as preconditioning).
 
-A preconditioner is built once per system from a spec (DESIGN section 3): a
-name, a ``(name, {options})`` tuple, or a function ``R -> M^{-1} R`` on
-``(N,)``/``(N, k)`` arrays. The methods apply it on the right, so the residuals
-they watch are the true ones.
+A preconditioner is built once per operator, by a method's ``init``, from a
+spec (DESIGN section 3): a name, a ``(name, {options})`` tuple, or a function
+``R -> M^{-1} R`` on ``(N, k)`` arrays. The methods apply it on the right, so
+the residuals they watch are the true ones.
 
 - ``"diagonal"``: the paper's ``D^{-1}`` / ``E^{-1}``, the inverse of the block
   diagonal. Every method sees the unit-diagonal form, where it is the identity:
@@ -26,15 +26,19 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from ...systems import assemble
+from ...systems.triangular import TriangularSystem
 from ..direct.substitution import substitute
 from ..options import OptionError, check_spec
 
 __all__ = ["preconditioner"]
 
-def preconditioner(system: Any, spec: Any) -> Callable[[Any], Any] | None:
-    """The function ``R -> M^{-1} R`` that ``spec`` names for ``system`` (``None``: none).
+def preconditioner(operator: Any, spec: Any) -> Callable[[Any], Any] | None:
+    """The function ``R -> M^{-1} R`` that ``spec`` names for ``operator`` (``None``: none).
 
-    Raises ``ValueError`` for an unknown name or bad options.
+    ``operator`` is canonical (scaled form, 2-D: :mod:`propop.systems.make_system`)
+    and the function applies to its ``(N, c)`` blocks. Built once, by a method's
+    ``init``. Raises ``ValueError`` for an unknown name or bad options.
     """
     named = check_spec(spec)
     if named is None:
@@ -47,58 +51,43 @@ def preconditioner(system: Any, spec: Any) -> Callable[[Any], Any] | None:
         listed = ", ".join(known) if known else "none"
         raise OptionError(f"M: preconditioner {name!r} has no option {unknown[0]!r}; its "
                           f"options are {listed}")
-    return build(system, **options)
+    return build(operator, **options)
 
 
-def _diagonal(system: Any) -> Callable[[Any], Any] | None:
-    """``D^{-1} R``, block by block; ``None`` (nothing to do) on the scaled form."""
-    diagonal = system.blocks.diagonal
-    if all(d is None for d in diagonal):
-        return None
-    xp = system.backend.xp
-
-    def apply(R: Any) -> Any:
-        parts = system.split(R)
-        return xp.concatenate([c if d is None else c / _like(d, c) for c, d in
-                               zip(parts, diagonal)])
-
-    return apply
+def _diagonal(operator: Any) -> None:
+    """``D^{-1}``: the identity on the scaled form every method sees, so nothing to apply."""
+    return None
 
 
-def _like(d: Any, c: Any) -> Any:
-    """A diagonal ``(n,)``/``(n, r)`` shaped to divide a block ``c``."""
-    return d[:, 0] if c.ndim == 1 and d.ndim == 2 else d
-
-
-def _block_jacobi(system: Any, group: int = 2) -> Callable[[Any], Any]:
+def _block_jacobi(operator: Any, group: int = 2) -> Callable[[Any], Any]:
     """An exact solve of each group of ``group`` consecutive blocks (in solve order)."""
     if int(group) != group or group < 1:
         raise OptionError(f"M: block-jacobi's group must be an integer >= 1, got {group}")
-    position = {k: i // int(group) for i, k in enumerate(system.blocks.order())}
-    within = system.restricted(lambda row, col: position[row] == position[col])
+    position = {k: i // int(group) for i, k in enumerate(operator.blocks.order())}
+    within = operator.restricted(lambda row, col: position[row] == position[col])
+    within.blocks.steps  # noqa: B018 (built here, once, for every application)
 
     def apply(R: Any) -> Any:  # unchecked: the outer method judges its own residual
-        return substitute(within.with_rhs(R))
+        return substitute(TriangularSystem.of(within, R, check=False))
 
     return apply
 
 
-def _air(system: Any, **options: Any) -> Callable[[Any], Any]:
+def _air(operator: Any, **options: Any) -> Callable[[Any], Any]:
     """One AIR V-cycle per sample; the hierarchies are built here, at a cost."""
     from pyamg.classical import air_solver
 
     start = time.perf_counter()
-    samples = system.samples() if not system.shares_matrix else [system.shared()]
-    cycles = [air_solver(s.matrix.tocsr() if s.nrhs is None else s.sample(0).matrix.tocsr(),
-                         **options).aspreconditioner(cycle="V") for s in samples]
+    samples = [operator.sample(0)] if operator.shares_matrix else \
+        [operator.sample(i) for i in range(operator.samples)]
+    cycles = [air_solver(assemble.csr(s, None), **options).aspreconditioner(cycle="V")
+              for s in samples]
     warnings.warn(f"the AIR preconditioner took {time.perf_counter() - start:.2f} s to set "
                   f"up {len(cycles)} hierarchies; a direct solve of this system is cheaper, "
-                  "use it for experiments", stacklevel=4)
-    xp = system.backend.xp
+                  "use it for experiments", stacklevel=5)
+    xp = operator.backend.xp
 
     def apply(R: Any) -> Any:
-        if R.ndim == 1:
-            return xp.asarray(cycles[0] @ R)
         columns = [cycles[min(j, len(cycles) - 1)] @ R[:, j] for j in range(R.shape[1])]
         return xp.stack([xp.asarray(c) for c in columns], axis=1)
 

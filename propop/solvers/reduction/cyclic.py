@@ -31,7 +31,6 @@ methods for solving Poisson's equations", SIAM J. Numer. Anal. 7 (1970).
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from typing import Any, Literal
@@ -41,9 +40,9 @@ import numpy as np
 from ... import backend, memory
 from . import footprint
 from .chain import Chain, Counter, apply, in_system_order, product
-from .sparse import SparseChain, sparse_reduce
-from .over_groups import reduce_over_groups
-from .over_time import WITHIN, reduce_over_time
+from .sparse import SparseChain, sparse_factor, sparse_substitute
+from .over_groups import OverGroups
+from .over_time import WITHIN, OverTime
 from ..convergence import Tolerance, finish
 from ..options import OptionError
 from ..direct.substitution import approximation_report
@@ -52,7 +51,7 @@ from ..method import Method
 from ..registry import register
 from ..solution import Solution, Status
 
-__all__ = ["CyclicReduction", "parallel_cyclic_reduction"]
+__all__ = ["CyclicReduction", "ParallelCyclicReduction"]
 
 # Below this width padded dense blocks beat sparse products on a CPU, even for
 # sparse weights (measured: width 128 at density 0.05, dense 2x faster; width
@@ -132,89 +131,93 @@ def _substitute(levels: list[tuple], G: Any, counter: Counter, xp: Any) -> Any:
     return X
 
 
-def _reduce(chain: Chain, counter: Counter, xp: Any) -> tuple[Any, int]:
-    """Odd-even cyclic reduction of ``chain``: :func:`_factor` then :func:`_substitute`.
+def _parallel_factor(chain: Chain, counter: Counter, xp: Any) -> list[tuple]:
+    """The matrix half of parallel cyclic reduction: the cores of every level.
 
-    Returns ``(X, levels)``.
+    At level ``t`` (shift ``s = 2^(t-1)``) every position ``k >= s`` reads ``k - s``:
+    ``x_k = A_k x_{k-s} + G_k``, the cores combining as ``A_k A_{k-s}`` for the next
+    level. ``C[i]`` is the core of position ``first + i``; each level keeps
+    ``(L, C, first)``.
     """
-    levels = _factor(chain, counter, xp)
-    return _substitute(levels, chain.G, counter, xp), len(levels)
-
-
-def _parallel_reduce(chain: Chain, counter: Counter, xp: Any) -> tuple[Any, int]:
-    """Parallel cyclic reduction: ``x_k = A_k x_{k-s} + G_k`` with ``s`` doubling.
-
-    ``C[i]`` is the core of block ``first + i``; the blocks below ``first`` are solved.
-    """
-    L, G = chain.L, chain.G
-    C, first = chain.C, 1
-    m, shift, level = G.shape[0], 1, 0
+    L, C, first = chain.L, chain.C, 1
+    m, shift, levels = chain.G.shape[0], 1, []
     while shift < m:
-        level += 1
-        rhs = apply(L[shift:], C[shift - first:], G[: m - shift], counter) + G[shift:]
+        levels.append((L, C, first))
         if 2 * shift < m:
             cores = product(L[2 * shift:], C[2 * shift - first:], L[shift: m - shift],
                             C[shift - first: m - shift - first], counter)
-            _check_finite(xp, cores, level, 2 * shift, 1, 2 * shift, chain)
+            _check_finite(xp, cores, len(levels), 2 * shift, 1, 2 * shift, chain)
             C, first = cores, 2 * shift
-            del cores
+        shift *= 2
+    return levels
+
+
+def _parallel_substitute(levels: list[tuple], G: Any, counter: Counter, xp: Any) -> Any:
+    """The right-hand-side half: ``G_k <- A_k G_{k-s} + G_k`` at every level, no way back."""
+    m, shift = G.shape[0], 1
+    for L, C, first in levels:
+        rhs = apply(L[shift:], C[shift - first:], G[: m - shift], counter) + G[shift:]
         G = xp.concatenate([G[:shift], rhs])
         del rhs
         shift *= 2
-    return G, level
+    return G
 
 
-def _dense(reduce: Callable) -> Callable:
-    """A one-shot reduction on the padded dense chain (:func:`_plan` runs it per solve)."""
+def _factored(factor: Callable, substitute: Callable) -> Callable:
+    """A reduction of the padded dense chain split in two: ``factor`` here, once.
 
-    def run(system: Any, shared_diagonal: str | None, counter: Counter
-            ) -> tuple[Any, int, dict]:
+    Returns ``prepare(system, shared_diagonal, counter)``, which reduces the
+    chain's blocks and returns the per-rhs solve ``(s, counter) -> (x, levels,
+    info)`` running ``substitute`` on ``s``'s right-hand side.
+    """
+    def prepare(system: Any, shared_diagonal: str | None, counter: Counter) -> Callable:
+        xp = system.backend.xp
         chain = Chain.of(system, shared_diagonal)
-        X, levels = reduce(chain, counter, system.backend.xp)
-        return chain.solution(X, system), levels, {"width": chain.G.shape[2]}
+        levels = factor(chain, counter, xp)
 
-    return run
+        def solve(s: Any, counter: Counter) -> tuple[Any, int, dict]:
+            X = substitute(levels, chain.rhs_of(s), counter, xp)
+            return chain.solution(X, s), len(levels), {"width": chain.G.shape[2]}
 
+        return solve
 
-def _factored_chain(system: Any, shared_diagonal: str | None, counter: Counter) -> Callable:
-    """Reduce the padded dense chain's blocks once; the returned function solves per rhs."""
-    xp = system.backend.xp
-    chain = Chain.of(system, shared_diagonal)
-    levels = _factor(chain, counter, xp)
-
-    def substitute(s: Any, counter: Counter) -> tuple[Any, int, dict]:
-        G = chain.G if s is system else chain.rhs_of(s)
-        X = _substitute(levels, G, counter, xp)
-        return chain.solution(X, s), len(levels), {"width": chain.G.shape[2]}
-
-    return substitute
+    return prepare
 
 
-def _one_shot(run: Callable) -> Callable:
-    """A reduction that does everything per solve, as a factor with nothing to keep."""
-    def factor(system: Any, shared_diagonal: str | None, counter: Counter) -> Callable:
-        return lambda s, counter: run(s, shared_diagonal, counter)
+def _time_factored(within: str) -> Callable:
+    """The two-level reduction of an RNN system (:mod:`.over_time`), split as :func:`_factored`.
 
-    return factor
+    Another number of columns than the operator's samples (a shared matrix) has
+    its own reduction, made on its first solve and kept.
+    """
+    def prepare(system: Any, shared_diagonal: str | None, counter: Counter) -> Callable:
+        if shared_diagonal is not None:
+            raise OptionError("shared_diagonal is not supported on RNN systems: their reduced "
+                              "blocks are per sample and per step anyway")
+        xp = system.backend.xp
+        halves = (lambda chain, c: _factor(chain, c, xp),
+                  lambda levels, G, c: _substitute(levels, G, c, xp))
+        made = {system.nrhs: OverTime(system, *halves, counter, within)}
+
+        def solve(s: Any, counter: Counter) -> tuple[Any, int, dict]:
+            if s.nrhs not in made:
+                made[s.nrhs] = OverTime(_standing(s.operator_of, s.nrhs), *halves, counter,
+                                        within)
+            return made[s.nrhs].solve(s, counter)
+
+        return solve
+
+    return prepare
 
 
-def _over_time(system: Any, shared_diagonal: str | None, counter: Counter, *,
-               within: str) -> tuple[Any, int, dict]:
-    """Two-level cyclic reduction of an RNN system (:mod:`.time_reduction`)."""
-    if shared_diagonal is not None:
-        raise OptionError("shared_diagonal is not supported on RNN systems: their reduced "
-                          "blocks are per sample and per step anyway")
-    xp = system.backend.xp
-    return reduce_over_time(system, lambda chain, c: _reduce(chain, c, xp), counter, within)
-
-
-def _over_groups(system: Any, shared_diagonal: str | None, counter: Counter
-                 ) -> tuple[Any, int, dict]:
-    """Cyclic reduction over groups of blocks (:mod:`.group_reduction`)."""
+def _groups_factored(system: Any, shared_diagonal: str | None, counter: Counter) -> Callable:
+    """Cyclic reduction over groups of blocks (:mod:`.over_groups`), split as :func:`_factored`."""
     if shared_diagonal is not None:
         raise OptionError("shared_diagonal is not supported on grouped systems")
     xp = system.backend.xp
-    return reduce_over_groups(system, lambda chain, c: _reduce(chain, c, xp), counter)
+    over = OverGroups(system, lambda chain, c: _factor(chain, c, xp),
+                      lambda levels, G, c: _substitute(levels, G, c, xp), counter)
+    return over.solve
 
 
 def _sparse(system: Any, sparse: bool | None) -> bool:
@@ -228,20 +231,32 @@ def _sparse(system: Any, sparse: bool | None) -> bool:
     return sparse
 
 
-def _sparse_reduce(system: Any, shared_diagonal: str | None, counter: Counter, *,
-                   dense_threshold: float) -> tuple[Any, int, dict]:
-    """Cyclic reduction on sparse cores (:mod:`.sparse_chain`)."""
-    be = system.backend
+def _sparse_factored(dense_threshold: float) -> Callable:
+    """Cyclic reduction on sparse cores (:mod:`.sparse`), split as :func:`_factored`."""
     if not 0 <= dense_threshold <= 1:
         raise OptionError(f"dense_threshold must lie in [0, 1], got {dense_threshold}")
-    chain = SparseChain.of(system, shared_diagonal)
-    counter.hold(sum(L.nbytes + G.nbytes for L, G in zip(chain.L, chain.G)))
-    X, levels, info = sparse_reduce(chain, counter, lambda c, k: _reduce(c, k, be.xp),
-                                    dense_threshold, _check_sparse)
-    x = in_system_order(chain.order, X)
-    counter.hold(x.nbytes)
-    return (x[:, 0] if system.nrhs is None else x), levels, dict(
-        info, dense_threshold=dense_threshold, peak_bytes=counter.peak_bytes)
+
+    def prepare(system: Any, shared_diagonal: str | None, counter: Counter) -> Callable:
+        xp = system.backend.xp
+        chain = SparseChain.of(system, shared_diagonal)
+        counter.hold(sum(L.nbytes for L in chain.L))
+        factor = sparse_factor(chain, counter, lambda c, k: _factor(c, k, xp),
+                               dense_threshold, _check_sparse)
+
+        def solve(s: Any, counter: Counter) -> tuple[Any, int, dict]:
+            blocks = s.split(s.rhs)  # canonical: the scaled form's rows are the chain's G
+            G = [blocks[k] for k in chain.order]
+            counter.hold(sum(g.nbytes for g in G))
+            X, levels = sparse_substitute(factor, G, counter,
+                                          lambda f, G, c: _substitute(f, G, c, xp))
+            x = in_system_order(chain.order, X)
+            counter.hold(x.nbytes)
+            return x, levels, dict(factor.info, dense_threshold=dense_threshold,
+                                   peak_bytes=counter.peak_bytes)
+
+        return solve
+
+    return prepare
 
 
 def _check_sparse(cores: list, level: int, blocks: list) -> None:
@@ -272,8 +287,9 @@ def _plan(system: Any, factor: Callable, rtol: float | None, atol: float,
     except _OverflowError as overflow:
         substitute, failure = None, overflow
 
-    def solve(s: Any, **extra: Any) -> Solution:
-        counter = Counter(flops=made.flops)
+    def solve(s: Any, **extra: Any) -> Solution:  # the plan's memory, then the solve's
+        counter = Counter(flops=made.flops, peak_bytes=made.peak_bytes,
+                          live_bytes=made.live_bytes)
         try:
             if failure is not None:
                 raise failure
@@ -312,13 +328,13 @@ def _prepare_cyclic_reduction(system: Any, *, rtol: float | None = None, atol: f
         _applies("sparse", sparse, "chains")
         _applies("dense_threshold", dense_threshold, "chains")
         within = within or WITHIN[0]
-        return _plan(system, _one_shot(functools.partial(_over_time, within=within)), rtol,
-                     atol, shared_diagonal, footprint.time_cyclic_reduction(system, within))
+        return _plan(system, _time_factored(within), rtol, atol, shared_diagonal,
+                     footprint.time_cyclic_reduction(system, within))
     _applies("within", within, "RNN systems")
     if groups and not system.is_chain:
         _applies("sparse", sparse, "chains")
         _applies("dense_threshold", dense_threshold, "chains")
-        return _plan(system, _one_shot(_over_groups), rtol, atol, shared_diagonal,
+        return _plan(system, _groups_factored, rtol, atol, shared_diagonal,
                      footprint.groups(system))
     if not system.is_chain:
         raise ValueError("this system is not block bi-diagonal (a chain): each block row "
@@ -329,11 +345,11 @@ def _prepare_cyclic_reduction(system: Any, *, rtol: float | None = None, atol: f
     dense_peak = footprint.dense_cyclic_reduction(system, shared, parallel_form=False)
     if _sparse(system, sparse):  # fill-in decides; a level's product and its split, at
         # worst dense, in CSR (12 bytes an entry): 3 times the dense path bounds it
-        run = functools.partial(_sparse_reduce, dense_threshold=0.25 if dense_threshold is None
-                                else dense_threshold)
-        return _plan(system, _one_shot(run), rtol, atol, shared_diagonal, 3 * dense_peak)
+        factored = _sparse_factored(0.25 if dense_threshold is None else dense_threshold)
+        return _plan(system, factored, rtol, atol, shared_diagonal, 3 * dense_peak)
     _applies("dense_threshold", dense_threshold, "sparse reductions (sparse=True)")
-    return _plan(system, _factored_chain, rtol, atol, shared_diagonal, dense_peak)
+    return _plan(system, _factored(_factor, _substitute), rtol, atol, shared_diagonal,
+                 dense_peak)
 
 
 @register("cyclic-reduction", kind="direct", exact=True, backends=("numpy", "cupy", "torch"),
@@ -391,11 +407,9 @@ class CyclicReduction(Method):
              within: Literal["cyclic-reduction", "substitution"] | None = None,
              groups: bool = False) -> Callable[[Any], Solution]:
         """The reduction's work on the matrix; returns the solve of a right-hand side."""
-        standing = TriangularSystem.of(operator, operator.backend.xp.zeros(
-            (operator.size, operator.samples), dtype=operator.dtype))
         return _prepare_cyclic_reduction(
-            standing, rtol=rtol, atol=atol, shared_diagonal=shared_diagonal, sparse=sparse,
-            dense_threshold=dense_threshold, within=within, groups=groups)
+            _standing(operator), rtol=rtol, atol=atol, shared_diagonal=shared_diagonal,
+            sparse=sparse, dense_threshold=dense_threshold, within=within, groups=groups)
 
     def compute(self, state: Callable[[Any], Solution], system: Any) -> Solution:
         """The right-hand side's substitution through the reduced levels."""
@@ -404,17 +418,33 @@ class CyclicReduction(Method):
 
 @register("parallel-cyclic-reduction", kind="direct", exact=True,
           backends=("numpy", "cupy", "torch"), requires=("chain",))
-def parallel_cyclic_reduction(system: Any, *, rtol: float | None = None, atol: float = 0.0,
-                              shared_diagonal: Literal["mean"] | None = None) -> Solution:
+class ParallelCyclicReduction(Method):
     """Parallel cyclic reduction (the paper's form): ceil(log2 nblocks) levels.
 
     Options as for ``cyclic-reduction``, except that sparse couplings are
     densified (no sparse PCR). Work is ``O(nblocks log nblocks)``
     block products against cyclic reduction's ``O(nblocks)``; in exchange there
-    is no back-substitution phase.
+    is no back-substitution phase. ``init`` keeps every level's cores (``log2``
+    times one level's memory) so that each right-hand side is ``log2 nblocks``
+    batched products.
     """
-    system.require_chain()  # a clear error for systems that are not block bi-diagonal
-    peak = footprint.dense_cyclic_reduction(system, shared_diagonal is not None,
-                                            parallel_form=True)
-    return _plan(system, _one_shot(_dense(_parallel_reduce)), rtol, atol, shared_diagonal,
-                 peak)(system)
+
+    def init(self, operator: Any, *, rtol: float | None = None, atol: float = 0.0,
+             shared_diagonal: Literal["mean"] | None = None) -> Callable[[Any], Solution]:
+        """Every level's cores; returns the solve of a right-hand side."""
+        operator.require_chain()  # a clear error for systems that are not block bi-diagonal
+        standing = _standing(operator)
+        peak = footprint.dense_cyclic_reduction(standing, shared_diagonal is not None,
+                                                parallel_form=True)
+        return _plan(standing, _factored(_parallel_factor, _parallel_substitute), rtol, atol,
+                     shared_diagonal, peak)
+
+    def compute(self, state: Callable[[Any], Solution], system: Any) -> Solution:
+        """The right-hand side through every level."""
+        return state(system)
+
+
+def _standing(operator: Any, columns: int | None = None) -> TriangularSystem:
+    """``operator`` with a zero right-hand side: the system a plan's matrix work sees."""
+    return TriangularSystem.of(operator, operator.backend.xp.zeros(
+        (operator.size, columns or operator.samples), dtype=operator.dtype))

@@ -17,7 +17,7 @@ from typing import Any
 
 from .chain import Counter
 from .over_groups import read_by
-from .over_time import Layout
+from .over_time import WITHIN, Layout
 
 __all__ = ["dense_cyclic_reduction", "time_cyclic_reduction", "groups", "explicit_matrix",
            "krylov_basis"]
@@ -70,15 +70,21 @@ def _apply(counter: Counter, p: int, bc: int, r: int, n: int, c: int, item: int)
 
 def odd_even(counter: Counter, m: int, n: int, r: int, c: int, bl: int, b0: int,
              item: int) -> None:
-    """``_reduce`` of :mod:`.cyclic_reduction` on a chain of ``m`` positions (held already).
+    """``_factor`` then ``_substitute`` of :mod:`.cyclic` on a chain of ``m`` positions.
 
     ``G`` has ``r`` samples of ``c`` columns, ``L`` ``bl`` scalings, ``C`` ``b0`` cores
-    per position. :func:`_factor` keeps every level's cores and scalings;
-    :func:`_substitute` keeps every level's right-hand sides until the
-    back-substitution, which leaves the solution ``X`` held.
+    per position (the chain held already); everything but the solution released.
     """
+    levels, kept = odd_even_factor(counter, m, n, bl, b0, item)
+    counter.release(odd_even_substitute(counter, levels, n, r, c, item))
+    counter.release(kept)
+
+
+def odd_even_factor(counter: Counter, m: int, n: int, bl: int, b0: int, item: int
+                    ) -> tuple[list, int]:
+    """``_factor``: every level's cores and scalings, kept; returns ``(levels, kept bytes)``."""
     M, bc, kept, levels = m, b0, 0, []
-    while M > 1:  # the factor
+    while M > 1:
         p, b = (M - 1) // 2, max(bc, bl)
         left = counter.hold(p * b * n * n * item)  # C1 diag(L2)
         kept += counter.hold(p * b * n * n * item)  # (C1 diag(L2)) C2, kept
@@ -87,6 +93,16 @@ def odd_even(counter: Counter, m: int, n: int, r: int, c: int, bl: int, b0: int,
         kept += counter.hold((p + 1) * bl * n * item)  # the next L
         levels.append((M, bc))
         M, bc = p + 1, b
+    return levels, kept
+
+
+def odd_even_substitute(counter: Counter, levels: list, n: int, r: int, c: int, item: int
+                        ) -> int:
+    """``_substitute`` through ``levels``: returns the bytes of the solution it leaves held.
+
+    Every level's right-hand sides are kept until the back-substitution.
+    """
+    kept = 0
     for M, bc in levels:  # the right-hand side, down
         p = (M - 1) // 2
         rhs = _apply(counter, p, bc, r, n, c, item)
@@ -99,26 +115,32 @@ def odd_even(counter: Counter, m: int, n: int, r: int, c: int, bl: int, b0: int,
         counter.release(X)
         X = full
     counter.release(kept)
+    return X
 
 
 def parallel(counter: Counter, m: int, n: int, r: int, bl: int, item: int) -> None:
-    """``_parallel_reduce`` of :mod:`.cyclic_reduction` (the chain held already)."""
-    shift, C, G = 1, 0, 0
-    while shift < m:
-        rhs = _apply(counter, m - shift, 1 if not C else max(1, bl), r, n, 1, item)
+    """``_parallel_factor`` then ``_parallel_substitute`` of :mod:`.cyclic` (chain held).
+
+    The factor keeps every level's cores; the substitution's right-hand sides
+    replace each other level by level.
+    """
+    shift, kept, levels = 1, 0, []
+    while shift < m:  # the factor
+        levels.append((m - shift, kept > 0))
         if 2 * shift < m:
             b = max(1, bl)
             left = counter.hold((m - 2 * shift) * b * n * n * item)
-            new = counter.hold((m - 2 * shift) * b * n * n * item)
+            kept += counter.hold((m - 2 * shift) * b * n * n * item)
             counter.release(left)
             counter.passing((m - 2 * shift) * b * n * n)  # the finiteness mask
-            counter.release(C)
-            C = new
+        shift *= 2
+    G = 0
+    for p, reduced in levels:  # the right-hand side
+        rhs = _apply(counter, p, max(1, bl) if reduced else 1, r, n, 1, item)
         g_new = counter.hold(m * r * n * item)
         counter.release(rhs + G)
         G = g_new
-        shift *= 2
-    counter.release(C)
+    counter.release(G + kept)
 
 
 def dense_cyclic_reduction(system: Any, shared: bool, parallel_form: bool) -> int:
@@ -136,50 +158,73 @@ def dense_cyclic_reduction(system: Any, shared: bool, parallel_form: bool) -> in
 
 
 def time_cyclic_reduction(system: Any, within: str) -> int:
-    """Peak bytes of the two-level reduction of an RNN system (:mod:`.time_reduction`)."""
+    """Peak bytes of the two-level reduction of an RNN system (:mod:`.over_time`).
+
+    The plan's ``OverTime`` (the layers' chain with the couplings across steps,
+    its levels, ``D^{-1} G`` and the chain over time), then one solve.
+    """
     layout, counter = Layout(system), Counter()
     item, sizes, r = system.dtype.itemsize, layout.sizes, layout.r
     tau, n, m, w = layout.tau, max(layout.sizes), layout.kept - layout.first, layout.width
-    b, c = tau * r, layout.width + 1
+    b = tau * r
     scaled = [k for k, s in enumerate(system.periodic_scales(len(sizes))) if s is not None]
-    # _LayerChain: right-hand sides and scalings per layer, (tau r, h) copies for a batch
     counter.hold(b * sum(sizes[k] for k in scaled) * item)  # periodic_scales (cached)
-    if r > 1:
-        counter.hold(b * (sum(sizes) + sum(sizes[k] for k in scaled)) * item)
-    leading = [k for k in layout.order[: layout.first] if k in layout.within]
-    counter.hold(b * sum(sizes[k] for k in leading) * item)  # solved first, kept
-    if layout.first:  # folded into the first reduced position's right-hand side
-        counter.passing(2 * b * sizes[layout.order[layout.first]] * item)
-    G = m * b * n * c * item
-    chain = counter.hold(m * b * n * item + m * n * n * item + G)
+    if r > 1:  # the scalings as (tau r, h) copies
+        counter.hold(b * sum(sizes[k] for k in scaled) * item)
+    G = counter.hold(m * b * n * w * item)
+    counter.hold(m * b * n * item + m * n * n * item)  # L, C
     counter.passing(b * n * n * item)  # s * U, a template scaled per sample
-    if within == "cyclic-reduction":
-        odd_even(counter, m, n, b, c, b, 1, item)
-    else:  # _substitute: one product a position, then stacked
-        rows = counter.hold(m * b * n * c * item)
-        counter.hold(m * b * n * c * item)
-        counter.release(rows)
-    counter.release(chain - (G if m == 1 else 0))  # del inner: Y (G itself if m = 1) stays
-    carried = counter.hold(b * w * c * item) if (len(layout.carried_layers) > 1 or any(
+    inner = _inner(counter, within, m, n, b, item)
+    DG = _inner_solve(counter, inner, within, m, n, b, w, item)
+    if DG:  # the chain keeps its blocks only (one position: D^{-1} G is G itself)
+        counter.release(G)
+    else:
+        DG = G
+    carried = counter.hold(b * w * w * item) if (len(layout.carried_layers) > 1 or any(
         sizes[k] < n for k in layout.carried_layers)) else 0
     counter.hold(tau * w * item)  # the unit scalings of the chain over time
-    odd_even(counter, tau, w, r, 1, 1, r, item)
-    counter.release(carried)
+    across, _ = odd_even_factor(counter, tau, w, 1, r, item)
+    # a solve: the right-hand side per layer, the leading positions, the chain's column
+    counter.hold(b * sum(sizes) * item if r > 1 else 0)
+    leading = [k for k in layout.order[: layout.first] if k in layout.within]
+    counter.hold(b * sum(sizes[k] for k in leading) * item)
+    counter.hold(m * b * n * item)
+    if layout.first:  # folded into the first reduced position's right-hand side
+        counter.passing(2 * b * sizes[layout.order[layout.first]] * item)
+    _inner_solve(counter, inner, within, m, n, b, 1, item)
+    counter.hold(b * w * item)  # g on the carried rows
+    counter.release(odd_even_substitute(counter, across, w, r, 1, item))
     counter.hold(2 * b * w * item)  # the previous step's values, in chain order
     parts = counter.hold(b * sum(sizes) * item)
     counter.passing(b * n * item)  # a layer's product with the previous step
     counter.hold(b * sum(sizes) * item)  # concatenated
-    counter.release(parts)
+    counter.release(parts + DG + carried)
     counter.passing(b * sum(sizes) * item)  # in the system's layout
     return counter.peak_bytes
 
 
-def groups(system: Any) -> int:
-    """Peak bytes of the reduction over groups (:mod:`.group_reduction`).
+def _inner(counter: Counter, within: str, m: int, n: int, b: int, item: int) -> list:
+    """The layers' levels (``within="cyclic-reduction"``), kept; none for substitution."""
+    return odd_even_factor(counter, m, n, b, 1, item)[0] if within == WITHIN[0] else []
 
-    The explicit matrix of all samples (built once, kept on the system), each
-    group's dense solve per sample, the group solutions kept for the final
-    step, and the chain over the groups with per-sample blocks.
+
+def _inner_solve(counter: Counter, levels: list, within: str, m: int, n: int, b: int, c: int,
+                 item: int) -> int:
+    """``D^{-1}`` of a ``c``-column right-hand side over the layers: its bytes, held."""
+    if within == WITHIN[0]:
+        return odd_even_substitute(counter, levels, n, b, c, item)
+    rows = counter.hold(m * b * n * c * item)  # _substitute: one product a position, stacked
+    out = counter.hold(m * b * n * c * item)
+    counter.release(rows)
+    return out
+
+
+def groups(system: Any) -> int:
+    """Peak bytes of the reduction over groups (:mod:`.over_groups`).
+
+    The explicit matrix of all samples (built once, kept on the operator), each
+    group's inverse and ``D^{-1} G`` per sample, kept, the chain over the groups
+    with per-sample blocks reduced; then a solve.
     """
     counter, item, r = Counter(), system.dtype.itemsize, system.nrhs or 1
     groups = system.blocks.groups
@@ -187,19 +232,26 @@ def groups(system: Any) -> int:
     carried = [sum(system.sizes[k] for k in read_by(system, groups, s))
                for s in range(len(groups))]
     before = [0] + carried[:-1]
-    counter.hold(8 * (system.size + sum(carried)))  # the entries of every group, as indices
+    counter.hold(8 * (system.size + 2 * sum(carried)))  # every group's entries, as indices
+    counter.hold(BOOKKEEPING * (system.nblocks + _couplings(system)[0]))  # the block view
+    counter.hold(len(groups) * (2 * r + 6) * ARRAY)  # the arrays kept per group and sample
     build = counter.hold(explicit_matrix(system))
     counter.release(build - 16 * _entries(system))  # the matrix is kept (64-bit indices)
-    solutions = 0
-    for n, c in zip(sizes, before):  # each group: one solve per sample, the solutions kept
-        counter.passing(item * (3 * n * n + 4 * n * (c + 1)) + 16 * n * max(c, n))
-        counter.release(solutions)  # the previous group's list of per-sample solutions
-        solutions = counter.hold(r * n * (c + 1) * item)
-        counter.hold(r * n * (c + 1) * item)  # stacked
+    parts = 0
+    for n, c in zip(sizes, before):  # each group: an inverse per sample, both kept stacked
+        counter.passing(item * (3 * n * n + 2 * n * c) + 16 * n * max(c, n))
+        new = counter.hold(r * n * (n + c) * item)
+        counter.release(parts)  # the previous group's list of per-sample parts
+        parts = new
+        counter.hold(r * n * (n + c) * item)  # stacked
+    counter.release(parts)
     n = max(1, max(carried))
-    counter.hold(len(sizes) * (r * n * (n + 1) + n) * item)  # the chain over the groups
-    odd_even(counter, len(sizes), n, r, 1, 1, r, item)
+    counter.hold(len(sizes) * (r * n * n + n) * item)  # the A over the groups, unit scalings
+    levels, _ = odd_even_factor(counter, len(sizes), n, 1, r, item)
+    held = counter.hold(r * (system.size + len(sizes) * n) * item)  # D^{-1} c and g
+    counter.release(odd_even_substitute(counter, levels, n, r, 1, item))
     counter.passing(2 * system.size * r * item)
+    counter.release(held)
     return counter.peak_bytes
 
 

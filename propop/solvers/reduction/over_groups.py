@@ -22,44 +22,67 @@ long chains of groups, like the reduction over time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .chain import Counter
-from .segments import across, expand, relation
+from .segments import Across, expand
 
-__all__ = ["reduce_over_groups", "read_by"]
+__all__ = ["OverGroups", "read_by"]
 
 
-def reduce_over_groups(system: Any, reduce: Any, counter: Counter) -> tuple[Any, int, dict]:
-    """Solve ``system`` over its :attr:`Blocks.groups`; ``(x, levels, info)``."""
-    system = system.scaled()
-    xp = system.backend.xp
-    groups = system.blocks.groups
-    rows = [_entries(system, group) for group in groups]
-    carried = [_entries(system, read_by(system, groups, s)) for s in range(len(groups))]
-    A, rhs, r = system.csr, _stacked_rhs(system), system.nrhs or 1  # all samples, one matrix
-    Y = []  # per group: (r, rows, carried-before + 1)
-    for s, group_rows in enumerate(rows):
-        reads = carried[s - 1] if s > 0 else xp.zeros(0, dtype=int)
-        blocks = [_group_solve(xp, A, rhs, i * system.size, group_rows, reads)
-                  for i in range(r)]
-        Y.append(xp.stack(blocks))
-        counter.flops += r * 2 * len(group_rows) ** 2 * (len(reads) + 1)
-    n = max(1, max(len(c) for c in carried))
-    m = len(groups)
-    A = xp.zeros((m, r, n, n), dtype=system.dtype)
-    g = xp.zeros((m, r, n), dtype=system.dtype)
-    for s, Ys in enumerate(Y):
-        A_s, g_s = relation(Ys, _positions(xp, rows[s], carried[s]))
-        A[s, :, : A_s.shape[1], : A_s.shape[2]] = A_s
-        g[s, :, : g_s.shape[1]] = g_s
-    previous, levels = across(A, g, reduce, counter, [f"group {s}" for s in range(m)])
-    x = xp.zeros((system.size, r), dtype=system.dtype)
-    for s, Ys in enumerate(Y):
-        x[rows[s]] = expand(Ys, previous[s, :, : Ys.shape[2] - 1], counter).T
-    within = max(len(group) for group in groups)
-    info = {"levels": {"within": within, "groups": levels}, "groups": len(groups)}
-    return (x[:, 0] if system.nrhs is None else x), within + levels, info
+class OverGroups:
+    """Cyclic reduction over :attr:`Blocks.groups` split as a plan: the matrix once, then rhs.
+
+    Built on the system's canonical operator: every group's ``D_s^{-1}`` and
+    ``D_s^{-1} G_s`` per sample (stage 1's dense solves), the ``A_s`` and their
+    reduction over the groups (:class:`~.segments.Across`); :meth:`solve` takes a
+    right-hand side through ``D_s^{-1} c_s``, the groups' levels and stage 3.
+    """
+
+    def __init__(self, system: Any, factor: Callable, substitute: Callable,
+                 counter: Counter) -> None:
+        xp = system.backend.xp
+        groups = system.blocks.groups
+        self.system, self.substitute = system, substitute
+        self.rows = [_entries(system, group) for group in groups]
+        carried = [_entries(system, read_by(system, groups, s)) for s in range(len(groups))]
+        A, r = system.csr, system.nrhs  # all samples, one matrix
+        self.inverse, self.DG = [], []  # per group: (r, rows, rows), (r, rows, carried-before)
+        for s, group_rows in enumerate(self.rows):
+            reads = carried[s - 1] if s > 0 else xp.zeros(0, dtype=int)
+            parts = [_group_solve(xp, A, i * system.size, group_rows, reads) for i in range(r)]
+            self.inverse.append(xp.stack([p[0] for p in parts]))
+            self.DG.append(xp.stack([p[1] for p in parts]))
+            counter.flops += r * 2 * len(group_rows) ** 3 // 3 * (1 + len(reads))
+        n = max(1, max(len(c) for c in carried))
+        self.carried = [_positions(xp, rows, c) for rows, c in zip(self.rows, carried)]
+        self.n = n
+        stacked = xp.zeros((len(groups), r, n, n), dtype=system.dtype)
+        for s, (DG, rows) in enumerate(zip(self.DG, self.carried)):
+            A_s = DG[:, rows, :]
+            stacked[s, :, : A_s.shape[1], : A_s.shape[2]] = A_s
+        self.across = Across(stacked, factor, counter, [f"group {s}" for s in range(len(groups))])
+        self.within = max(len(group) for group in groups)
+
+    def solve(self, system: Any, counter: Counter) -> tuple[Any, int, dict]:
+        """``(x, levels, info)`` for ``system``'s right-hand side (canonical, ``(N, r)``)."""
+        xp = system.backend.xp
+        rhs = system.rhs
+        Dc = []  # per group: (r, rows)
+        g = xp.zeros((len(self.rows), rhs.shape[1], self.n), dtype=system.dtype)
+        for s, (inverse, rows) in enumerate(zip(self.inverse, self.rows)):
+            Dc.append((inverse @ rhs[rows].T[:, :, None])[..., 0])
+            counter.flops += 2 * inverse.size
+            g[s, :, : len(self.carried[s])] = Dc[-1][:, self.carried[s]]
+        previous = self.across.previous(g, self.substitute, counter)
+        x = xp.zeros((system.size, rhs.shape[1]), dtype=system.dtype)
+        for s, rows in enumerate(self.rows):
+            x[rows] = expand(self.DG[s], Dc[s], previous[s, :, : self.DG[s].shape[2]],
+                             counter).T
+        levels = len(self.across.levels)
+        info = {"levels": {"within": self.within, "groups": levels}, "groups": len(self.rows)}
+        return x, self.within + levels, info
 
 
 def _entries(system: Any, blocks: Any) -> Any:
@@ -83,18 +106,15 @@ def _positions(xp: Any, rows: Any, wanted: Any) -> Any:
     return xp.asarray([where[int(v)] for v in wanted.tolist()], dtype=int)
 
 
-def _stacked_rhs(system: Any) -> Any:
-    """The right-hand sides of all samples stacked as :attr:`TriangularSystem.csr` acts."""
-    return system.rhs if system.nrhs is None else system.rhs.T.reshape(-1)
-
-
-def _group_solve(xp: Any, A: Any, rhs: Any, offset: int, rows: Any, reads: Any) -> Any:
-    """``D^{-1} [G | c]`` of one sample: ``D`` its rows and columns, ``G = -A[rows, reads]``.
+def _group_solve(xp: Any, A: Any, offset: int, rows: Any, reads: Any) -> tuple[Any, Any]:
+    """``(D^{-1}, D^{-1} G)`` of one sample: ``D`` its rows and columns, ``G = -A[rows, reads]``.
 
     ``A`` is the explicit matrix of all samples, sample ``i``'s rows and columns
-    from ``offset = i N``.
+    from ``offset = i N``. The group is small and unit triangular: its inverse is
+    exact to rounding and makes each right-hand side one product.
     """
     mine = A[rows + offset]
     D = mine[:, rows + offset].toarray()
     G = -mine[:, reads + offset].toarray() if len(reads) else xp.zeros((len(rows), 0))
-    return xp.linalg.solve(D, xp.concatenate([G, rhs[rows + offset][:, None]], axis=1))
+    inverse = xp.linalg.inv(D)
+    return inverse, inverse @ G

@@ -34,53 +34,72 @@ small widths and with parallel hardware.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ... import backend
 from .chain import Chain, Counter, apply
-from .segments import across, expand, relation
+from .segments import Across, expand
 
-__all__ = ["reduce_over_time", "WITHIN", "Layout"]
+__all__ = ["OverTime", "WITHIN", "Layout"]
 
 WITHIN = ("cyclic-reduction", "substitution")
 
 
-def reduce_over_time(system: Any, reduce: Any, counter: Counter, within: str
-                     ) -> tuple[Any, int, dict]:
-    """Solve an RNN system by the three stages of the module docstring.
+class OverTime:
+    """The two-level reduction of an RNN system split as a plan: the matrix once, then rhs.
 
-    ``reduce(chain, counter)`` is odd-even cyclic reduction returning
-    ``(X, levels)``; returns ``(x, levels, info)``.
+    ``factor(chain, counter)`` and ``substitute(levels, G, counter)`` are the two
+    halves of odd-even cyclic reduction. Built on the system's canonical
+    operator (any right-hand side), it reduces the layers' chain of every step
+    for ``G_s`` (the stage 1 solve of ``D_s^{-1} G_s``), takes the carried rows
+    as ``A_s`` and reduces the chain over time (stage 2's blocks);
+    :meth:`solve` does the same for a right-hand side's ``c_s``, then stage 3.
     """
-    if within not in WITHIN:
-        raise ValueError(f"within must be one of {WITHIN}, got {within!r}")
-    system = system.scaled()
-    layers = _LayerChain(system)
-    inner = layers.chain(counter)
-    if within == "cyclic-reduction":
-        Y, inner_levels = reduce(inner, counter)
-    else:
-        Y, inner_levels = _substitute(inner, counter), inner.G.shape[0] - 1
-    inner_levels += layers.first  # the leading positions: one product each, all steps at once
-    del inner
-    A, g = layers.carried(Y)
-    steps = slice(None, None, 1 if system.lower else -1)  # chain order over time
-    previous, time_levels = across(A[steps], g[steps], reduce, counter,
-                                   _Steps(range(A.shape[0])[steps]))
-    del A, g
-    x = layers.solution(Y, previous[steps], counter)
-    levels = {"layers": inner_levels, "time": time_levels}
-    return (x[:, 0] if system.nrhs is None else x), inner_levels + time_levels, {
-        "levels": levels, "within": within, "carried": layers.width}
+
+    def __init__(self, system: Any, factor: Callable, substitute: Callable,
+                 counter: Counter, within: str) -> None:
+        if within not in WITHIN:
+            raise ValueError(f"within must be one of {WITHIN}, got {within!r}")
+        self.layers, self.within, self.substitute = _LayerChain(system), within, substitute
+        self.inner = self.layers.chain(counter)  # G: the across-step couplings, (m, b, n, w)
+        if within == "cyclic-reduction":
+            self.levels = factor(self.inner, counter)
+        self.DG = self._inner_solve(self.inner.G, counter)
+        self.inner = dataclasses.replace(self.inner, G=None)  # its blocks only are kept
+        self.steps = slice(None, None, 1 if system.lower else -1)  # chain order over time
+        A = self.layers.carried(self.DG)
+        self.across = Across(A[self.steps], factor, counter,
+                             _Steps(range(A.shape[0])[self.steps]))
+
+    def _inner_solve(self, G: Any, counter: Counter) -> Any:
+        """``D^{-1} G`` for every step's layers: through the levels, or substitution."""
+        if self.within == "cyclic-reduction":
+            return self.substitute(self.levels, G, counter)
+        return _substitute(self.inner, G, counter)
+
+    def solve(self, system: Any, counter: Counter) -> tuple[Any, int, dict]:
+        """``(x, levels, info)`` for ``system``'s right-hand side (canonical, ``(N, r)``)."""
+        layers = self.layers
+        rhs = layers.rhs_of(system)
+        leading = layers.leading(rhs, counter)
+        Dc = self._inner_solve(layers.rhs_column(rhs, leading, counter), counter)
+        g = layers.carried(Dc)[..., 0]
+        previous = self.across.previous(g[self.steps], self.substitute, counter)[self.steps]
+        x = layers.solution(self.DG, Dc[..., 0], previous, leading, rhs, counter)
+        inner = (len(self.levels) if self.within == "cyclic-reduction"
+                 else self.inner.C.shape[0]) + layers.first  # the leading positions too
+        time = len(self.across.levels)
+        return x, inner + time, {"levels": {"layers": inner, "time": time},
+                                 "within": self.within, "carried": layers.width}
 
 
-def _substitute(chain: Chain, counter: Counter) -> Any:
+def _substitute(chain: Chain, G: Any, counter: Counter) -> Any:
     """``x_k = diag(L_k) C_k x_{k-1} + G_k`` in chain order, one position at a time."""
-    X = [chain.G[0]]
-    for k in range(1, chain.G.shape[0]):
-        X.append(apply(chain.L[k: k + 1], chain.C[k - 1: k], X[-1][None], counter)[0]
-                 + chain.G[k])
+    X = [G[0]]
+    for k in range(1, G.shape[0]):
+        X.append(apply(chain.L[k: k + 1], chain.C[k - 1: k], X[-1][None], counter)[0] + G[k])
     return backend.namespace(X[0]).stack(X)
 
 
@@ -157,47 +176,50 @@ class _LayerChain(Layout):
 
     def __init__(self, system: Any) -> None:
         super().__init__(system)
-        xp, per = system.backend.xp, len(self.sizes)
         self.system = system
-        rhs = system.rhs if system.nrhs is not None else system.rhs[:, None]
-        R = xp.moveaxis(rhs.reshape(self.tau, sum(self.sizes), self.r), 2, 1)  # (tau, r, H)
-        offsets = [sum(self.sizes[:k]) for k in range(per)]
-        self.rhs = [R[:, :, o: o + h].reshape(-1, h) for o, h in zip(offsets, self.sizes)]
-        self.scale = [self._columns(a) for a in system.periodic_scales(per)]
+        self.scale = [self._columns(a) for a in system.periodic_scales(len(self.sizes))]
 
-    def _follow(self, k: int, before: Any, counter: Counter) -> Any:
+    def rhs_of(self, system: Any) -> list:
+        """The right-hand side per layer, ``(tau r, h)`` each."""
+        xp, per = system.backend.xp, len(self.sizes)
+        R = xp.moveaxis(system.rhs.reshape(self.tau, sum(self.sizes), -1), 2, 1)  # (tau, r, H)
+        offsets = [sum(self.sizes[:k]) for k in range(per)]
+        return [R[:, :, o: o + h].reshape(-1, h) for o, h in zip(offsets, self.sizes)]
+
+    def _follow(self, k: int, before: Any, rhs: list, counter: Counter) -> Any:
         """Layer ``k`` of every step from the layer it reads within the step, ``before``."""
         M = backend.dense(self.within[k].M)
         product = before @ M.T
         counter.flops += 2 * product.size * M.shape[1]
-        return (product if self.scale[k] is None else self.scale[k] * product) + self.rhs[k]
+        return (product if self.scale[k] is None else self.scale[k] * product) + rhs[k]
 
-    def _leading(self, counter: Counter) -> list:
+    def leading(self, rhs: list, counter: Counter) -> list:
         """The positions before ``first``, every step at once (they read no other step)."""
         values: list = []
         for k in self.order[: self.first]:
-            values.append(self.rhs[k] if k not in self.within else
-                          self._follow(k, values[-1], counter))
+            values.append(rhs[k] if k not in self.within else
+                          self._follow(k, values[-1], rhs, counter))
         return values
 
-    def chain(self, counter: Counter) -> Chain:
-        """The padded chain of positions ``first..kept-1``, ``c = width + 1`` columns.
+    @property
+    def positions(self) -> list:
+        """The layers of the reduced chain, ``first..kept-1``, in chain order."""
+        return self.order[self.first: self.kept]
 
-        Solves the positions before ``first`` on the way (:attr:`leading`, which
-        :meth:`solution` reads).
+    def chain(self, counter: Counter) -> Chain:
+        """The padded chain of positions ``first..kept-1`` with ``G`` the couplings across steps.
+
+        ``G`` ``(m, tau r, n, width)``: column block ``o`` of position ``i`` holds
+        ``s U`` for the carried layer at offset ``o`` that its layer reads.
         """
         system, xp = self.system, self.system.backend.xp
         n, b = max(self.sizes), self.tau * self.r
-        positions = self.order[self.first: self.kept]
-        m = len(positions)
-        self.leading = self._leading(counter)
+        m = len(self.positions)
         L = xp.ones((m, b, n), dtype=system.dtype)
         C = xp.zeros((m, 1, n, n), dtype=system.dtype)
-        G = xp.zeros((m, b, n, self.width + 1), dtype=system.dtype)
-        for i, k in enumerate(positions):
+        G = xp.zeros((m, b, n, self.width), dtype=system.dtype)
+        for i, k in enumerate(self.positions):
             h, s = self.sizes[k], self.scale[k]
-            G[i, :, :h, -1] = self.rhs[k] if i or not self.first else self._follow(
-                k, self.leading[-1], counter)
             if s is not None:
                 L[i, :, :h] = s
             if k in self.within:
@@ -206,18 +228,32 @@ class _LayerChain(Layout):
             for t in (t for t in self.across if t.row == k):
                 M, o = backend.dense(t.M), self.carried_offset[t.col]
                 G[i, :, :h, o: o + M.shape[1]] = M[None] if s is None else s[:, :, None] * M
-        return Chain(L, C[1:], G, [f"block {k} of every step" for k in positions], ())
+        return Chain(L, C[1:], G, [f"block {k} of every step" for k in self.positions], ())
 
-    def carried(self, Y: Any) -> tuple[Any, Any]:
-        """``A = (D^{-1} G)`` and ``g = (D^{-1} c)`` on the carried rows, ``(tau, r, ...)``."""
+    def rhs_column(self, rhs: list, leading: list, counter: Counter) -> Any:
+        """The chain's right-hand side ``(m, tau r, n, 1)``: each position's ``c``.
+
+        The first position's takes the leading positions' values (a forward
+        system's input layer) through its within-step coupling.
+        """
+        xp = self.system.backend.xp
+        G = xp.zeros((len(self.positions), self.tau * self.r, max(self.sizes), 1),
+                     dtype=self.system.dtype)
+        for i, k in enumerate(self.positions):
+            G[i, :, : self.sizes[k], 0] = rhs[k] if i or not self.first else self._follow(
+                k, leading[-1], rhs, counter)
+        return G
+
+    def carried(self, Y: Any) -> Any:
+        """The carried rows of ``Y`` ``(m, tau r, n, c)``, as ``(tau, r, width, c)``."""
         xp = self.system.backend.xp
         rows = [Y[self.order.index(k) - self.first, :, : self.sizes[k]]
                 for k in self.carried_layers]
-        Z = (rows[0] if len(rows) == 1 else xp.concatenate(rows, axis=1)).reshape(
-            (self.tau, self.r, self.width, self.width + 1))
-        return relation(Z, slice(None))
+        Z = rows[0] if len(rows) == 1 else xp.concatenate(rows, axis=1)
+        return Z.reshape((self.tau, self.r, self.width, Y.shape[-1]))
 
-    def solution(self, Y: Any, previous: Any, counter: Counter) -> Any:
+    def solution(self, DG: Any, Dc: Any, previous: Any, leading: list, rhs: list,
+                 counter: Counter) -> Any:
         """``x = D^{-1} c + D^{-1} G y_prev`` in the system's layout ``(tau H, r)``."""
         xp = self.system.backend.xp
         prev = previous.reshape(-1, self.width)  # (b, width)
@@ -225,11 +261,12 @@ class _LayerChain(Layout):
         for i, k in enumerate(self.order):
             h = self.sizes[k]
             if i < self.first:
-                x[k] = self.leading[i]
+                x[k] = leading[i]
             elif i < self.kept:
-                x[k] = expand(Y[i - self.first, :, :h], prev, counter)
+                x[k] = expand(DG[i - self.first, :, :h], Dc[i - self.first, :, :h], prev,
+                              counter)
             else:
-                x[k] = self._follow(k, x[self.order[i - 1]], counter)
+                x[k] = self._follow(k, x[self.order[i - 1]], rhs, counter)
         out = xp.concatenate(x, axis=1).reshape(self.tau, self.r, -1)
         return out.transpose(0, 2, 1).reshape(-1, self.r)
 

@@ -9,14 +9,17 @@ segments: ``D_s x_s = c_s + G_s y_{s-1}``. With each segment's own solve
     ``Y_s = D_s^{-1} [G_s | c_s]``  (its last column ``D_s^{-1} c_s``)
 
 the carried rows form the chain ``y_s = A_s y_{s-1} + g_s``, ``[A_s | g_s]``
-those rows of ``Y_s`` (:func:`relation`); it is solved by cyclic reduction over
-the segments (:func:`across`, or over MPI ranks by recursive doubling), and
-every segment follows in one batched product, ``x_s = Y_s [y_{s-1}; 1]``
-(:func:`expand`). The inner solves differ (a reduction over layers, a dense
-solve per group, local substitutions per rank); these stages are shared.
+those rows of ``Y_s``; it is solved by cyclic reduction over the segments
+(:class:`Across`, or over MPI ranks by recursive doubling), and every segment
+follows in one batched product, ``x_s = Y_s [y_{s-1}; 1]`` (:func:`expand`).
+The inner solves differ (a reduction over layers, a dense solve per group, local
+substitutions per rank); these stages are shared. A plan splits each in two:
+``D_s^{-1} G_s``, ``A_s`` and the reduction of the ``A_s`` depend on the matrix
+alone (a method's ``init``); ``D_s^{-1} c_s``, ``g_s`` and the rest on the
+right-hand side.
 
-Stacks put segments (or any batch) first: ``Y`` ``(..., rows, w + 1)`` for ``w``
-carried entries, ``y`` ``(..., w)``.
+Stacks put segments (or any batch) first: ``D^{-1} G`` ``(..., rows, w)`` for
+``w`` carried entries, ``y`` ``(..., w)``.
 """
 
 from __future__ import annotations
@@ -27,33 +30,33 @@ from typing import Any
 from ... import backend
 from .chain import Chain, Counter
 
-__all__ = ["relation", "across", "expand"]
+__all__ = ["Across", "expand"]
 
 
-def relation(Y: Any, rows: Any) -> tuple[Any, Any]:
-    """``(A, g)``: the carried ``rows`` of ``Y = [D^{-1} G | D^{-1} c]``."""
-    carried = Y[..., rows, :]
-    return carried[..., :-1], carried[..., -1]
+class Across:
+    """The chain over the segments, ``y_s = A_s y_{s-1} + g_s``, its blocks reduced once.
 
-
-def across(A: Any, g: Any, reduce: Callable, counter: Counter, names: Sequence[str]
-           ) -> tuple[Any, int]:
-    """The value each segment reads, ``y_{s-1}`` (zero for the first), and the levels.
-
-    ``A`` is ``(m, r, w, w)`` and ``g`` ``(m, r, w)`` in chain order;
-    ``reduce(chain, counter)`` is odd-even cyclic reduction returning ``(y, levels)``.
-    ``A_0`` is never read: the first segment reads nothing.
+    ``A`` is ``(m, r, w, w)`` in chain order (``A_0`` is never read: the first
+    segment reads nothing); ``factor(chain, counter)`` is the matrix half of
+    odd-even cyclic reduction, whose levels :meth:`previous` takes each ``g``
+    through with ``substitute(levels, G, counter)``.
     """
-    xp = backend.namespace(g)
-    ones = xp.ones((g.shape[0], 1, g.shape[2]), dtype=g.dtype)
-    y, levels = reduce(Chain(ones, A[1:], g, names, ()), counter)
-    previous = xp.zeros_like(y)
-    previous[1:] = y[:-1]
-    return previous, levels
+
+    def __init__(self, A: Any, factor: Callable, counter: Counter, names: Sequence[str]
+                 ) -> None:
+        xp = backend.namespace(A)
+        ones = xp.ones((A.shape[0], 1, A.shape[2]), dtype=A.dtype)
+        self.levels = factor(Chain(ones, A[1:], None, names, ()), counter)
+
+    def previous(self, g: Any, substitute: Callable, counter: Counter) -> Any:
+        """What each segment reads, ``y_{s-1}`` (zero for the first), from ``g`` ``(m, r, w)``."""
+        y = substitute(self.levels, g, counter)
+        previous = backend.namespace(y).zeros_like(y)
+        previous[1:] = y[:-1]
+        return previous
 
 
-def expand(Y: Any, previous: Any, counter: Counter) -> Any:
-    """``x = D^{-1} c + D^{-1} G y_prev`` from ``Y`` ``(..., rows, w + 1)`` and ``(..., w)``."""
-    w = Y.shape[-1] - 1
-    counter.flops += 2 * Y[..., 0].size * w
-    return Y[..., -1] + (Y[..., :-1] @ previous[..., None])[..., 0]
+def expand(DG: Any, Dc: Any, previous: Any, counter: Counter) -> Any:
+    """``x = D^{-1} c + D^{-1} G y_prev``: ``DG`` ``(..., rows, w)``, ``Dc`` ``(..., rows)``."""
+    counter.flops += 2 * DG.size
+    return Dc + (DG @ previous[..., None])[..., 0]

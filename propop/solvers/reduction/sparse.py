@@ -8,8 +8,9 @@ result; right-hand-side updates and back-substitutions are one sparse-times-dens
 product each, the same way. Assembling and splitting the block-diagonal
 matrices is bookkeeping over blocks; the arithmetic of a level is one product.
 
-Products of sparse matrices fill in. :func:`sparse_reduce` hands the remaining
-levels to the dense padded chain once the reduced blocks pass a density threshold.
+Products of sparse matrices fill in. :func:`sparse_factor` hands the remaining
+levels to the dense padded chain once the reduced blocks pass a density threshold;
+:func:`sparse_substitute` takes each right-hand side through the levels.
 SciPy only: CuPy systems take the dense path.
 """
 
@@ -25,7 +26,8 @@ import scipy.sparse as sp
 from .chain import Chain, Counter, chain_rows
 from .footprint import odd_even
 
-__all__ = ["SparseChain", "sparse_reduce", "block_diagonal", "nbytes"]
+__all__ = ["SparseChain", "SparseLevels", "sparse_factor", "sparse_substitute",
+           "block_diagonal", "nbytes"]
 
 
 @dataclass
@@ -72,16 +74,15 @@ class SparseChain:
                            [self.G[k] for k in pick], [self.order[k] for k in pick],
                            tuple(self.sizes[k] for k in pick))
 
-    def to_dense(self) -> Chain:
-        """The same chain as padded dense stacks (``b`` cores per position)."""
-        n, m, dtype = max(self.sizes), len(self.sizes), self.G[0].dtype
+    def to_dense(self, r: int) -> Chain:
+        """The cores as padded dense stacks (``b`` per position), ``G`` zero with ``r`` columns."""
+        n, m, dtype = max(self.sizes), len(self.sizes), self.L[0].dtype
         b = max(len(cs) for cs in self.C)
         L = np.zeros((m, max(x.shape[1] for x in self.L), n), dtype=dtype)
         C = np.zeros((m, b, n, n), dtype=dtype)
-        G = np.zeros((m, self.G[0].shape[1], n), dtype=dtype)
+        G = np.zeros((m, r, n), dtype=dtype)
         for k, size in enumerate(self.sizes):
             L[k, :, :size] = self.L[k].T
-            G[k, :, :size] = self.G[k].T
             for i, core in enumerate(self.C[k]):
                 C[k, i, :size, : core.shape[1]] = core.toarray()
         return Chain(L, C[1:], G, self.order, self.sizes)
@@ -169,55 +170,87 @@ def apply(chain: SparseChain, ks: list, X: list, counter: Counter) -> list:
     return [chain.L[k] * part for k, part in zip(ks, parts)]
 
 
-def sparse_reduce(chain: SparseChain, counter: Counter, dense_reduce: Callable,
-                  dense_threshold: float, check: Callable) -> tuple[Any, int, dict]:
-    """Odd-even reduction on sparse cores; returns ``(X, levels, info)``.
+@dataclass
+class SparseLevels:
+    """The matrix half of the sparse reduction: every sparse level's chain, the dense rest.
 
-    ``X`` is the solution in chain order as a list of ``(n_k, r)`` blocks.
+    ``levels[t]`` is the chain reduced at sparse level ``t`` (its ``L`` and ``C``;
+    right-hand sides are a solve's); ``dense`` the padded chain that the
+    remaining levels reduce, with ``factored`` their reduced blocks, or ``None``.
+    """
+
+    levels: list
+    dense: Chain | None
+    factored: Any
+    info: dict
+
+
+def sparse_factor(chain: SparseChain, counter: Counter, dense_factor: Callable,
+                  dense_threshold: float, check: Callable) -> SparseLevels:
+    """Odd-even reduction of the cores, sparse until ``dense_threshold``: once per matrix.
+
     ``info["fill_in"]`` is the nnz per reduced core relative to the original
     cores, per level that formed products; ``info["sparse_levels"]`` counts the
     levels done sparse. Once the density passes ``dense_threshold``,
-    ``dense_reduce`` finishes on the dense chain. The counter holds the bytes of
-    the reduced cores and right-hand sides alive, level by level, and walks the
-    dense remainder (:func:`.footprint.odd_even`): its ``peak_bytes`` is the
-    reduction's peak, known only as the fill-in happens.
+    ``dense_factor`` reduces the padded dense chain of the rest. The counter
+    holds the reduced cores alive, level by level, and walks the dense
+    remainder (:func:`.footprint.odd_even`): its ``peak_bytes`` is known only as
+    the fill-in happens.
     """
-    base = max(chain.nnz_per_core(), 1.0)
-    eliminated, fill, level = [], [], 0
-    while len(chain.G) > 1 and chain.density() <= dense_threshold:
-        level += 1
-        m = len(chain.G)
+    base, r = max(chain.nnz_per_core(), 1.0), chain.G[0].shape[1]
+    levels, fill = [], []
+    while len(chain.L) > 1 and chain.density() <= dense_threshold:
+        m = len(chain.L)
         evens = list(range(2, m, 2))
         cores = products(chain, evens, counter)
-        check(cores, level, [(chain.order[k], chain.order[k - 2]) for k in evens])
-        rhs = [g + a for g, a in zip([chain.G[k] for k in evens],
-                                     apply(chain, evens, [chain.G[k - 1] for k in evens],
-                                           counter))]
-        counter.hold(sum(nbytes(g) for g in rhs))
-        if level > 1:  # the previous level's even cores and rhs, now reduced away
-            counter.release(sum(nbytes(c) for k in evens for c in chain.C[k])
-                            + sum(nbytes(chain.G[k]) for k in evens))
-        eliminated.append(chain.take(range(1, m, 2)))
-        chain = SparseChain([chain.L[0]] + [chain.L[k] for k in evens], [[]] + cores,
-                            [chain.G[0]] + rhs, [chain.order[0]] + [chain.order[k] for k in evens],
+        check(cores, len(levels) + 1, [(chain.order[k], chain.order[k - 2]) for k in evens])
+        levels.append(chain)
+        chain = SparseChain([chain.L[0]] + [chain.L[k] for k in evens], [[]] + cores, [],
+                            [chain.order[0]] + [chain.order[k] for k in evens],
                             (chain.sizes[0],) + tuple(chain.sizes[k] for k in evens))
         if cores:
             fill.append(chain.nnz_per_core() / base)
-    sparse_levels = level
-    if len(chain.G) > 1:  # dense from here on
-        dense = chain.to_dense()
-        counter.hold(dense.L.nbytes + dense.C.nbytes + dense.G.nbytes)
-        odd_even(counter, dense.G.shape[0], dense.C.shape[2], dense.G.shape[1], 1,
-                 dense.L.shape[1], dense.C.shape[1], dense.G.dtype.itemsize)
-        X_dense, more = dense_reduce(dense, counter)
-        level += more
-        X = [X_dense[k, :, :size].T for k, size in enumerate(chain.sizes)]
-    else:
-        X = chain.G
-    for odd in reversed(eliminated):  # back-substitution: x_k = A_k x_{k-1} + G_k, k odd
-        updates = apply(odd, list(range(len(odd.G))), X[: len(odd.G)], counter)
-        full = [None] * (len(X) + len(odd.G))
+    dense, factored = None, []
+    if len(chain.L) > 1:  # dense from here on
+        dense = chain.to_dense(r)
+        counter.hold(dense.L.nbytes + dense.C.nbytes)
+        odd_even(counter, dense.L.shape[0], dense.C.shape[2], r, 1, dense.L.shape[1],
+                 dense.C.shape[1], dense.L.dtype.itemsize)
+        factored = dense_factor(dense, counter)
+    return SparseLevels(levels, dense, factored,
+                        {"fill_in": fill, "sparse_levels": len(levels)})
+
+
+def sparse_substitute(factor: SparseLevels, G: list, counter: Counter,
+                      dense_substitute: Callable) -> tuple[list, int]:
+    """A right-hand side through the factored levels: down, the dense rest, back up.
+
+    ``G`` is a list of ``(n_k, r)`` blocks in chain order; returns the solution
+    the same way, and the number of levels.
+    """
+    eliminated = []
+    for chain in factor.levels:
+        evens = list(range(2, len(chain.L), 2))
+        rhs = [G[k] + a for k, a in zip(evens, apply(chain, evens, [G[k - 1] for k in evens],
+                                                     counter))]
+        counter.hold(sum(nbytes(g) for g in rhs))
+        eliminated.append(G[1::2])
+        G = [G[0]] + rhs
+    X, levels = G, len(factor.levels)
+    if factor.dense is not None:
+        n, sizes = factor.dense.C.shape[2], factor.dense.sizes
+        padded = np.zeros((len(G), G[0].shape[1], n), dtype=G[0].dtype)
+        for k, g in enumerate(G):
+            padded[k, :, : g.shape[0]] = g.T
+        counter.hold(padded.nbytes)
+        X_dense = dense_substitute(factor.factored, padded, counter)
+        X = [X_dense[k, :, :size].T for k, size in enumerate(sizes)]
+        levels += len(factor.factored)
+    for chain, odd in zip(reversed(factor.levels), reversed(eliminated)):  # x_k, k odd
+        ks = list(range(1, len(chain.L), 2))
+        updates = apply(chain, ks, X[: len(ks)], counter)
+        full = [None] * (len(X) + len(odd))
         full[0::2] = X
-        full[1::2] = [u + g for u, g in zip(updates, odd.G)]
+        full[1::2] = [u + g for u, g in zip(updates, odd)]
         X = full
-    return X, level, {"fill_in": fill, "sparse_levels": sparse_levels}
+    return X, levels
