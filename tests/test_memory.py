@@ -176,3 +176,40 @@ def test_the_cli_marks_a_run_over_the_budget_not_applicable(capsys):
                               methods=["substitution", "cyclic-reduction"])
     assert rows[0].status == "CONVERGED"
     assert rows[1].status.startswith("N/A (memory: needs") and "budget" in rows[1].status
+
+
+@pytest.mark.parametrize("index", [(slice(2, None, 2),), (slice(1, 5, 2), 0), (Ellipsis, None),
+                                   (slice(None), None, slice(None), 0), 1, (Ellipsis, 0),
+                                   (slice(None, None, -1),), (np.array([0, 2]),)])
+def test_shape_arrays_index_as_numpy_does(index):
+    from propop.solvers.reduction import shapes
+    from propop.solvers.reduction.chain import Counter
+
+    counter = Counter()
+    a = shapes.ShapeArray((5, 4, 3, 3), np.float64, counter)
+    assert a[index].shape == np.zeros((5, 4, 3, 3))[index].shape
+    assert (a @ shapes.ShapeArray((3, 2), np.float64, counter)).shape == (5, 4, 3, 2)
+
+
+@pytest.mark.parametrize(("m", "r", "n"), [(17, 16, 32), (129, 1, 8), (33, 4, 16)])
+def test_the_loops_on_shapes_count_the_peak_of_the_loops_on_arrays(m, r, n):
+    """The odd-even loops on shape arrays against tracemalloc on NumPy arrays."""
+    from propop.solvers.reduction import footprint, odd_even
+    from propop.solvers.reduction.chain import Chain, Counter
+
+    rng = np.random.default_rng(0)
+    L, C = rng.standard_normal((m, r, n)), rng.standard_normal((m - 1, 1, n, n)) / n
+    G = rng.standard_normal((m, r, n))
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        levels = odd_even.factor(Chain(L, C, G, list(range(m)), ()), Counter(), np)
+        X = odd_even.substitute(levels, G, Counter(), np)
+        measured = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    counter = Counter()
+    footprint.odd_even(counter, m, n, r, 1, r, 1, 8)
+    assert X.shape == G.shape
+    assert 0.8 <= counter.peak_bytes / measured <= 1.2, (counter.peak_bytes, measured)

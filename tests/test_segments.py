@@ -3,7 +3,7 @@
 import numpy as np
 
 from propop.solvers.reduction.chain import Counter
-from propop.solvers.reduction.cyclic import _factor, _substitute
+from propop.solvers.reduction.odd_even import factor, substitute
 from propop.solvers.reduction.segments import Across, expand
 
 
@@ -13,11 +13,11 @@ def test_segments_follow_the_sequential_recursion():
     DG = rng.standard_normal((m, r, rows, w)) * 0.5  # D_s^{-1} G_s
     Dc = rng.standard_normal((m, r, rows))  # D_s^{-1} c_s
     carried = np.array([4, 1])
-    across = Across(DG[:, :, carried, :], lambda c, k: _factor(c, k, np), Counter(),
+    across = Across(DG[:, :, carried, :], lambda c, k: factor(c, k, np), Counter(),
                     [f"segment {s}" for s in range(m)])
     for _ in range(2):  # the blocks reduced once, any number of right-hand sides
         previous = across.previous(Dc[:, :, carried],
-                                   lambda levels, G, k: _substitute(levels, G, k, np), Counter())
+                                   lambda levels, G, k: substitute(levels, G, k, np), Counter())
         x = expand(DG, Dc, previous, Counter())
         y = np.zeros((r, w))  # the first segment reads nothing
         for s in range(m):

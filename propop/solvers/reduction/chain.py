@@ -267,15 +267,17 @@ def product(L1: Any, C1: Any, L2: Any, C2: Any, counter: Counter) -> Any:
     return out
 
 
-def apply(L: Any, C: Any, X: Any, counter: Counter) -> Any:
+def apply(L: Any, C: Any, X: Any, counter: Counter, xp: Any = None) -> Any:
     """``diag(L) C X`` for stacked ``X`` of shape ``(p, r, n)`` or ``(p, r, n, c)``.
 
     The second form carries ``c`` columns per sample (a matrix right-hand side).
+    ``xp`` is the arrays' namespace (found from ``X`` if not given; shape-only
+    arrays of :mod:`.shapes` give theirs).
     """
     p, r, n = X.shape[:3]
     columns = X.shape[3] if X.ndim == 4 else 1
     counter.flops += (2 * n * n + n) * p * r * columns
-    xp = backend.namespace(X)
+    xp = backend.namespace(X) if xp is None else xp
     if X.ndim == 4:
         CX = C @ X
         CX *= L[..., None]  # in place: the product is new, and scaling it is half the time

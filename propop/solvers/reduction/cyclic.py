@@ -39,7 +39,8 @@ import numpy as np
 
 from ... import backend, memory
 from . import footprint
-from .chain import Chain, Counter, apply, in_system_order, product
+from . import odd_even
+from .chain import Chain, Counter, in_system_order
 from .sparse import SparseChain, sparse_factor, sparse_substitute
 from .over_groups import OverGroups
 from .over_time import WITHIN, OverTime
@@ -57,110 +58,6 @@ __all__ = ["CyclicReduction", "ParallelCyclicReduction"]
 # sparse weights (measured: width 128 at density 0.05, dense 2x faster; width
 # 512 at density 0.01, sparse 2x faster); ``sparse=True`` overrides.
 SPARSE_MIN_WIDTH = 256
-
-
-class _OverflowError(Exception):
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-    @classmethod
-    def between(cls, level: int, a: int, b: int) -> _OverflowError:
-        """The error for the reduced block coupling blocks ``a`` and ``b`` at ``level``."""
-        return cls(f"level {level}: the reduced block coupling blocks {a} and {b} is not "
-                   "finite: a long product of Jacobians overflowed; use 'substitution' "
-                   "(it multiplies vectors only) or float64")
-
-
-def _check_finite(xp: Any, cores: Any, level: int, start: int, stride: int, span: int,
-                  chain: Chain) -> None:
-    """Raise :class:`_OverflowError` if a reduced core is not finite.
-
-    Core ``i`` couples chain positions ``a = start + i stride`` and ``a - span``.
-    """
-    if cores.shape[0] == 0:
-        return
-    finite = xp.isfinite(cores).reshape(cores.shape[0], -1).all(axis=1)
-    if bool(finite.all()):
-        return
-    a = start + stride * int(xp.argmin(finite))
-    raise _OverflowError.between(level, chain.order[a], chain.order[a - span])
-
-
-def _factor(chain: Chain, counter: Counter, xp: Any) -> list[tuple]:
-    """The matrix half of odd-even reduction: every level's blocks, right-hand sides aside.
-
-    Level ``t`` keeps ``(L, C)`` of its chain, ``C`` the cores of positions
-    ``1..m-1`` (position 0 has none), and reduces to the chain of the even
-    positions, ``A_k A_{k-1}`` for even ``k`` (eq. def_back_prop2_even's pairing).
-    """
-    L, C = chain.L, chain.C
-    levels: list[tuple] = []
-    while C.shape[0] > 0:
-        pairs = C.shape[0] // 2  # even positions 2..2 pairs, each with the one before
-        levels.append((L, C))
-        cores = product(L[2: 2 * pairs + 1: 2], C[1: 2 * pairs: 2], L[1: 2 * pairs: 2],
-                        C[0: 2 * pairs - 1: 2], counter)
-        _check_finite(xp, cores, len(levels), 2 ** len(levels), 2 ** len(levels),
-                      2 ** len(levels), chain)
-        L, C = xp.concatenate([L[:1], L[2: 2 * pairs + 1: 2]]), cores
-    return levels
-
-
-def _substitute(levels: list[tuple], G: Any, counter: Counter, xp: Any) -> Any:
-    """The right-hand-side half: reduce ``G`` level by level, then back-substitute.
-
-    ``x_k = A_k x_{k-1} + G_k``: the even positions' right-hand sides gather
-    their odd neighbours' going down, the odd unknowns follow from their even
-    neighbours coming back up (one whole-level operation each way).
-    """
-    eliminated = []
-    for L, C in levels:
-        pairs = C.shape[0] // 2
-        even, before = slice(2, 2 * pairs + 1, 2), slice(1, 2 * pairs, 2)
-        rhs = apply(L[even], C[1: 2 * pairs: 2], G[before], counter) + G[even]
-        eliminated.append(G[1::2])
-        G = xp.concatenate([G[:1], rhs])
-        del rhs
-    X = G
-    for (L, C), G_odd in zip(reversed(levels), reversed(eliminated)):
-        full = xp.empty((X.shape[0] + G_odd.shape[0],) + X.shape[1:], dtype=X.dtype)
-        full[0::2] = X
-        full[1::2] = apply(L[1::2], C[0::2], X[: G_odd.shape[0]], counter) + G_odd
-        X = full
-    return X
-
-
-def _parallel_factor(chain: Chain, counter: Counter, xp: Any) -> list[tuple]:
-    """The matrix half of parallel cyclic reduction: the cores of every level.
-
-    At level ``t`` (shift ``s = 2^(t-1)``) every position ``k >= s`` reads ``k - s``:
-    ``x_k = A_k x_{k-s} + G_k``, the cores combining as ``A_k A_{k-s}`` for the next
-    level. ``C[i]`` is the core of position ``first + i``; each level keeps
-    ``(L, C, first)``.
-    """
-    L, C, first = chain.L, chain.C, 1
-    m, shift, levels = chain.G.shape[0], 1, []
-    while shift < m:
-        levels.append((L, C, first))
-        if 2 * shift < m:
-            cores = product(L[2 * shift:], C[2 * shift - first:], L[shift: m - shift],
-                            C[shift - first: m - shift - first], counter)
-            _check_finite(xp, cores, len(levels), 2 * shift, 1, 2 * shift, chain)
-            C, first = cores, 2 * shift
-        shift *= 2
-    return levels
-
-
-def _parallel_substitute(levels: list[tuple], G: Any, counter: Counter, xp: Any) -> Any:
-    """The right-hand-side half: ``G_k <- A_k G_{k-s} + G_k`` at every level, no way back."""
-    m, shift = G.shape[0], 1
-    for L, C, first in levels:
-        rhs = apply(L[shift:], C[shift - first:], G[: m - shift], counter) + G[shift:]
-        G = xp.concatenate([G[:shift], rhs])
-        del rhs
-        shift *= 2
-    return G
 
 
 def _factored(factor: Callable, substitute: Callable) -> Callable:
@@ -195,8 +92,8 @@ def _time_factored(within: str) -> Callable:
             raise OptionError("shared_diagonal is not supported on RNN systems: their reduced "
                               "blocks are per sample and per step anyway")
         xp = system.backend.xp
-        halves = (lambda chain, c: _factor(chain, c, xp),
-                  lambda levels, G, c: _substitute(levels, G, c, xp))
+        halves = (lambda chain, c: odd_even.factor(chain, c, xp),
+                  lambda levels, G, c: odd_even.substitute(levels, G, c, xp))
         made = {system.nrhs: OverTime(system, *halves, counter, within)}
 
         def solve(s: Any, counter: Counter) -> tuple[Any, int, dict]:
@@ -215,8 +112,8 @@ def _groups_factored(system: Any, shared_diagonal: str | None, counter: Counter)
     if shared_diagonal is not None:
         raise OptionError("shared_diagonal is not supported on grouped systems")
     xp = system.backend.xp
-    over = OverGroups(system, lambda chain, c: _factor(chain, c, xp),
-                      lambda levels, G, c: _substitute(levels, G, c, xp), counter)
+    over = OverGroups(system, lambda chain, c: odd_even.factor(chain, c, xp),
+                      lambda levels, G, c: odd_even.substitute(levels, G, c, xp), counter)
     return over.solve
 
 
@@ -240,7 +137,7 @@ def _sparse_factored(dense_threshold: float) -> Callable:
         xp = system.backend.xp
         chain = SparseChain.of(system, shared_diagonal)
         counter.hold(sum(L.nbytes for L in chain.L))
-        factor = sparse_factor(chain, counter, lambda c, k: _factor(c, k, xp),
+        factor = sparse_factor(chain, counter, lambda c, k: odd_even.factor(c, k, xp),
                                dense_threshold, _check_sparse)
 
         def solve(s: Any, counter: Counter) -> tuple[Any, int, dict]:
@@ -248,7 +145,7 @@ def _sparse_factored(dense_threshold: float) -> Callable:
             G = [blocks[k] for k in chain.order]
             counter.hold(sum(g.nbytes for g in G))
             X, levels = sparse_substitute(factor, G, counter,
-                                          lambda f, G, c: _substitute(f, G, c, xp))
+                                          lambda f, G, c: odd_even.substitute(f, G, c, xp))
             x = in_system_order(chain.order, X)
             counter.hold(x.nbytes)
             return x, levels, dict(factor.info, dense_threshold=dense_threshold,
@@ -260,10 +157,10 @@ def _sparse_factored(dense_threshold: float) -> Callable:
 
 
 def _check_sparse(cores: list, level: int, blocks: list) -> None:
-    """Raise :class:`_OverflowError` if a sparse reduced core is not finite."""
+    """Raise :class:`odd_even.ReductionOverflow` if a sparse reduced core is not finite."""
     for group, (a, b) in zip(cores, blocks):
         if not all(np.isfinite(core.data).all() for core in group):
-            raise _OverflowError.between(level, a, b)
+            raise odd_even.ReductionOverflow.between(level, a, b)
 
 
 def _plan(system: Any, factor: Callable, rtol: float | None, atol: float,
@@ -284,7 +181,7 @@ def _plan(system: Any, factor: Callable, rtol: float | None, atol: float,
     try:
         with backend.quiet(xp):  # overflow is detected level by level and reported
             substitute, failure = factor(system, shared_diagonal, made), None
-    except _OverflowError as overflow:
+    except odd_even.ReductionOverflow as overflow:
         substitute, failure = None, overflow
 
     def solve(s: Any, **extra: Any) -> Solution:  # the plan's memory, then the solve's
@@ -295,7 +192,7 @@ def _plan(system: Any, factor: Callable, rtol: float | None, atol: float,
                 raise failure
             with backend.quiet(xp):
                 x, levels, info = substitute(s, counter)
-        except _OverflowError as overflow:
+        except odd_even.ReductionOverflow as overflow:
             expected = math.ceil(math.log2(s.nblocks)) if s.nblocks > 1 else 0
             return Solution(x=xp.full_like(s.rhs, xp.nan), status=Status.NONFINITE,
                             message=overflow.message, levels=expected,
@@ -348,8 +245,8 @@ def _prepare_cyclic_reduction(system: Any, *, rtol: float | None = None, atol: f
         factored = _sparse_factored(0.25 if dense_threshold is None else dense_threshold)
         return _plan(system, factored, rtol, atol, shared_diagonal, 3 * dense_peak)
     _applies("dense_threshold", dense_threshold, "sparse reductions (sparse=True)")
-    return _plan(system, _factored(_factor, _substitute), rtol, atol, shared_diagonal,
-                 dense_peak)
+    dense = _factored(odd_even.factor, odd_even.substitute)
+    return _plan(system, dense, rtol, atol, shared_diagonal, dense_peak)
 
 
 @register("cyclic-reduction", kind="direct", exact=True, backends=("numpy", "cupy", "torch"),
@@ -436,8 +333,8 @@ class ParallelCyclicReduction(Method):
         standing = _standing(operator)
         peak = footprint.dense_cyclic_reduction(standing, shared_diagonal is not None,
                                                 parallel_form=True)
-        return _plan(standing, _factored(_parallel_factor, _parallel_substitute), rtol, atol,
-                     shared_diagonal, peak)
+        parallel = _factored(odd_even.parallel_factor, odd_even.parallel_substitute)
+        return _plan(standing, parallel, rtol, atol, shared_diagonal, peak)
 
     def compute(self, state: Callable[[Any], Solution], system: Any) -> Solution:
         """The right-hand side through every level."""

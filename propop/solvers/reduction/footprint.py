@@ -2,26 +2,33 @@
 
 Cyclic reduction forms per-sample blocks (``r`` cores per pair where the batch
 has its own scalings), so its memory grows as ``r l n^2`` and can exceed the
-machine before the first level ends. Each function here walks one algorithm of
-:mod:`.cyclic_reduction`, :mod:`.chain` and :mod:`.time_reduction` step by step
-without arrays: a :class:`~.chain.Counter` holds and releases the bytes each
-step allocates and frees, in the algorithm's order, so its ``peak_bytes`` is the
-peak the solve will reach (temporaries included). The tests hold these
-estimates to within 20% of ``tracemalloc``'s measured peak; change an algorithm's
-allocations and its walk here together.
+machine before the first level ends. The reductions' loops themselves
+(:mod:`.odd_even`) are run here on shape-only arrays (:mod:`.shapes`), whose
+operations hold and release their bytes in a :class:`~.chain.Counter` as NumPy
+would allocate and free them, so no walk of those loops is kept in step by
+hand; a run's effect is remembered per shape, as a training loop repeats one.
+What surrounds the loops (building the chain, the stages of the reductions over
+time and over groups) is still counted step by step below. The tests hold the
+estimates to within 20% of ``tracemalloc``'s measured peak.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-from .chain import Counter
+import numpy as np
+
+from . import odd_even as loops
+from . import shapes
+from .chain import Chain, Counter
 from .over_groups import read_by
 from .over_time import WITHIN, Layout
 
 __all__ = ["dense_cyclic_reduction", "time_cyclic_reduction", "groups", "explicit_matrix",
            "krylov_basis"]
 
+_DTYPES = {4: np.float32, 8: np.float64}  # by item size, for the shape-only runs
 # Python objects per block (lists of positions and views, index arrays): measured.
 BOOKKEEPING = 160
 ARRAY = 112  # a NumPy array object, without its data
@@ -60,87 +67,88 @@ def _chain(counter: Counter, system: Any, shared: bool) -> tuple[int, int, int]:
     return m, bl, r
 
 
-def _apply(counter: Counter, p: int, bc: int, r: int, n: int, c: int, item: int) -> int:
-    """:func:`.chain.apply` then ``+ G``: holds the result, ``p r n c`` entries."""
-    product = counter.hold(p * (max(bc, r) if c > 1 or bc > 1 else r) * n * c * item)
-    out = counter.hold(p * r * n * c * item)  # (C X, scaled by L in place) + G
-    counter.release(product)
-    return out
+def _chain_of(counter: Counter, m: int, n: int, bl: int, b0: int, item: int) -> Chain:
+    """A shape-only chain of ``m`` positions (its bytes counted by the caller)."""
+    dtype = _DTYPES[item]
+    return Chain(shapes.array((m, bl, n), dtype, counter),
+                 shapes.array((max(m - 1, 0), b0, n, n), dtype, counter), None, range(m), ())
 
 
 def odd_even(counter: Counter, m: int, n: int, r: int, c: int, bl: int, b0: int,
              item: int) -> None:
-    """``_factor`` then ``_substitute`` of :mod:`.cyclic` on a chain of ``m`` positions.
+    """:func:`.odd_even.factor` then :func:`.odd_even.substitute`, run on shapes.
 
     ``G`` has ``r`` samples of ``c`` columns, ``L`` ``bl`` scalings, ``C`` ``b0`` cores
     per position (the chain held already); everything but the solution released.
     """
-    levels, kept = odd_even_factor(counter, m, n, bl, b0, item)
-    counter.release(odd_even_substitute(counter, levels, n, r, c, item))
+    kept = factored(counter, m, n, bl, b0, item)
+    substituted(counter, (m, n, bl, b0), (m, r, n) if c == 1 else (m, r, n, c), item)
     counter.release(kept)
 
 
-def odd_even_factor(counter: Counter, m: int, n: int, bl: int, b0: int, item: int
-                    ) -> tuple[list, int]:
-    """``_factor``: every level's cores and scalings, kept; returns ``(levels, kept bytes)``."""
-    M, bc, kept, levels = m, b0, 0, []
-    while M > 1:
-        p, b = (M - 1) // 2, max(bc, bl)
-        left = counter.hold(p * b * n * n * item)  # C1 diag(L2)
-        kept += counter.hold(p * b * n * n * item)  # (C1 diag(L2)) C2, kept
-        counter.release(left)
-        counter.passing(p * b * n * n)  # the finiteness mask
-        kept += counter.hold((p + 1) * bl * n * item)  # the next L
-        levels.append((M, bc))
-        M, bc = p + 1, b
-    return levels, kept
+def factored(counter: Counter, m: int, n: int, bl: int, b0: int, item: int) -> int:
+    """:func:`.odd_even.factor` of an ``m``-position chain: returns its levels' bytes, held."""
+    peak, kept = _factor_effect(m, n, bl, b0, item)
+    _replay(counter, peak, kept)
+    return kept
 
 
-def odd_even_substitute(counter: Counter, levels: list, n: int, r: int, c: int, item: int
-                        ) -> int:
-    """``_substitute`` through ``levels``: returns the bytes of the solution it leaves held.
+def substituted(counter: Counter, chain: tuple, shape: tuple, item: int) -> int:
+    """:func:`.odd_even.substitute` of a ``shape`` right-hand side: the solution's bytes, held.
 
-    Every level's right-hand sides are kept until the back-substitution.
+    ``chain = (m, n, bl, b0)`` names the chain whose levels the caller holds.
     """
-    kept = 0
-    for M, bc in levels:  # the right-hand side, down
-        p = (M - 1) // 2
-        rhs = _apply(counter, p, bc, r, n, c, item)
-        kept += counter.hold((p + 1) * r * n * c * item)  # the next G
-        counter.release(rhs)
-    X = 0
-    for M, bc in reversed(levels):  # and back up
-        full = counter.hold(M * r * n * c * item)
-        counter.release(_apply(counter, M // 2, bc, r, n, c, item))
-        counter.release(X)
-        X = full
-    counter.release(kept)
-    return X
+    peak, left = _substitute_effect(*chain, shape, item)
+    _replay(counter, peak, left)
+    return left
 
 
 def parallel(counter: Counter, m: int, n: int, r: int, bl: int, item: int) -> None:
-    """``_parallel_factor`` then ``_parallel_substitute`` of :mod:`.cyclic` (chain held).
+    """:func:`.odd_even.parallel_factor` then ``parallel_substitute``, run on shapes."""
+    _replay(counter, *_parallel(m, n, r, bl, item))
 
-    The factor keeps every level's cores; the substitution's right-hand sides
-    replace each other level by level.
-    """
-    shift, kept, levels = 1, 0, []
-    while shift < m:  # the factor
-        levels.append((m - shift, kept > 0))
-        if 2 * shift < m:
-            b = max(1, bl)
-            left = counter.hold((m - 2 * shift) * b * n * n * item)
-            kept += counter.hold((m - 2 * shift) * b * n * n * item)
-            counter.release(left)
-            counter.passing((m - 2 * shift) * b * n * n)  # the finiteness mask
-        shift *= 2
-    G = 0
-    for p, reduced in levels:  # the right-hand side
-        rhs = _apply(counter, p, max(1, bl) if reduced else 1, r, n, 1, item)
-        g_new = counter.hold(m * r * n * item)
-        counter.release(rhs + G)
-        G = g_new
-    counter.release(G + kept)
+
+def _replay(counter: Counter, peak: int, left: int) -> None:
+    """A run's effect on ``counter``: its peak above the start, the bytes it leaves held."""
+    counter.peak_bytes = max(counter.peak_bytes, counter.live_bytes + peak)
+    counter.hold(left)
+
+
+@functools.lru_cache(maxsize=1024)
+def _factor_effect(m: int, n: int, bl: int, b0: int, item: int) -> tuple[int, int]:
+    """``(peak, kept)`` of :func:`.odd_even.factor` on shapes, run once per shape."""
+    counter = Counter()
+    levels = loops.factor(_chain_of(counter, m, n, bl, b0, item), counter,
+                          shapes.namespace(counter))
+    peak, kept = counter.peak_bytes, counter.live_bytes  # read while the levels are held
+    del levels
+    return peak, kept
+
+
+@functools.lru_cache(maxsize=1024)
+def _substitute_effect(m: int, n: int, bl: int, b0: int, shape: tuple, item: int
+                       ) -> tuple[int, int]:
+    """``(peak, left)`` of :func:`.odd_even.substitute` after the factor, once per shape."""
+    counter = Counter()
+    levels = loops.factor(_chain_of(counter, m, n, bl, b0, item), counter,
+                          shapes.namespace(counter))
+    start, counter.peak_bytes = counter.live_bytes, counter.live_bytes
+    G = shapes.array(shape, _DTYPES[item], counter)  # the right-hand side, counted before
+    X = loops.substitute(levels, G, counter, shapes.namespace(counter))
+    return counter.peak_bytes - start, X.nbytes if X._owned else 0
+
+
+@functools.lru_cache(maxsize=1024)
+def _parallel(m: int, n: int, r: int, bl: int, item: int) -> tuple[int, int]:
+    """``(peak, left)`` of :func:`parallel`, run once per shape."""
+    counter = Counter()
+    chain = _chain_of(counter, m, n, max(1, bl), 1, item)
+    xp = shapes.namespace(counter)
+    levels = loops.parallel_factor(chain, counter, xp)
+    G = shapes.array((m, r, n), _DTYPES[item], counter)
+    loops.parallel_substitute(levels, G, counter, xp)
+    del chain, levels, G
+    return counter.peak_bytes, counter.live_bytes
 
 
 def dense_cyclic_reduction(system: Any, shared: bool, parallel_form: bool) -> int:
@@ -175,7 +183,7 @@ def time_cyclic_reduction(system: Any, within: str) -> int:
     counter.hold(m * b * n * item + m * n * n * item)  # L, C
     counter.passing(b * n * n * item)  # s * U, a template scaled per sample
     inner = _inner(counter, within, m, n, b, item)
-    DG = _inner_solve(counter, inner, within, m, n, b, w, item)
+    DG = _inner_solve(counter, within, m, n, b, w, item)
     if DG:  # the chain keeps its blocks only (one position: D^{-1} G is G itself)
         counter.release(G)
     else:
@@ -183,7 +191,7 @@ def time_cyclic_reduction(system: Any, within: str) -> int:
     carried = counter.hold(b * w * w * item) if (len(layout.carried_layers) > 1 or any(
         sizes[k] < n for k in layout.carried_layers)) else 0
     counter.hold(tau * w * item)  # the unit scalings of the chain over time
-    across, _ = odd_even_factor(counter, tau, w, 1, r, item)
+    across = factored(counter, tau, w, 1, r, item)
     # a solve: the right-hand side per layer, the leading positions, the chain's column
     counter.hold(b * sum(sizes) * item if r > 1 else 0)
     leading = [k for k in layout.order[: layout.first] if k in layout.within]
@@ -191,28 +199,28 @@ def time_cyclic_reduction(system: Any, within: str) -> int:
     counter.hold(m * b * n * item)
     if layout.first:  # folded into the first reduced position's right-hand side
         counter.passing(2 * b * sizes[layout.order[layout.first]] * item)
-    _inner_solve(counter, inner, within, m, n, b, 1, item)
+    _inner_solve(counter, within, m, n, b, 1, item)
     counter.hold(b * w * item)  # g on the carried rows
-    counter.release(odd_even_substitute(counter, across, w, r, 1, item))
+    counter.release(substituted(counter, (tau, w, 1, r), (tau, r, w), item))
     counter.hold(2 * b * w * item)  # the previous step's values, in chain order
     parts = counter.hold(b * sum(sizes) * item)
     counter.passing(b * n * item)  # a layer's product with the previous step
     counter.hold(b * sum(sizes) * item)  # concatenated
-    counter.release(parts + DG + carried)
+    counter.release(parts + DG + carried + across + inner)
     counter.passing(b * sum(sizes) * item)  # in the system's layout
     return counter.peak_bytes
 
 
-def _inner(counter: Counter, within: str, m: int, n: int, b: int, item: int) -> list:
-    """The layers' levels (``within="cyclic-reduction"``), kept; none for substitution."""
-    return odd_even_factor(counter, m, n, b, 1, item)[0] if within == WITHIN[0] else []
+def _inner(counter: Counter, within: str, m: int, n: int, b: int, item: int) -> int:
+    """The layers' levels (``within="cyclic-reduction"``): their bytes, held."""
+    return factored(counter, m, n, b, 1, item) if within == WITHIN[0] else 0
 
 
-def _inner_solve(counter: Counter, levels: list, within: str, m: int, n: int, b: int, c: int,
-                 item: int) -> int:
+def _inner_solve(counter: Counter, within: str, m: int, n: int, b: int, c: int, item: int
+                 ) -> int:
     """``D^{-1}`` of a ``c``-column right-hand side over the layers: its bytes, held."""
     if within == WITHIN[0]:
-        return odd_even_substitute(counter, levels, n, b, c, item)
+        return substituted(counter, (m, n, b, 1), (m, b, n, c), item)
     rows = counter.hold(m * b * n * c * item)  # _substitute: one product a position, stacked
     out = counter.hold(m * b * n * c * item)
     counter.release(rows)
@@ -247,11 +255,11 @@ def groups(system: Any) -> int:
     counter.release(parts)
     n = max(1, max(carried))
     counter.hold(len(sizes) * (r * n * n + n) * item)  # the A over the groups, unit scalings
-    levels, _ = odd_even_factor(counter, len(sizes), n, 1, r, item)
+    kept = factored(counter, len(sizes), n, 1, r, item)
     held = counter.hold(r * (system.size + len(sizes) * n) * item)  # D^{-1} c and g
-    counter.release(odd_even_substitute(counter, levels, n, r, 1, item))
+    counter.release(substituted(counter, (len(sizes), n, 1, r), (len(sizes), r, n), item))
     counter.passing(2 * system.size * r * item)
-    counter.release(held)
+    counter.release(held + kept)
     return counter.peak_bytes
 
 

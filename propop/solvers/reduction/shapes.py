@@ -1,0 +1,268 @@
+"""Shape-only arrays: a reduction's own loop, run without data, counts its memory.
+
+Written for propop. The memory guard (:mod:`.footprint`) needs a reduction's peak
+before anything is allocated. Instead of a walk kept in step with the code by
+hand, the code itself runs on :class:`ShapeArray` s: arrays with a shape and a
+dtype and no data. Every operation NumPy would allocate for (a product, a sum, a
+concatenation, a new array) holds its bytes in a :class:`~.chain.Counter`, and
+the array gives them back when it is garbage-collected, which CPython's
+reference counting does exactly when NumPy would free the real array; views
+(slices, reshapes, transposes) allocate nothing and keep their base alive. So
+``counter.peak_bytes`` after ``_factor``/``_substitute`` on shape arrays is the
+peak of the real run, temporaries included.
+
+:func:`namespace` is what the loops receive in place of NumPy: the few functions
+the reductions call (``zeros``, ``concatenate``, ``isfinite``, ...), their new
+arrays counted in one counter.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from .chain import Counter
+
+__all__ = ["ShapeArray", "namespace", "array"]
+
+
+def _probe(shape: tuple) -> Any:
+    """A zero-stride NumPy array of ``shape`` (no memory): indexing it tells shapes."""
+    return np.broadcast_to(np.empty((), dtype=np.int8), shape)
+
+
+def _shape_of(value: Any) -> tuple:
+    return tuple(getattr(value, "shape", ()))
+
+
+class ShapeArray:
+    """An array of ``shape`` and ``dtype`` without data, its bytes held in ``counter``.
+
+    ``owned=False`` (a chain's given arrays, counted by the caller) holds nothing.
+    """
+
+    __slots__ = ("shape", "dtype", "counter", "base", "_owned")
+
+    def __init__(self, shape: tuple, dtype: Any, counter: Counter, base: Any = None,
+                 owned: bool = True) -> None:
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype)
+        self.counter, self.base = counter, base
+        self._owned = counter.hold(self.nbytes) if owned and base is None else 0
+
+    def __del__(self) -> None:
+        if self._owned:
+            self.counter.release(self._owned)
+
+    # -- what NumPy arrays tell ------------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        """Number of axes."""
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of entries."""
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the array's entries would take."""
+        return self.size * self.dtype.itemsize
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __bool__(self) -> bool:  # a finiteness check passes: the loop takes its usual path
+        return True
+
+    def __array_namespace__(self, api_version: str | None = None) -> Any:
+        return namespace(self.counter)
+
+    # -- new arrays and views --------------------------------------------------------
+    def _new(self, shape: tuple, dtype: Any = None) -> ShapeArray:
+        return ShapeArray(shape, self.dtype if dtype is None else dtype, self.counter)
+
+    def _view(self, shape: tuple) -> ShapeArray:
+        return ShapeArray(shape, self.dtype, self.counter, base=self.base or self)
+
+    def __getitem__(self, index: Any) -> ShapeArray:
+        parts = index if isinstance(index, tuple) else (index,)
+        if all(isinstance(p, _BASIC) for p in parts):  # a view: its shape by arithmetic
+            return self._view(_basic_shape(self.shape, parts))
+        probe = _probe(self.shape)[tuple(_probe(_shape_of(p)) if isinstance(p, ShapeArray)
+                                         else p for p in parts)]
+        return self._new(probe.shape)  # advanced indexing copies
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        """Writing into an array allocates nothing."""
+
+    def reshape(self, *shape: Any) -> ShapeArray:
+        """A view of another shape (NumPy's, for a contiguous array)."""
+        shape = list(shape[0] if len(shape) == 1 and isinstance(shape[0], tuple) else shape)
+        if -1 in shape:  # the one free axis takes what the others leave
+            shape[shape.index(-1)] = self.size // max(math.prod(k for k in shape if k != -1), 1)
+        if math.prod(shape) != self.size:
+            raise ValueError(f"cannot reshape {self.shape} into {tuple(shape)}")
+        return self._view(tuple(shape))
+
+    @property
+    def T(self) -> ShapeArray:  # noqa: N802 (NumPy's name)
+        """The transposed view."""
+        return self._view(self.shape[::-1])
+
+    def copy(self) -> ShapeArray:
+        """A new array of the same shape."""
+        return self._new(self.shape)
+
+    def astype(self, dtype: Any, copy: bool = True) -> ShapeArray:
+        """A new array of ``dtype`` (itself where no copy is asked for nor needed)."""
+        return self._new(self.shape, dtype) if copy or np.dtype(dtype) != self.dtype else self
+
+    def all(self, axis: Any = None) -> ShapeArray:
+        """The booleans reduced over ``axis``."""
+        return self._reduced(axis, bool)
+
+    def any(self, axis: Any = None) -> ShapeArray:
+        """The booleans reduced over ``axis``."""
+        return self._reduced(axis, bool)
+
+    def sum(self, axis: Any = None) -> ShapeArray:
+        """The sum over ``axis``."""
+        return self._reduced(axis, None)
+
+    def _reduced(self, axis: Any, dtype: Any) -> ShapeArray:
+        axes = set(range(self.ndim)) if axis is None else {
+            a % self.ndim for a in (axis if isinstance(axis, tuple) else (axis,))}
+        return self._new(tuple(k for i, k in enumerate(self.shape) if i not in axes), dtype)
+
+    # -- arithmetic --------------------------------------------------------------------
+    def _binary(self, other: Any, dtype: Any = None) -> ShapeArray:
+        return self._new(_broadcast(self.shape, _shape_of(other)), dtype)
+
+    def _inplace(self, other: Any) -> ShapeArray:
+        return self
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _binary
+    __truediv__ = __rtruediv__ = _binary
+    __iadd__ = __isub__ = __imul__ = __itruediv__ = _inplace
+
+    def __neg__(self) -> ShapeArray:
+        return self._new(self.shape)
+
+    def __eq__(self, other: Any) -> ShapeArray:  # type: ignore[override]
+        return self._binary(other, bool)
+
+    __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __eq__
+    __hash__ = object.__hash__
+
+    def __matmul__(self, other: Any) -> ShapeArray:
+        return self._new(_matmul_shape(self.shape, _shape_of(other)))
+
+    def __rmatmul__(self, other: Any) -> ShapeArray:
+        return self._new(_matmul_shape(_shape_of(other), self.shape))
+
+
+_BASIC = (int, slice, type(None), type(Ellipsis))
+
+
+def _basic_shape(shape: tuple, parts: tuple) -> tuple:
+    """The shape of ``a[parts]`` for basic indices (integers, slices, ``None``, ``...``)."""
+    used = sum(1 for p in parts if p is not None and p is not Ellipsis)
+    out, axis = [], 0
+    for p in parts:
+        if p is Ellipsis:
+            out.extend(shape[axis: axis + len(shape) - used])
+            axis += len(shape) - used
+        elif p is None:
+            out.append(1)
+        elif isinstance(p, slice):
+            out.append(len(range(*p.indices(shape[axis]))))
+            axis += 1
+        else:
+            axis += 1
+    return tuple(out) + tuple(shape[axis:])
+
+
+def _broadcast(a: tuple, b: tuple) -> tuple:
+    """NumPy's broadcast of two shapes."""
+    if a == b:
+        return a
+    n = max(len(a), len(b))
+    a, b = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
+    if any(x != y and 1 not in (x, y) for x, y in zip(a, b)):
+        raise ValueError(f"shapes {a} and {b} do not broadcast")
+    return tuple(max(x, y) if 1 in (x, y) else x for x, y in zip(a, b))
+
+
+def _matmul_shape(a: tuple, b: tuple) -> tuple:
+    """The shape of ``a @ b`` (NumPy's rules, vectors included)."""
+    a2, b2 = (a if len(a) > 1 else (1,) + a), (b if len(b) > 1 else b + (1,))
+    if a2[-1] != b2[-2]:
+        raise ValueError(f"matmul: shapes {a} and {b} do not align")
+    shape = _broadcast(a2[:-2], b2[:-2]) + (a2[-2], b2[-1])
+    if len(a) == 1:
+        shape = shape[:-2] + shape[-1:]
+    if len(b) == 1:
+        shape = shape[:-1]
+    return shape
+
+
+def array(shape: tuple, dtype: Any, counter: Counter, owned: bool = False) -> ShapeArray:
+    """A shape array: by default one whose bytes the caller has counted already."""
+    return ShapeArray(shape, dtype, counter, owned=owned)
+
+
+def _like(a: ShapeArray, shape: Any = None, dtype: Any = None) -> ShapeArray:
+    return a._new(a.shape if shape is None else shape, dtype)
+
+
+def _concatenate(arrays: Any, axis: int = 0) -> ShapeArray:
+    arrays = list(arrays)
+    shape = list(arrays[0].shape)
+    shape[axis] = sum(a.shape[axis] for a in arrays)
+    return arrays[0]._new(tuple(shape))
+
+
+def _stack(arrays: Any, axis: int = 0) -> ShapeArray:
+    arrays = list(arrays)
+    shape = list(arrays[0].shape)
+    shape.insert(axis if axis >= 0 else len(shape) + 1 + axis, len(arrays))
+    return arrays[0]._new(tuple(shape))
+
+
+def _einsum(subscripts: str, *operands: ShapeArray) -> ShapeArray:
+    inputs, output = subscripts.replace(" ", "").split("->")
+    sizes = {}
+    for letters, operand in zip(inputs.split(","), operands):
+        sizes.update(zip(letters, operand.shape))
+    return operands[0]._new(tuple(sizes[letter] for letter in output))
+
+
+def _permute_dims(a: ShapeArray, axes: tuple) -> ShapeArray:
+    return a._view(tuple(a.shape[i] for i in axes))
+
+
+def _moveaxis(a: ShapeArray, source: int, destination: int) -> ShapeArray:
+    return a._view(np.moveaxis(_probe(a.shape), source, destination).shape)
+
+
+def namespace(counter: Counter) -> SimpleNamespace:
+    """The functions the reductions call, on shape arrays counted in ``counter``."""
+    def new(shape: Any, dtype: Any = np.float64) -> ShapeArray:
+        return ShapeArray(shape if isinstance(shape, tuple) else (shape,), dtype, counter)
+
+    return SimpleNamespace(
+        empty=new, zeros=new, ones=new,
+        full=lambda shape, fill, dtype=np.float64: new(shape, dtype),
+        concatenate=_concatenate, stack=_stack, einsum=_einsum, permute_dims=_permute_dims,
+        moveaxis=_moveaxis, matrix_transpose=lambda a: a._view(a.shape[:-2] + a.shape[:-3:-1]),
+        empty_like=_like, zeros_like=_like, ones_like=_like,
+        full_like=lambda a, fill, dtype=None: _like(a, dtype=dtype),
+        isfinite=lambda a: _like(a, dtype=bool), argmin=lambda a, axis=None: 0,
+        all=lambda a, axis=None: a.all(axis), reshape=lambda a, shape: a.reshape(shape),
+        broadcast_to=lambda a, shape: a._view(tuple(shape)),
+        where=lambda cond, a, b: cond._binary(a)._binary(b))
