@@ -2,9 +2,9 @@
 
 :class:`Blocks` is what structure-aware solvers read (:attr:`Operator.blocks`): block
 sizes, the diagonal of the system's form, and one :class:`Edge` per off-diagonal
-block ``-diag(scale) @ matrix``. A system is a **chain** (block bi-diagonal, paper
-eqs. forw_prop_sys and back_prop_sys) when edge ``j`` joins blocks ``j + 1`` and
-``j`` (lower) or ``j`` and ``j + 1`` (upper).
+block ``-diag(scale) @ matrix``, one Python object per block, made only for the
+methods that walk blocks one by one. Its structural facts (chain, groups,
+levels, order) are its :mod:`.layout`'s.
 """
 
 from __future__ import annotations
@@ -14,12 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import backend
+from .layout import NOT_A_CHAIN, Layout
 
 __all__ = ["Blocks", "Edge", "Step", "NOT_A_CHAIN"]
-
-NOT_A_CHAIN = ("this system is not block bi-diagonal (a chain): each block row must have at "
-               "most one neighbour; use 'substitution', 'jacobi' or a Krylov method")
-
 
 def _sizes(sizes: Any) -> str:
     """Block sizes in a few characters: ``8`` if all equal, else their range."""
@@ -51,6 +48,8 @@ class Blocks:
     edges : tuple of Edge
         The off-diagonal blocks, each ``-diag(scale) @ matrix`` with a matrix
         shared by all samples (dense, sparse) and the row's scaling.
+    layout : Layout
+        The pattern of the edges, in the same order.
 
     A system is a **chain** (block bi-diagonal, paper eqs. forw_prop_sys and
     back_prop_sys) when edge ``j`` joins blocks ``j + 1`` and ``j`` (lower) or
@@ -62,6 +61,7 @@ class Blocks:
     sizes: tuple
     diagonal: tuple
     edges: tuple
+    layout: Layout
 
     def __repr__(self) -> str:
         """One line: the shape of the structure, no arrays."""
@@ -69,35 +69,15 @@ class Blocks:
         return (f"Blocks({'lower' if self.lower else 'upper'}, {len(self.sizes)} blocks of "
                 f"sizes {_sizes(self.sizes)}, {len(self.edges)} couplings, {kind})")
 
-    @functools.cached_property
+    @property
     def is_chain(self) -> bool:
         """Whether the system is block bi-diagonal with edges in chain order."""
-        return (len(self.edges) == len(self.sizes) - 1
-                and all((e.row, e.col) == self.pair(j) for j, e in enumerate(self.edges)))
+        return self.layout.is_chain
 
-    @functools.cached_property
+    @property
     def groups(self) -> tuple[tuple[int, ...], ...]:
-        """Consecutive groups of blocks (solve order) coupled only to neighbouring groups.
-
-        The most groups such that every coupling joins blocks of one group or of
-        two consecutive groups: then the system is block bi-diagonal over the
-        groups (a residual block becomes one node) and cyclic reduction applies
-        to it. Greedy: a group ends before block ``i`` unless some coupling into
-        a block at or after ``i`` reads a block before the current group's start.
-        """
-        position = {k: i for i, k in enumerate(self.order())}
-        first_read = [len(self.sizes)] * len(self.sizes)  # earliest block read at or after i
-        for e in self.edges:
-            reader, read = sorted((position[e.row], position[e.col]), reverse=True)
-            first_read[reader] = min(first_read[reader], read)
-        for i in range(len(first_read) - 2, -1, -1):
-            first_read[i] = min(first_read[i], first_read[i + 1])
-        groups, start = [], 0
-        for i in range(1, len(self.sizes) + 1):
-            if i == len(self.sizes) or first_read[i] >= start:
-                groups.append(tuple(self.order()[start:i]))
-                start = i
-        return tuple(groups)
+        """Groups of blocks coupled only to neighbouring groups (:attr:`Layout.groups`)."""
+        return self.layout.groups
 
     def require_chain(self) -> None:
         """Raise ``ValueError`` unless the system is block bi-diagonal (a chain)."""
@@ -122,8 +102,7 @@ class Blocks:
 
     def order(self) -> range:
         """Block rows in substitution order."""
-        nb = len(self.sizes)
-        return range(nb) if self.lower else range(nb - 1, -1, -1)
+        return self.layout.order()
 
     def incoming(self, k: int) -> int | None:
         """The coupling that block row ``k`` of a chain reads in substitution, if any."""
@@ -151,19 +130,9 @@ class Blocks:
 
     @functools.cached_property
     def levels(self) -> tuple[tuple[Step, ...], ...]:
-        """The :attr:`steps` grouped by topological level.
-
-        A block's level is one more than the highest level it reads from, so the
-        blocks of one level depend only on earlier levels and can be solved at
-        once; the number of levels is the longest chain of couplings.
-        """
-        depth: dict[int, int] = {}
-        for step in self.steps:
-            depth[step.block] = 1 + max((depth[col] for col, _, _ in step.sources), default=0)
-        grouped: dict[int, list[Step]] = {}
-        for step in self.steps:
-            grouped.setdefault(depth[step.block], []).append(step)
-        return tuple(tuple(grouped[d]) for d in sorted(grouped))
+        """The :attr:`steps` grouped by topological level (:attr:`Layout.levels`)."""
+        step = {s.block: s for s in self.steps}
+        return tuple(tuple(step[k] for k in level) for level in self.layout.levels)
 
 
 @dataclass(frozen=True)

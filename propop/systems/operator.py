@@ -4,14 +4,15 @@ An :class:`Operator` with blocks ``k = 0..nb-1`` is stored in its **row-scaled**
 (unit-diagonal) form, the paper's eqs. bicgstab_scaled_forw_sys and
 bicgstab_scaled_back_sys::
 
-    x_k - s_k * (M_j x_nbr) = c_k
+    x_k - s_k * (sum_e M_e x_col(e)) = c_k
 
-where ``M_j`` is the coupling matrix shared by all samples (``W_k`` for the
-forward system, ``W_{k+1}^T`` for the backward one), ``s_k`` the per-sample row
-scaling (the activation's secant or derivative) and ``nbr = k - 1`` (lower)
-or ``k + 1`` (upper). The paper's form ``(1/s_k) * x_k - M_j x_nbr = c_k / s_k``
-(diagonal blocks ``D``/``E``) is the same operator with every row divided by
-``s_k``; it exists only where no ``s_k`` is zero.
+over the edges ``e`` into block row ``k``, where ``M_e`` is a coupling matrix
+(``W_k`` for the forward system, ``W_{k+1}^T`` for the backward one, shared by
+all samples or one per sample) and ``s_k`` the per-sample row scaling (the
+activation's secant or derivative). The paper's form
+``(1/s_k) * x_k - sum_e M_e x_col(e) = c_k / s_k`` (diagonal blocks ``D``/``E``)
+is the same operator with every row divided by ``s_k``; it exists only where no
+``s_k`` is zero.
 
 A batch of ``r`` samples has per-sample scalings (``samples = r``): the paper's
 shifted systems (eqs. forw_prop_sys_shifted, back_prop_sys_shifted), one operator
@@ -20,14 +21,16 @@ for ``r`` right-hand sides. As lineax's operators, it never holds a vector: a
 system of one operator shares what the operator derived once (its blocks, edge
 groups, explicit matrices), the work a :class:`~propop.Plan` does not repeat.
 
-Coefficients come in one of four representations: per-block couplings of a chain,
-general edges, a time structure of repeated templates (RNNs), or stacks of equal
-widths (``coupling_stack``, ``scale_stack``); the views below are the same for all.
+An operator is three things (DESIGN section 3): a :mod:`.layout` (a chain, a
+time structure, a graph), its couplings in one of the two storages of
+:mod:`.coefficients` (dense stacks, or a sparse list), and its scalings,
+block-indexed stacks. The tags that methods ask about (:attr:`tags`) are
+computed from them once; every other view (the blocks, edge groups, explicit
+matrices, variants) is derived when first asked for and kept.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 import numbers
@@ -35,93 +38,103 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import backend
-from .._checks import as_coupling, require_finite
 from .blocks import NOT_A_CHAIN, Blocks, Edge
+from .coefficients import Scalings
 from .edge_groups import EdgeGroups
+from .layout import Layout
 
-__all__ = ["Operator", "FORMS", "one_dtype"]
+__all__ = ["Operator", "FORMS", "TAGS"]
 
 FORMS = ("scaled", "paper")
 
+TAGS = ("chain", "time", "graph", "equal-widths", "stacked", "sparse", "per-sample",
+        "shared-matrix", "diagonal")
+
 
 class Operator:
-    """A block lower or upper triangular operator ``A``, block bi-diagonal or general.
+    """A block lower or upper triangular operator ``A``: a layout, couplings and scalings.
+
+    Made by :class:`~propop.TriangularSystem` from any of its constructor's
+    forms (:func:`propop.systems.arguments.read`), and by the operator's own
+    variants; not meant to be built by hand.
 
     Parameters
     ----------
-    coupling : sequence of matrices, or None
-        For a block bi-diagonal operator (a chain): ``nb - 1`` shared coupling
-        matrices; ``coupling[j]`` has shape ``(n_{j+1}, n_j)`` for a lower one
-        and ``(n_j, n_{j+1})`` for an upper one. ``None`` when ``edges`` is given.
-    row_scale : sequence or None
-        ``nb`` row scalings ``s_k``: ``None`` (one) or an array of shape
-        ``(n_k,)``, or ``(n_k, r)`` / ``(n_k, 1)`` for ``samples = r``.
-    lower, sizes, form, names, paper_hint, edges, structure, layer_scales,
-    coupling_stack, scale_stack
-        As for :class:`~propop.TriangularSystem`.
+    layout : Layout
+        The blocks and the edges between them (:mod:`.layout`).
+    couplings : DenseCouplings or SparseCouplings
+        The matrix of each coupling the layout's edges name.
+    scalings : Scalings
+        The row scaling of each block.
+    form : {"scaled", "paper"}
+        Which of the two equivalent forms its views show.
     samples : int or None
         The number of samples the scalings describe (``None``: one vector).
-    like : array
-        An array of the operator's backend and dtype (a right-hand side): read
-        for those two facts only, where the coefficients do not tell them.
+    dtype, be
+        The floating type and the :class:`~propop.backend.Backend`.
+    names, paper_hint
+        As for :class:`~propop.TriangularSystem`.
     """
 
     # The true operator of a batch-mean one (shared("mean")); False where a right-hand
     # side of another number of columns was given to it (set by the systems).
     approximates: Operator | None | bool = None
 
-    def __init__(self, coupling: Sequence[Any] | None, row_scale: Sequence[Any] | None, *,
-                 lower: bool, sizes: Sequence[int], form: str = "scaled",
+    def __init__(self, layout: Layout, couplings: Any, scalings: Scalings, *, dtype: Any,
+                 be: backend.Backend, form: str = "scaled", samples: int | None = None,
                  names: Sequence[str] | Callable[[int], str] | None = None,
-                 paper_hint: str = "", edges: Sequence[tuple[int, int, Any]] | None = None,
-                 structure: Any = None, layer_scales: Sequence[Any] | None = None,
-                 coupling_stack: Any = None, scale_stack: Any = None,
-                 samples: int | None = None, like: Any = None) -> None:
+                 paper_hint: str = "") -> None:
         if form not in FORMS:
             raise ValueError(f"unknown form {form!r}; choose one of {FORMS}")
-        if backend.of(like).name == "torch" and coupling_stack is None:
-            raise ValueError(_TORCH_STACKS)
-        self.sizes = tuple(map(int, sizes))
-        self.lower = bool(lower)
+        self.layout, self.couplings, self.scalings = layout, couplings, scalings
         self.form = form
         self.samples = None if samples is None else int(samples)
-        self._names = names
-        self._paper_hint = paper_hint
-        self._dtype = getattr(like, "dtype", None)
-        self.structure = structure
-        self._layer_scales = None if layer_scales is None else tuple(layer_scales)
-        self.coupling_stack = self._checked_stack(coupling_stack, "coupling_stack", ())
-        self.scale_stack = self._checked_stack(
-            scale_stack, "scale_stack", (self.samples, 1) if self.samples is not None
-            else (None,))
-        if coupling_stack is not None and (coupling is not None or edges is not None):
-            raise ValueError("give coupling_stack instead of coupling or edges, not both")
-        if scale_stack is not None and (row_scale is not None or layer_scales is not None):
-            raise ValueError("give scale_stack instead of row_scale, not both")
-        if structure is not None:
-            if coupling is not None or edges is not None:
-                raise ValueError("a structure gives the couplings: no coupling or edges too")
-            if (row_scale is None) == (layer_scales is None):
-                raise ValueError("give either row_scale or layer_scales with a structure")
-            self.structure = structure.canonical()
-            matrices = [t.M for t in self.structure.templates]
-        elif coupling_stack is not None:  # its edges are views, made when asked for
-            matrices = [coupling_stack]
-        else:
-            if (coupling is None) == (edges is None):
-                raise ValueError("give either coupling (a chain) or edges, not both")
-            self.__dict__["_edges"] = _canonical_edges(
-                edges if edges is not None else _chain_edges(self.lower, coupling))
-            matrices = [M for _, _, M in self._edges]
-        if row_scale is not None or (structure is None and scale_stack is None):
-            self.__dict__["_row_scale"] = (tuple(row_scale) if row_scale is not None
-                                           else (None,) * len(self.sizes))
-        scales = (self.scale_stack,) if scale_stack is not None else (
-            layer_scales if layer_scales is not None else row_scale or ())
-        self.backend = backend.of(like, *matrices, *scales)  # mixed backends are named
-        self._validate()
+        self._dtype, self.backend = dtype, be
+        self._names, self._paper_hint = names, paper_hint
+        if names is not None and not callable(names) and len(names) != self.nblocks:
+            raise ValueError(f"{self.nblocks} blocks need {self.nblocks} names; got "
+                             f"{len(names)}")
+        if be.name == "torch" and self.coupling_stack is None:
+            raise ValueError(_TORCH_STACKS)
         if form == "paper":
             self._require_paper_form()
+
+    @classmethod
+    def of(cls, coupling: Sequence[Any] | None, row_scale: Sequence[Any] | None, *,
+           lower: bool, sizes: Sequence[int], form: str = "scaled",
+           names: Sequence[str] | Callable[[int], str] | None = None, paper_hint: str = "",
+           edges: Sequence[tuple[int, int, Any]] | None = None, structure: Any = None,
+           layer_scales: Sequence[Any] | None = None, coupling_stack: Any = None,
+           scale_stack: Any = None, samples: int | None = None, like: Any = None) -> Operator:
+        """The operator of :class:`~propop.TriangularSystem`'s constructor arguments, checked.
+
+        ``like`` is an array of the operator's backend and dtype (a right-hand
+        side), read for those two facts where the coefficients do not tell them.
+        """
+        from .arguments import read
+
+        if form not in FORMS:
+            raise ValueError(f"unknown form {form!r}; choose one of {FORMS}")
+        sizes = tuple(map(int, sizes))
+        if names is not None and not callable(names) and len(names) != len(sizes):
+            raise ValueError(f"{len(sizes)} blocks need {len(sizes)} names; got {len(names)}")
+        name = names if callable(names) else (
+            (lambda k: names[k]) if names is not None else (lambda k: f"block {k}"))
+        layout, couplings, scalings = read(
+            coupling, row_scale, lower=bool(lower), sizes=sizes, edges=edges,
+            structure=structure, layer_scales=layer_scales, coupling_stack=coupling_stack,
+            scale_stack=scale_stack, samples=samples, name=name)
+        be = backend.of(like, *couplings.arrays(), *scalings.arrays())  # mixed ones named
+        return cls(layout, couplings, scalings, dtype=getattr(like, "dtype", None), be=be,
+                   form=form, samples=samples, names=names, paper_hint=paper_hint)
+
+    def _with(self, **changes: Any) -> Operator:
+        """An operator like this one with ``changes`` to its parts."""
+        args = dict(layout=self.layout, couplings=self.couplings, scalings=self.scalings,
+                    dtype=self.dtype, be=self.backend, form=self.form, samples=self.samples,
+                    names=self._names, paper_hint=self._paper_hint)
+        args.update(changes)
+        return Operator(**args)
 
     @functools.cached_property
     def names(self) -> tuple[str, ...]:
@@ -132,60 +145,31 @@ class Operator:
             return tuple(self._names)
         return tuple(f"block {k}" for k in range(self.nblocks))
 
-    @functools.cached_property
-    def _edges(self) -> tuple:
-        """``(row, col, matrix)`` per coupling; a structure's or a stack's made when asked for."""
-        if self.structure is None:
-            if self.per_sample_couplings:
-                raise ValueError(_PER_SAMPLE)
-            return _chain_edges(self.lower, self.coupling_stack)
-        return tuple(self.structure.edges())
-
-    @functools.cached_property
-    def unscaled_stack(self) -> bool:
-        """A chain given by its couplings alone: unit diagonal and no row scalings.
-
-        Cached: :meth:`apply` asks at every product, and the scalings are per block.
-        """
-        return (self.coupling_stack is not None and self.scale_stack is None
-                and all(s is None for s in self._row_scale))
+    # -- structure: the layout's --------------------------------------------------
+    @property
+    def lower(self) -> bool:
+        """Lower (forward propagation) or upper (backward propagation) triangular."""
+        return self.layout.lower
 
     @property
-    def per_sample_couplings(self) -> bool:
-        """Whether each sample has its own couplings: a ``(nb - 1, r, n, n)`` stack."""
-        return self.coupling_stack is not None and self.coupling_stack.ndim == 4
+    def sizes(self) -> tuple[int, ...]:
+        """The block sizes."""
+        return self.layout.sizes
 
-    @functools.cached_property
-    def _row_scale(self) -> tuple:
-        """The row scaling of every block; a structure's or a stack's are views of it."""
-        if self.structure is None:
-            return (None,) + tuple(self.scale_stack)
-        per, tau = len(self.structure.sizes), self.structure.tau
-        return tuple(None if layer is None else layer[s] for s in range(tau)
-                     for layer in self._layer_scales[:per])
-
-    # -- structure ----------------------------------------------------------------
     @property
     def nblocks(self) -> int:
         """Number of diagonal blocks ``nb`` (``l + 1`` for an ``l``-layer FNN)."""
-        return len(self.sizes)
+        return self.layout.nblocks
 
     @functools.cached_property
     def offsets(self) -> tuple[int, ...]:
         """Start of each block in the stacked vector, and ``N`` last."""
         return tuple(itertools.accumulate(self.sizes, initial=0))
 
-    @functools.cached_property
+    @property
     def is_chain(self) -> bool:
-        """Whether the operator is block bi-diagonal (:attr:`Blocks.is_chain`).
-
-        A time structure over more than one step with recurrent couplings is not;
-        it is told without unrolling the blocks.
-        """
-        if self.structure is not None and self.structure.tau > 1 and any(
-                t.offset != 0 for t in self.structure.templates):
-            return False
-        return self.coupling_stack is not None or self.blocks.is_chain
+        """Whether the operator is block bi-diagonal, told from its layout alone."""
+        return self.layout.is_chain
 
     def require_chain(self) -> None:
         """Raise ``ValueError`` unless the operator is block bi-diagonal (a chain)."""
@@ -196,6 +180,24 @@ class Operator:
     def equal_sizes(self) -> bool:
         """Whether every block has the same size (then blocks reshape to a stack)."""
         return len(set(self.sizes)) == 1
+
+    @functools.cached_property
+    def tags(self) -> frozenset:
+        """What methods ask of an operator, computed once (a subset of :data:`TAGS`).
+
+        ``"chain"``, ``"time"`` or ``"graph"`` (the layout; a graph that is block
+        bi-diagonal is tagged ``"chain"`` too); ``"equal-widths"``; ``"stacked"``
+        (a chain of one width whose couplings are one stack); ``"sparse"`` (some
+        coupling is a sparse matrix); ``"per-sample"`` (each sample has its own
+        couplings); ``"shared-matrix"`` (one matrix for every sample);
+        ``"diagonal"`` (no coupling at all).
+        """
+        tags = {self.layout.kind}
+        facts = {"chain": self.is_chain, "equal-widths": self.equal_sizes,
+                 "stacked": self.coupling_stack is not None,
+                 "sparse": self.sparse_couplings, "per-sample": self.per_sample_couplings,
+                 "shared-matrix": self.shares_matrix, "diagonal": not self.layout.edges()}
+        return frozenset(tags | {tag for tag, holds in facts.items() if holds})
 
     @functools.cached_property
     def block_starts(self) -> Any:
@@ -223,130 +225,80 @@ class Operator:
         return (f"Operator({kind}, nblocks={self.nblocks}, N={self.size}{samples}, "
                 f"form={self.form!r}, dtype={self.dtype})")
 
-    # -- validation, once ---------------------------------------------------------
-    def _validate(self) -> None:
-        nb = self.nblocks
-        if self._names is not None and not callable(self._names) and len(self._names) != nb:
-            raise ValueError(f"{nb} blocks need {nb} names; got {len(self._names)}")
-        if min(self.sizes, default=0) < 1:
-            raise ValueError(f"block sizes must be >= 1, got {self.sizes}")
-        if self.structure is not None:
-            self._validate_structure()
-        elif self.coupling_stack is None:
-            self._validate_edges()
-        if "_row_scale" in self.__dict__ and self.scale_stack is None:
-            self._validate_row_scales()
-        self._require_finite_scales()
-
-    def _checked_stack(self, stack: Any, what: str, columns: tuple) -> Any:
-        """``stack`` checked once: couplings ``(nb - 1[, r], n, n)``, scalings ``(nb - 1, n[, c])``.
-
-        ``columns`` are the allowed trailing sizes of a scaling (``None``: no axis).
-        """
-        if stack is None:
+    # -- the coefficients, as the methods read them --------------------------------
+    @functools.cached_property
+    def coupling_stack(self) -> Any:
+        """A chain of one width's couplings: one ``(nb - 1[, r], n, n)`` stack, else ``None``."""
+        if self.layout.kind != "chain" or not self.equal_sizes:
             return None
-        nb, n = len(self.sizes), self.sizes[0]
-        shape = tuple(getattr(stack, "shape", ()))
-        want_r = True
-        if not columns and len(shape) == 4 and self.samples is not None:  # per sample
-            shape, want_r = shape[:1] + shape[2:], shape[1] == self.samples
-        trailing = shape[2:] or (None,)
-        want = (nb - 1, n) + (n,) * (not columns)
-        fits = want_r and shape[:2 + (not columns)] == want and (
-            len(trailing) == 1 and (trailing[0] in columns or not columns))
-        if set(self.sizes) != {n} or not fits or not backend.is_real_floating(stack):
-            shapes = " or ".join(str(want + ((c,) if c else ())) for c in columns) or (
-                f"{want} or, per sample, ({nb - 1}, r, {n}, {n})")
-            raise ValueError(f"{what} must be a real floating array of shape {shapes} for "
-                             f"{nb} blocks of one width, got {getattr(stack, 'shape', None)} "
-                             f"and block sizes {sorted(set(self.sizes))}")
-        if not columns:  # scalings are checked with the others
-            require_finite(stack, f"{what} (index (j, i, k): coupling j)")
-        return stack
+        return self.couplings.stack
 
-    def _validate_structure(self) -> None:
-        """The templates and the stacked layer scalings, once per layer, not per block."""
-        structure = self.structure
-        per, tau = len(structure.sizes), structure.tau
-        if self.sizes != tuple(structure.sizes) * tau:
-            raise ValueError(f"the blocks' sizes are not the structure's {structure.sizes} "
-                             f"repeated over {tau} steps")
-        for t in structure.templates:
-            ahead = t.offset < 0 or (t.offset == 0 and t.row > t.col)
-            behind = t.offset > 0 or (t.offset == 0 and t.row < t.col)
-            if not (0 <= t.row < per and 0 <= t.col < per and abs(t.offset) <= 1) or \
-                    not (ahead if self.lower else behind):
-                kind = "lower" if self.lower else "upper"
-                raise ValueError(f"template (layer {t.row} reads layer {t.col} at step "
-                                 f"offset {t.offset}) is not strictly {kind} triangular")
-            want = (structure.sizes[t.row], structure.sizes[t.col])
-            if tuple(t.M.shape) != want:
-                raise ValueError(f"template (layer {t.row} reads layer {t.col}) has shape "
-                                 f"{tuple(t.M.shape)}, expected {want}")
-        if self._layer_scales is None:
-            return
-        if len(self._layer_scales) != per:
-            raise ValueError(f"{per} layers need {per} layer scalings, got "
-                             f"{len(self._layer_scales)}")
-        batch = () if self.samples is None else (self.samples,)
-        for k, s in enumerate(self._layer_scales):
-            want = (tau, structure.sizes[k]) + batch
-            if s is not None and (not backend.is_real_floating(s)
-                                  or (s.shape != want and s.shape != want[:2] + (1,))):
-                raise ValueError(f"layer {k}: stacked scalings have shape "
-                                 f"{getattr(s, 'shape', None)}, expected {want} (time, "
-                                 "features[, samples]) of a real floating type")
+    @functools.cached_property
+    def scale_stack(self) -> Any:
+        """A stacked chain's scalings of blocks ``1..nb-1`` (block 0 unscaled), or ``None``."""
+        S = self.scalings
+        if self.coupling_stack is None or S.first != 1 or S.per != 1:
+            return None
+        return S.stacks[0]
 
-    def _validate_edges(self) -> None:
-        nb = self.nblocks
-        for j, (row, col, M) in enumerate(self._edges):
-            if not (0 <= row < nb and 0 <= col < nb) or (row > col) != self.lower \
-                    or row == col:
-                kind = "lower" if self.lower else "upper"
-                raise ValueError(f"coupling {j} sits in block row {row}, column {col}: not "
-                                 f"strictly {kind} triangular in {nb} blocks")
-            want = (self.sizes[row], self.sizes[col])
-            if tuple(M.shape) != want:
-                raise ValueError(f"coupling {j} (block row {row}, column {col}) has shape "
-                                 f"{tuple(M.shape)}, expected {want}: the blocks' sizes")
+    @functools.cached_property
+    def unscaled_stack(self) -> bool:
+        """A chain given by its couplings alone: unit diagonal and no row scalings."""
+        return self.coupling_stack is not None and self.scalings.none
 
-    def _validate_row_scales(self) -> None:
-        if len(self._row_scale) != self.nblocks:
-            raise ValueError(f"{self.nblocks} blocks need {self.nblocks} row scalings; got "
-                             f"{len(self._row_scale)}")
-        for k, s in enumerate(self._row_scale):
-            if s is None:
-                continue
-            if not backend.is_real_floating(s):
-                raise ValueError(f"{self.names[k]}: row scaling must be a real floating array")
-            want = (self.sizes[k],) if self.samples is None else (self.sizes[k], self.samples)
-            if s.shape != want and not (self.samples is not None
-                                        and s.shape == (self.sizes[k], 1)):
-                raise ValueError(f"{self.names[k]}: row scaling has shape {s.shape}, "
-                                 f"expected {want}")
+    @property
+    def per_sample_couplings(self) -> bool:
+        """Whether each sample has its own couplings: a ``(nb - 1, r, n, n)`` stack."""
+        return self.couplings.per_sample
 
-    def _require_finite_scales(self) -> None:
-        """One pass over all scalings; the per-block search only when one is bad."""
-        xp = self.backend.xp
-        scales = [s for s in self._scalings if s is not None]
-        if not scales or bool(xp.isfinite(scales[0] if len(scales) == 1 else xp.concatenate(
-                [s.reshape(-1) for s in scales])).all()):
-            return
-        for k, s in enumerate(self._row_scale):
-            if s is not None:
-                require_finite(s, f"{self.names[k]}: row scaling")
+    @functools.cached_property
+    def structure(self) -> Any:
+        """A time layout's :class:`~.time_structure.TimeStructure` with matrices, or ``None``."""
+        if self.layout.kind != "time":
+            return None
+        from .time_structure import Template, TimeStructure
 
+        L = self.layout
+        return TimeStructure(L.tau, L.step_sizes, tuple(
+            Template(t.row, t.col, t.offset, self.couplings[t.coupling]) for t in L.templates))
+
+    @functools.cached_property
+    def _edges(self) -> tuple:
+        """``(row, col, matrix)`` per edge, unrolled (a view of the storage)."""
+        if self.per_sample_couplings:
+            raise ValueError(_PER_SAMPLE)
+        matrices = self.couplings.matrices
+        return tuple((row, col, matrices[c]) for row, col, c in self.layout.edges())
+
+    @functools.cached_property
+    def _row_scale(self) -> tuple:
+        """The row scaling of every block, ``None`` or a view of its stack."""
+        return self.scalings.blocks
+
+    @property
+    def _layer_scales(self) -> tuple | None:
+        """A time layout's scalings stored per layer of a step, ``(tau, n_k[, c])``."""
+        S = self.scalings
+        if self.layout.kind != "time" or S.first != 0 or S.per != self.layout.per:
+            return None
+        return S.stacks
+
+    # -- validation, once ---------------------------------------------------------
     def _require_paper_form(self) -> None:
         xp = self.backend.xp
-        for k, s in enumerate(self._row_scale):
-            if s is None or bool(xp.all(s != 0)):
+        for stack in self.scalings.arrays():
+            if bool(xp.all(stack != 0)):
                 continue
-            flat = int(xp.argmin((s != 0).reshape(-1)))
-            index = [int(i) for i in xp.unravel_index(flat, s.shape)]
-            where = f"entry {index[0]}" + (f" of sample {index[1]}" if len(index) > 1 else "")
-            raise ValueError(f"{self.names[k]}: form='paper' needs the diagonal 1/s, but "
-                             f"s = 0 at {where}{self._paper_hint}; use form='scaled' "
-                             "(the default), which never divides")
+            for k, s in enumerate(self._row_scale):
+                if s is None or bool(xp.all(s != 0)):
+                    continue
+                flat = int(xp.argmin(xp.reshape(s != 0, (-1,))))
+                index = [int(i) for i in xp.unravel_index(flat, s.shape)]
+                where = f"entry {index[0]}" + (f" of sample {index[1]}" if len(index) > 1
+                                               else "")
+                raise ValueError(f"{self.names[k]}: form='paper' needs the diagonal 1/s, "
+                                 f"but s = 0 at {where}{self._paper_hint}; use "
+                                 "form='scaled' (the default), which never divides")
 
     # -- variants -----------------------------------------------------------------
     def scaled(self) -> Operator:
@@ -358,9 +310,10 @@ class Operator:
         return self if self.form == "paper" else self._variant("paper", form="paper")
 
     def unstructured(self) -> Operator:
-        """The same operator without its :attr:`structure`: products edge by edge."""
-        return self if self.structure is None else self._variant("unstructured",
-                                                                  structure=None)
+        """The same operator without its time :attr:`structure`: products edge by edge."""
+        if self.layout.kind != "time":
+            return self
+        return self._variant("unstructured", layout=self.layout.unrolled())
 
     @functools.cached_property
     def _variants(self) -> dict:
@@ -372,38 +325,18 @@ class Operator:
             self._variants[key] = self._with(**changes)
         return self._variants[key]
 
-    def _with(self, **changes: Any) -> Operator:
-        """An operator like this one with ``changes`` to its constructor's arguments."""
-        args = dict(lower=self.lower, sizes=self.sizes, form=self.form, names=self._names,
-                    paper_hint=self._paper_hint, samples=self.samples,
-                    like=self.backend.xp.zeros(1, dtype=self.dtype))
-        if self.structure is not None and changes.get("structure", True) is not None:
-            args.update(structure=self.structure, layer_scales=self._layer_scales,
-                        row_scale=None if self._layer_scales is not None else self._row_scale)
-        else:  # stacks stay stacked; a structure is unrolled into the block view
-            if self.coupling_stack is not None and "edges" not in changes:
-                args["coupling_stack"] = self.coupling_stack
-            else:
-                args["edges"] = self._edges
-            if self.scale_stack is not None and "row_scale" not in changes:
-                args["scale_stack"] = self.scale_stack
-            elif "scale_stack" not in changes:
-                args["row_scale"] = self._row_scale
-        args.update(changes)
-        if args.get("structure") is None:
-            args.pop("layer_scales", None)
-        return Operator(args.pop("coupling", None), args.pop("row_scale", None), **args)
-
     @functools.cached_property
     def blocks(self) -> Blocks:
         """The structured view (:class:`Blocks`) that structure-aware solvers use."""
         paper = self.form == "paper"
+        layout = self.layout.unrolled() if self.layout.kind == "time" else self.layout
         return Blocks(
             lower=self.lower,
             sizes=self.sizes,
             diagonal=tuple(None if not paper or s is None else 1 / s for s in self._row_scale),
             edges=tuple(Edge(row, col, M, None if paper else self._row_scale[row])
                         for row, col, M in self._edges),
+            layout=layout,
         )
 
     def split(self, x: Any) -> list[Any]:
@@ -423,39 +356,21 @@ class Operator:
         i = int(i)
         if not -r <= i < r:
             raise IndexError(f"sample {i} out of range for a batch of {r}")
-        key = ("sample", i % r)
-        if key not in self._variants:
-            self._variants[key] = self._sample(i % r)
-        return self._variants[key]
-
-    def _sample(self, i: int) -> Operator:
-        """:meth:`sample`'s operator, made."""
-        if self._layer_scales is not None:  # stacked over time: one column of each layer
-            layers = [None if s is None else s[:, :, i if s.shape[2] > 1 else 0]
-                      for s in self._layer_scales]
-            return self._with(layer_scales=layers, samples=None)
-        if self.per_sample_couplings:  # its couplings, shared by its one column
-            return self._with(coupling_stack=self.coupling_stack[:, i], samples=None)
-        scales = [None if s is None else s[:, i if s.shape[1] > 1 else 0]
-                  for s in self._row_scale]
-        return self._with(row_scale=scales, samples=None)
-
-    @property
-    def _scalings(self) -> tuple:
-        """The scalings as stored, with the samples last: stacked layers or per block."""
-        if self.scale_stack is not None:
-            return (self.scale_stack,)
-        return self._layer_scales if self._layer_scales is not None else self._row_scale
+        i %= r
+        couplings = (self.couplings.map(lambda C: C[:, i] if C.ndim == 4 else C)
+                     if self.per_sample_couplings else self.couplings)
+        scalings = self.scalings.map(lambda s: s[..., i if s.shape[-1] > 1 else 0])
+        return self._variant(("sample", i), couplings=couplings, scalings=scalings,
+                             samples=None)
 
     @functools.cached_property
     def shares_matrix(self) -> bool:
         """Whether every sample of a batch has the same matrix (equal scaling columns)."""
-        if self.per_sample_couplings:
-            C = self.coupling_stack
-            return bool(self.backend.xp.all(C == C[:, :1])) and self._scaled_once_scalings
-        return self.samples is None or all(
-            s is None or s.shape[-1] == 1 or bool(self.backend.xp.all(s == s[..., :1]))
-            for s in self._scalings)
+        xp = self.backend.xp
+        couplings = not self.per_sample_couplings or all(
+            C.ndim == 3 or bool(xp.all(C == C[:, :1])) for C in self.couplings.arrays())
+        return couplings and (self.samples is None or all(
+            s.shape[-1] == 1 or bool(xp.all(s == s[..., :1])) for s in self.scalings.arrays()))
 
     @property
     def _scaled_once(self) -> bool:
@@ -464,8 +379,7 @@ class Operator:
 
     @property
     def _scaled_once_scalings(self) -> bool:
-        return self.samples is None or all(s is None or s.shape[-1] == 1
-                                           for s in self._scalings)
+        return self.samples is None or all(s.shape[-1] == 1 for s in self.scalings.arrays())
 
     def shared(self, how: str = "exact") -> Operator:
         """The operator with one matrix for all samples (see :meth:`TriangularSystem.shared`)."""
@@ -482,51 +396,43 @@ class Operator:
 
     def _shared(self, how: str) -> Operator:
         """:meth:`shared`'s operator, without saying whether it approximates this one."""
-        xp = self.backend.xp
+        xp, exact = self.backend.xp, how == "exact"
+        if exact and not self.shares_matrix:
+            raise ValueError(_NOT_SHARED.format(where=self._first_differing()))
+        couplings = self.couplings
         if self.per_sample_couplings:
-            C = self.coupling_stack
-            if how == "exact" and not self.shares_matrix:
-                raise ValueError(_NOT_SHARED.format(where="a coupling"))
-            return self._with(coupling_stack=C[:, 0] if how == "exact" else C.mean(axis=1))
-        if self._layer_scales is not None:  # stacked over time: one layer at a time
-            if how == "exact" and not self.shares_matrix:
-                raise ValueError(_NOT_SHARED.format(where="a layer's scaling"))
-            layers = [None if s is None else (s[..., :1] if how == "exact"
-                                              else s.mean(axis=-1, keepdims=True))
-                      for s in self._layer_scales]
-            return self._with(layer_scales=layers)
-        if self.scale_stack is not None and self.scale_stack.ndim == 3:  # one array
-            S = self.scale_stack
-            same = xp.all(S == S[:, :, :1], axis=(1, 2))
-            if how == "exact" and not bool(same.all()):
-                k = 1 + int(xp.argmin(same))  # stack row j scales block j + 1
-                raise ValueError(_NOT_SHARED.format(where=f"{self.names[k]}: the row scaling"))
-            return self._with(scale_stack=S[:, :, :1] if how == "exact"
-                              else S.mean(axis=2, keepdims=True))
-        scales = []
-        for k, s in enumerate(self._row_scale):
-            if s is not None and how == "exact" and not bool(xp.all(s == s[:, :1])):
-                raise ValueError(_NOT_SHARED.format(where=f"{self.names[k]}: the row scaling"))
-            scales.append(None if s is None else (s[:, :1] if how == "exact"
-                                                  else s.mean(axis=1, keepdims=True)))
-        return self._with(row_scale=scales)
+            couplings = couplings.map(lambda C: C if C.ndim == 3 else (
+                C[:, 0] if exact else xp.mean(C, axis=1)))
+        scalings = self.scalings
+        if self.samples is not None:
+            scalings = scalings.map(lambda s: s if s.shape[-1] == 1 else (
+                s[..., :1] if exact else xp.mean(s, axis=-1, keepdims=True)))
+        return self._with(couplings=couplings, scalings=scalings)
+
+    def _first_differing(self) -> str:
+        """What differs between samples, for :meth:`shared`'s message: a coupling or a block."""
+        xp = self.backend.xp
+        if any(C.ndim == 4 and not bool(xp.all(C == C[:, :1]))
+               for C in self.couplings.arrays()):
+            return "a coupling"
+        S = self.scalings
+        first = self.nblocks
+        for q, s in enumerate(S.stacks):
+            if s is None or s.ndim < 3 or s.shape[-1] == 1:
+                continue
+            same = xp.all(xp.reshape(s == s[..., :1], (s.shape[0], -1)), axis=1)
+            if not bool(xp.all(same)):
+                first = min(first, S.first + q + S.per * int(xp.argmin(same)))
+        return f"{self.names[first]}: the row scaling"
 
     def to(self, kind: str, device: Any = None) -> Operator:
         """The same operator with its arrays on backend ``kind`` (:meth:`TriangularSystem.to`)."""
+        if kind == "torch" and self.coupling_stack is None:
+            raise ValueError(_TORCH_STACKS)
         move = functools.partial(backend.convert, kind=kind, device=device)
         like = move(self.backend.xp.zeros(1, dtype=self.dtype))
-        common = dict(lower=self.lower, sizes=self.sizes, form=self.form, names=self._names,
-                      paper_hint=self._paper_hint, samples=self.samples, like=like)
-        if self.coupling_stack is not None:
-            return Operator(None, None if self.scale_stack is not None else
-                            [move(s) for s in self._row_scale],
-                            coupling_stack=move(self.coupling_stack),
-                            scale_stack=move(self.scale_stack), **common)
-        if kind == "torch":
-            raise ValueError(_TORCH_STACKS)
-        unrolled = self.unstructured()
-        return Operator(None, [move(s) for s in unrolled._row_scale],
-                        edges=[(r, c, move(M)) for r, c, M in unrolled._edges], **common)
+        return self._with(couplings=self.couplings.map(move), scalings=self.scalings.map(move),
+                          dtype=like.dtype, be=backend.of(like))
 
     @functools.cached_property
     def batch(self) -> Operator:
@@ -537,28 +443,18 @@ class Operator:
         """
         if self.samples is not None:
             return self
-        column = (lambda s: None if s is None else s[..., None])  # noqa: E731
-        if self.scale_stack is not None:
-            return self._with(scale_stack=column(self.scale_stack), samples=1)
-        if self._layer_scales is not None:
-            return self._with(layer_scales=[column(s) for s in self._layer_scales], samples=1)
-        return self._with(row_scale=[column(s) for s in self._row_scale], samples=1)
+        return self._with(scalings=self.scalings.map(lambda s: s[..., None]), samples=1)
 
     def restricted(self, keep: Callable[[int, int], bool]) -> Operator:
         """The operator with only the couplings ``(row, col)`` for which ``keep`` holds."""
-        return self._with(edges=[e for e in self._edges if keep(e[0], e[1])], structure=None)
+        return self._with(layout=self.layout.restricted(keep))
 
     def subsystem(self, blocks: Sequence[int]) -> Operator:
         """The operator of ``blocks`` alone (sorted), with the couplings among them only."""
         keep = sorted(int(k) for k in blocks)
-        new = {k: i for i, k in enumerate(keep)}
-        edges = [(new[row], new[col], M) for row, col, M in self._edges
-                 if row in new and col in new]
-        return Operator(None, [self._row_scale[k] for k in keep], lower=self.lower,
-                        sizes=[self.sizes[k] for k in keep], form=self.form,
-                        names=[self.names[k] for k in keep], paper_hint=self._paper_hint,
-                        edges=edges, samples=self.samples,
-                        like=self.backend.xp.zeros(1, dtype=self.dtype))
+        return self._with(layout=self.layout.subset(keep),
+                          scalings=Scalings.per_block([self._row_scale[k] for k in keep]),
+                          names=[self.names[k] for k in keep])
 
     # -- products -----------------------------------------------------------------
     @functools.cached_property
@@ -570,8 +466,9 @@ class Operator:
 
         The per-layer, all-steps view of a time-major operator (cached).
         """
-        if self._layer_scales is not None and period == len(self.structure.sizes):
-            return list(self._layer_scales)  # stored that way
+        S = self.scalings
+        if S.first == 0 and S.per == period:
+            return list(S.stacks)  # stored that way
         if period not in self._periodic:
             xp, rows = self.backend.xp, self._row_scale
             self._periodic[period] = [None if rows[k] is None else xp.stack(rows[k::period])
@@ -583,7 +480,7 @@ class Operator:
 
         Returns the operator.
         """
-        if self.structure is None and not self._applies_stacked:
+        if self.layout.kind != "time" and not self._applies_stacked:
             self._forward_groups  # noqa: B018 (a cached property, built here)
         return self
 
@@ -614,7 +511,7 @@ class Operator:
         if not self.accepts(x):
             expected = (self.size,) if self.samples is None else (self.size, self.samples)
             raise ValueError(f"x has shape {tuple(x.shape)}, expected {expected}")
-        if self.structure is not None:
+        if self.layout.kind == "time":
             return self.structure.apply(self, x, transpose)
         if self._applies_stacked:
             return self._apply_stacked(x, transpose)
@@ -728,11 +625,9 @@ class Operator:
     @functools.cached_property
     def sparse_couplings(self) -> bool:
         """Whether some coupling is a sparse matrix (told without unrolling a structure)."""
-        if self.coupling_stack is not None:
+        if not self.couplings.sparse:
             return False
-        matrices = ([t.M for t in self.structure.templates] if self.structure is not None
-                    else [M for _, _, M in self._edges])
-        return any(self.backend.sparse.issparse(M) for M in matrices)
+        return any(self.backend.sparse.issparse(self.couplings[c]) for c in self.layout.used())
 
     @functools.cached_property
     def _views(self) -> dict:
@@ -761,57 +656,3 @@ _PER_SAMPLE = ("each sample of this system has its own couplings (a per-sample "
                "for stacked chains (substitution, cyclic-reduction, parallel-cyclic-reduction, "
                "jacobi, batched-gmres, batched-bicgstab, the scipy.* methods), or take one "
                "sample's system with sample(i)")
-
-
-def one_dtype(coupling: Any, row_scale: Any, rhs: Any, edges: Any, structure: Any,
-              layer_scales: Any, coupling_stack: Any, scale_stack: Any) -> tuple:
-    """Every coefficient and the right-hand side in one floating type, the widest given.
-
-    A float64 right-hand side with float32 couplings (or the reverse) would be
-    solved in a mix of precisions and miss the float64 tolerance: the arrays are
-    promoted once, here, and the system's dtype is that one type.
-    """
-    arrays = [rhs, coupling_stack, scale_stack, *(coupling or ()), *(row_scale or ()),
-              *(layer_scales or ()), *(M for _, _, M in edges or ()),
-              *(t.M for t in (structure.templates if structure is not None else ()))]
-    present = [a for a in arrays if a is not None]
-    backend.of(*present)  # mixed backends are named before dtypes are compared
-    kinds = {a.dtype for a in present if backend.is_real_floating(a)}
-    if len(kinds) <= 1:
-        return (coupling, row_scale, rhs, edges, structure, layer_scales, coupling_stack,
-                scale_stack)
-    wide = max(kinds, key=lambda d: backend.eps(d) ** -1)
-
-    def cast(a: Any) -> Any:
-        return a if a is None or not backend.is_real_floating(a) else backend.astype(a, wide)
-
-    def each(items: Any) -> Any:
-        return None if items is None else [cast(a) for a in items]
-
-    if structure is not None:
-        structure = dataclasses.replace(structure, templates=tuple(
-            dataclasses.replace(t, M=cast(t.M)) for t in structure.templates))
-    return (each(coupling), each(row_scale), cast(rhs),
-            None if edges is None else [(i, j, cast(M)) for i, j, M in edges], structure,
-            each(layer_scales), cast(coupling_stack), cast(scale_stack))
-
-
-def _chain_edges(lower: bool, coupling: Sequence[Any]) -> tuple:
-    """``(row, col, M)`` of a chain: coupling ``j`` reads block ``j`` (lower) or ``j + 1``."""
-    return tuple(((j + 1, j) if lower else (j, j + 1)) + (M,) for j, M in enumerate(coupling))
-
-
-def _canonical_edges(edges: Sequence[tuple[int, int, Any]]) -> tuple:
-    """The edges with canonical couplings (:func:`~propop._checks.canonical_matrix`).
-
-    Sparse matrices of any format become canonical CSR arrays, each distinct
-    matrix once (an RNN's edges share their templates); matrices already in that
-    form, and real dense arrays, are kept as they are.
-    """
-    done: dict[int, Any] = {}
-    out = []
-    for row, col, M in edges:
-        if id(M) not in done:
-            done[id(M)] = as_coupling(M, f"coupling ({row}, {col})")
-        out.append((int(row), int(col), done[id(M)]))
-    return tuple(out)

@@ -18,7 +18,8 @@ from .. import backend
 from .._checks import require_finite
 from . import assemble
 from .blocks import Blocks, Edge, Step
-from .operator import FORMS, Operator, one_dtype
+from .arguments import one_dtype
+from .operator import FORMS, Operator
 
 __all__ = ["TriangularSystem", "Blocks", "Edge", "Step", "FORMS"]
 
@@ -88,7 +89,7 @@ class TriangularSystem:
             raise ValueError(f"rhs has dtype {getattr(rhs, 'dtype', type(rhs).__name__)}, "
                              "expected a real floating type")
         samples = None if rhs.ndim == 1 else rhs.shape[1]
-        op = Operator(coupling, row_scale, lower=lower, sizes=sizes, form=form, names=names,
+        op = Operator.of(coupling, row_scale, lower=lower, sizes=sizes, form=form, names=names,
                       paper_hint=paper_hint, edges=edges, structure=structure,
                       layer_scales=layer_scales, coupling_stack=coupling_stack,
                       scale_stack=scale_stack, samples=samples, like=rhs)

@@ -242,6 +242,7 @@ def groups(system: Any) -> int:
     before = [0] + carried[:-1]
     counter.hold(8 * (system.size + 2 * sum(carried)))  # every group's entries, as indices
     counter.hold(BOOKKEEPING * (system.nblocks + _couplings(system)[0]))  # the block view
+    counter.hold(2 * ARRAY * system.nblocks)  # the canonical operator's scalings: stack, view
     counter.hold(len(groups) * (2 * r + 6) * ARRAY)  # the arrays kept per group and sample
     build = counter.hold(explicit_matrix(system))
     counter.release(build - 16 * _entries(system))  # the matrix is kept (64-bit indices)
