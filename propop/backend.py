@@ -18,7 +18,7 @@ from types import ModuleType
 from typing import Any
 
 __all__ = ["Backend", "of", "namespace", "is_sparse", "is_real_floating", "matmul_into",
-           "outer_on_pattern", "over_time",
+           "outer_on_pattern", "over_time", "walk",
            "matmul_writer", "kind", "astype", "contiguous", "indices", "eps", "to_host",
            "quiet", "erf",
            "is_matrix_like", "convert", "KINDS"]
@@ -182,6 +182,17 @@ def matmul_into(out: Any, M: Any, x: Any, sparse: bool | None = None) -> Any:
     else:
         of(out).xp.matmul(M, x, out=out)
     return out
+
+
+def walk(array: Any, reverse: bool = False) -> Any:
+    """The views ``array[i]`` along the first axis, last first if ``reverse``, made as reached.
+
+    An iterator, as ``iter(array)``; PyTorch tensors have no negative strides, so
+    the reversed walk indexes instead of slicing ``[::-1]``.
+    """
+    if not reverse:
+        return iter(array)
+    return map(array.__getitem__, range(len(array) - 1, -1, -1))
 
 
 def eps(dtype: Any) -> float:

@@ -24,12 +24,18 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .. import backend
 
-__all__ = ["DenseCouplings", "SparseCouplings", "Scalings", "couplings_of"]
+__all__ = ["DenseCouplings", "SparseCouplings", "Scalings", "couplings_of", "DENSE", "SPARSE",
+           "PER_SAMPLE"]
+
+# What a coupling is, as a product with it needs to know (:attr:`DenseCouplings.kinds`):
+DENSE = "dense"  # one dense matrix (m, n) for every sample: ``M @ x`` broadcasts
+SPARSE = "sparse"  # a sparse matrix (m, n)
+PER_SAMPLE = "per-sample"  # one dense matrix per sample, (r, m, n)
 
 
 class DenseCouplings:
@@ -59,6 +65,8 @@ class DenseCouplings:
 
     def __getitem__(self, j: int) -> Any:
         """Coupling ``j``: ``(m, n)``, or ``(r, m, n)`` per sample (a view)."""
+        if len(self.stacks) == 1:
+            return self.stacks[0][j]
         i, p = self._where(j)
         return self.stacks[i][p]
 
@@ -70,6 +78,12 @@ class DenseCouplings:
     def matrices(self) -> tuple:
         """Every coupling, a view, made once (every variant of an operator shares them)."""
         return tuple(M for stack in self.stacks for M in stack)
+
+    @functools.cached_property
+    def kinds(self) -> tuple:
+        """Every coupling's kind: :data:`DENSE`, or :data:`PER_SAMPLE` in a 4-axis stack."""
+        return tuple(kind for stack in self.stacks
+                     for kind in (PER_SAMPLE if stack.ndim == 4 else DENSE,) * stack.shape[0])
 
     @property
     def stack(self) -> Any:
@@ -84,6 +98,16 @@ class DenseCouplings:
     def arrays(self) -> tuple:
         """The arrays stored."""
         return self.stacks
+
+    def in_order(self, reverse: bool = False) -> Iterator:
+        """The couplings one after another (or last first).
+
+        One stack's views are made as they are reached; several stacks' are
+        :attr:`matrices`, made once.
+        """
+        if len(self.stacks) == 1:
+            return backend.walk(self.stacks[0], reverse)
+        return reversed(self.matrices) if reverse else iter(self.matrices)
 
     def map(self, f: Callable[[Any], Any]) -> DenseCouplings:
         """The couplings with ``f`` applied to every stack."""
@@ -115,9 +139,18 @@ class SparseCouplings:
         """``(m, n)`` of coupling ``j``."""
         return tuple(self.matrices[j].shape)
 
+    @functools.cached_property
+    def kinds(self) -> tuple:
+        """Every coupling's kind: :data:`SPARSE` or :data:`DENSE`."""
+        return tuple(SPARSE if backend.is_sparse(M) else DENSE for M in self.matrices)
+
     def arrays(self) -> tuple:
         """The matrices stored."""
         return self.matrices
+
+    def in_order(self, reverse: bool = False) -> Iterator:
+        """The couplings one after another (or last first)."""
+        return reversed(self.matrices) if reverse else iter(self.matrices)
 
     def map(self, f: Callable[[Any], Any]) -> SparseCouplings:
         """The couplings with ``f`` applied to every matrix (a shared one once)."""
@@ -194,6 +227,16 @@ class Scalings:
     def blocks(self) -> tuple:
         """Every block's scaling, ``None`` or a view, made once."""
         return tuple(self[k] for k in range(self.nblocks))
+
+    def in_order(self, reverse: bool = False) -> Iterator:
+        """Every block's scaling in block order (or last first), views made as reached."""
+        if self.per != 1:  # one stack per block: their views, made once
+            return reversed(self.blocks) if reverse else iter(self.blocks)
+        stack = self.stacks[0]
+        rows = (itertools.repeat(None, self.nblocks - self.first) if stack is None
+                else backend.walk(stack, reverse))
+        head = itertools.repeat(None, self.first)
+        return itertools.chain(rows, head) if reverse else itertools.chain(head, rows)
 
     @property
     def none(self) -> bool:

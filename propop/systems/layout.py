@@ -267,6 +267,11 @@ class TimeLayout(Layout):
         """The layers of a step in substitution order."""
         return sorted(range(self.per), reverse=not self.lower)
 
+    def within_steps(self) -> TimeLayout:
+        """The layout of the diagonal blocks over time: the templates within a step only."""
+        return TimeLayout(self.lower, self.step_sizes, self.tau,
+                          tuple(t for t in self.templates if t.offset == 0))
+
 
 @dataclass(frozen=True, eq=False)
 class GraphLayout(Layout):

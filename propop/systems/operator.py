@@ -315,6 +315,16 @@ class Operator:
             return self
         return self._variant("unstructured", layout=self.layout.unrolled())
 
+    def within_steps(self) -> Operator:
+        """A time layout's block diagonal over steps: the layers of each step, no recurrence.
+
+        The diagonal blocks ``L^(s)``/``R^(s)`` of eqs. forw_prop_sub_sys_rnn and
+        back_prop_sub_sys_rnn, for every step at once.
+        """
+        if self.layout.kind != "time":
+            raise ValueError("within_steps() needs a system with a time structure (an RNN's)")
+        return self._variant("within steps", layout=self.layout.within_steps())
+
     @functools.cached_property
     def _variants(self) -> dict:
         return {}

@@ -11,11 +11,14 @@ from typing import Any
 import numpy as np
 
 from ... import backend
+from ...systems.triangular import TriangularSystem
 from ..convergence import Tolerance, block_squares, finish
+from ..method import Method
 from ..registry import register
 from ..solution import Solution, Status
+from ...systems.coefficients import DENSE, SPARSE
 
-__all__ = ["substitution", "level_scheduled", "substitute", "approximation_report"]
+__all__ = ["substitution", "LevelScheduled", "substitute", "sweep", "approximation_report"]
 
 
 @register("substitution", kind="direct", exact=True, backends=("numpy", "cupy", "torch"))
@@ -24,198 +27,196 @@ def substitution(system: Any, *, rtol: float | None = None, atol: float = 0.0) -
 
     Eqs. def_forw_prop2 and def_back_prop2, written on the system's blocks.
 
-    Block row ``k`` is ``x_k = (c_k + s_k * (M x_nbr)) / d_k``; one product with
-    the shared coupling matrix serves all samples. ``levels`` is the number of
+    Block row ``k`` is ``x_k = c_k + s_k * (M x_nbr)`` in the scaled form (the
+    paper's form has the same solution); one product with the shared coupling
+    matrix serves all samples. ``levels`` is the number of
     blocks, each a sequential step. The true residual is computed at the end (one
     product, parallel over the blocks) and judged by ``rtol``/``atol``: rounding
     amplified beyond the tolerance is ``INACCURATE``, overflow ``NONFINITE``.
 
-    A system with a time structure (an RNN's) is solved on its stacked arrays
-    (:func:`_substitute_over_time`), never unrolled into per-block objects; so
-    is a chain given by its stacked couplings (:func:`_substitute_stacked`).
+    One loop for every layout (:func:`substitute`): a chain's blocks, a graph's
+    in topological order, an RNN's layers step by step on their stacked arrays,
+    never unrolled into per-block objects.
     """
     return finish(system, substitute(system), tol=Tolerance.of(system, rtol, atol),
                   levels=system.nblocks, direct=True)
 
 
-def substitute(system: Any) -> Any:
+def substitute(system: Any, order: Any = None) -> Any:
     """The solution by block substitution, unchecked: the kernel of :func:`substitution`.
 
-    For solves inside other methods (preconditioners) whose results the outer
-    method checks.
+    :func:`sweep` over the rows the system's layout gives (:func:`_rows`).
+    ``order`` is the order of a graph's blocks (any topological order; the
+    layout's by default). For solves inside other methods (preconditioners)
+    whose results the outer method checks.
     """
-    nonzero = _rhs_blocks(system)
-    if system.structure is not None:
-        return _substitute_over_time(system)
-    if system.coupling_stack is not None:
-        return _substitute_stacked(system, nonzero)
-    return _substitute(system, system.blocks.steps, nonzero)
+    op, C = system.operator_of, system._scaled_rhs
+    X = op.backend.xp.empty_like(C)
+    sweep(op.backend.xp, _rows(op, X, C, _rhs_blocks(system), order))
+    return X
+
+
+def sweep(xp: Any, rows: Any) -> None:
+    """Block substitution: the one loop, over ``rows`` in solve order.
+
+    Each row ``(out, terms, scale, c)`` is ``x_k = c_k + s_k * sum_e M_e x_e``
+    (eqs. def_forw_prop2 and def_back_prop2 in the scaled form), written into the
+    view ``out``: ``terms`` are ``(M_e, x_e, kind)`` (kinds of
+    :mod:`propop.systems.coefficients`; a dense ``M_e`` broadcasts over leading
+    axes of ``x_e``), ``scale`` and ``c`` ``None`` where they are one and zero;
+    the first product is written into ``out`` directly. The rows are made as
+    the loop reaches them, so they may read what earlier rows wrote.
+    """
+    with backend.quiet(xp):  # overflow is reported by finish()
+        for out, terms, scale, c in rows:
+            if not terms:
+                out[...] = 0 if c is None else c
+                continue
+            M, x, kind = terms[0]
+            if kind is DENSE:
+                xp.matmul(M, x, out=out)
+            else:
+                out[...] = _product(xp, M, x, kind)
+            for M, x, kind in terms[1:]:
+                out += _product(xp, M, x, kind)
+            if scale is not None:
+                out *= scale
+            if c is not None:
+                out += c
 
 
 @register("level-scheduled", kind="direct", exact=True, backends=("numpy", "cupy"))
-def level_scheduled(system: Any, *, rtol: float | None = None,
-                    atol: float = 0.0) -> Solution:
+class LevelScheduled(Method):
     """Substitution by topological levels: the classic parallel sparse triangular solve.
 
-    The blocks of a level (:attr:`Blocks.levels`) read only earlier levels, so
+    The blocks of a level (:attr:`Layout.levels`) read only earlier levels, so
     each level is one parallel step: ``levels`` is the longest chain of
     couplings (``l + 1`` for an FNN, ``tau + l`` for an RNN, the depth of a
     graph) against substitution's one step per block. On a CPU the blocks of a
     level still run one after another; ``info["level_sizes"]`` gives the
-    parallelism each level offers.
+    parallelism each level offers. ``init`` finds the levels (an RNN's
+    unrolled into its blocks).
     """
-    if system.coupling_stack is not None:  # a chain: one block per level
-        x, sizes = _substitute_stacked(system, _rhs_blocks(system)), [1] * system.nblocks
-    else:
-        levels = system.blocks.levels
-        x = _substitute(system, [step for level in levels for step in level],
-                        _rhs_blocks(system))
-        sizes = [len(level) for level in levels]
-    return finish(system, x, tol=Tolerance.of(system, rtol, atol), levels=len(sizes),
-                  info={"level_sizes": sizes}, direct=True)
+
+    def init(self, operator: Any, *, rtol: float | None = None, atol: float = 0.0) -> dict:
+        """The levels, and the operator whose blocks they order."""
+        unrolled = operator if operator.layout.kind == "chain" else operator.unstructured()
+        levels = unrolled.layout.levels
+        return dict(rtol=rtol, atol=atol, unrolled=unrolled,
+                    order=None if unrolled is operator else [k for lv in levels for k in lv],
+                    sizes=[len(level) for level in levels])
+
+    def compute(self, state: dict, system: Any) -> Solution:
+        """Substitution in the levels' order."""
+        unrolled = TriangularSystem.of(state["unrolled"], system._scaled_rhs,
+                                       system.rhs_support, check=False)
+        x = substitute(unrolled, state["order"])
+        return finish(system, x, tol=Tolerance.of(system, state["rtol"], state["atol"]),
+                      levels=len(state["sizes"]), info={"level_sizes": state["sizes"]},
+                      direct=True)
 
 
 def _rhs_blocks(system: Any) -> Any:
     """Which blocks of the right-hand side are non-zero (a host array of booleans).
 
     From :attr:`TriangularSystem.rhs_support` where the builder knows it (no look
-    at the zeros), else from one pass over the right-hand side.
+    at the zeros), else from one pass over the right-hand side; ``None`` (all) for
+    a time layout, whose rows are steps of layers.
     """
+    if system.layout.kind == "time":
+        return None
     if system.rhs_support is None:
-        return (block_squares(system, system.rhs) > 0).any(axis=1)
+        return (block_squares(system, system._scaled_rhs) > 0).any(axis=1)
     nonzero = np.zeros(system.nblocks, dtype=bool)
     nonzero[sorted(system.rhs_support)] = True
     return nonzero
 
 
-def _substitute(system: Any, steps: Any, nonzero: Any) -> Any:
-    """Solve block by block, ``steps`` in an order that respects the dependencies.
-
-    The right-hand side's zero blocks (``nonzero`` is ``False``) are not added.
-    """
-    xp = system.backend.xp
-    x = xp.empty_like(system.rhs)
-    xs, cs = system.split(x), system.split(system.rhs)
-    with backend.quiet(xp):  # overflow is reported by finish()
-        for step in steps:
-            _step(xp, step, xs, cs[step.block] if nonzero[step.block] else None)
-    return x
+def _product(xp: Any, M: Any, x: Any, kind: str) -> Any:
+    """``M x`` for a coupling of ``kind``; ``x`` may carry time steps first, ``(tau, n, c)``."""
+    if kind is DENSE:
+        return M @ x  # broadcasts over time steps
+    if kind is SPARSE:
+        return backend.over_time(M, x) if x.ndim == 3 else M @ x
+    return xp.matrix_transpose((M @ xp.matrix_transpose(x)[..., None])[..., 0])  # (r, m, n)
 
 
-def _substitute_stacked(system: Any, nonzero: Any) -> Any:
-    """Substitution on a chain's :attr:`~propop.TriangularSystem.coupling_stack`.
-
-    The scaled form's rows ``x_k = c_k + s_k * (M_j x_nbr)`` (the paper form has
-    the same solution), written into one ``(nb, n[, r])`` array: coupling ``j``
-    reads block ``j`` into block ``j + 1`` (lower) or block ``j + 1`` into block
-    ``j`` (upper); row 0 is unscaled. The blocks are walked in solve order as
-    views made one at a time, so a solve holds nothing per block but its output.
-    """
-    xp, nb, S = system.backend.xp, system.nblocks, system.scale_stack
-    M = system.coupling_stack
-    C = system._scaled_rhs.reshape((nb, system.sizes[0]) + tuple(system.rhs.shape[1:]))
-    X = xp.empty_like(C)
-    lower = system.lower
-    first = 0 if lower else nb - 1
-    X[first] = C[first]
-    per_sample = system.per_sample_couplings  # M[j] is (r, n, n): columns as a batch axis
-    with backend.quiet(xp):  # overflow is reported by finish()
-        for k in (range(1, nb) if lower else range(nb - 2, -1, -1)):
-            x, core, source = X[k], M[k - 1] if lower else M[k], X[k - 1] if lower else X[k + 1]
-            if per_sample:
-                columns = (core @ xp.matrix_transpose(source)[..., None])[..., 0]  # (r, n)
-                x[...] = xp.matrix_transpose(columns)
-            else:
-                xp.matmul(core, source, out=x)
-            scale = (S[k - 1] if k else None) if S is not None else system._row_scale[k]
-            if scale is not None:
-                x *= scale
-            if nonzero[k]:
-                x += C[k]
-    return X.reshape(system.rhs.shape)
-
-
-def _step(xp: Any, step: Any, xs: list, c: Any) -> None:
-    """Block row ``x_k = (c_k + s_k * sum_e M_e x_e) / d_k``, in place in ``xs``.
-
-    ``c`` is the block's right-hand side, ``None`` where it is zero.
-    """
-    out, sources, scale = xs[step.block], step.sources, step.scale
-    if not sources:
-        out[...] = 0 if c is None else c
+def _rows(op: Any, X: Any, C: Any, nonzero: Any, order: Any) -> Any:
+    """The rows of substitution in solve order, ``(out, terms, scale, c)``: views of X, C."""
+    if op.layout.kind == "time":
+        return _time_rows(op, X, C)
+    if op.coupling_stack is not None:  # the blocks as one stack: a view per row, when made
+        shape = (op.nblocks, op.sizes[0]) + tuple(X.shape[1:])
+        xs, cs = X.reshape(shape), C.reshape(shape)
     else:
-        col, M, sparse = sources[0]
-        if sparse and len(sources) == 1 and scale is not None:  # one pass fewer
-            xp.multiply(M @ xs[col], scale, out=out)
-        else:
-            backend.matmul_into(out, M, xs[col], sparse)
-            for col, M, _ in sources[1:]:
-                out += M @ xs[col]
-            if scale is not None:
-                out *= scale
-        if c is not None:
-            out += c
-    if step.diagonal is not None:
-        out /= step.diagonal
+        xs, cs = op.split(X), op.split(C)
+    if op.layout.kind == "chain" and order is None:
+        return _chain_rows(op, xs, cs, nonzero)
+    return _graph_rows(op, xs, cs, nonzero, op.layout.order() if order is None else order)
 
 
-def _substitute_over_time(system: Any) -> Any:
-    """Substitution on a time structure, on its stacked arrays.
+def _chain_rows(op: Any, xs: Any, cs: Any, nonzero: Any) -> Any:
+    """A chain's rows: block ``k`` reads the block before it in solve order.
 
-    Step by step on the layers the recurrence involves, and all steps at once
-    for the layers before and after them:
-    ``x[s, k] = c[s, k] + s[s, k] * sum_t M_t x[s + offset_t, col_t]`` over the
-    templates ``t`` into layer ``k`` (the scaled form's rows, whatever the form:
-    both have the same solution). Layers that no recurrent coupling touches and
-    that only read earlier layers of their own step (the input layer, say) need
-    no sweep: one product over all steps (eqs. back_prop_sys_rnn, forw_prop_sys_rnn).
+    Lower: row ``k`` reads block ``k - 1`` through coupling ``k - 1``; upper: block
+    ``k + 1`` through coupling ``k``. Every part walks its stack in that order,
+    the views made as the rows reach them: a solve holds no object per block.
     """
-    structure, xp = system.structure, system.backend.xp
-    sizes, tau = structure.sizes, structure.tau
-    batch = system.rhs.shape[1:]
-    starts = [sum(sizes[:k]) for k in range(len(sizes))]
-    C = system._scaled_rhs.reshape((tau, sum(sizes)) + batch)
-    X = xp.empty_like(C)
-    x = [X[:, o: o + n] for o, n in zip(starts, sizes)]
-    c = [C[:, o: o + n] for o, n in zip(starts, sizes)]
-    scales = system.periodic_scales(len(sizes))
-    into: dict[int, list] = {k: [] for k in range(len(sizes))}
-    for t in structure.templates:
-        into[t.row].append((t.offset, t.col, t.M, backend.is_sparse(t.M)))
-    order = sorted(range(len(sizes)), reverse=not system.lower)
-    involved = [i for i, k in enumerate(order)
-                if any(t.offset != 0 and k in (t.row, t.col) for t in structure.templates)]
-    first, last = (involved[0], involved[-1] + 1) if involved else (len(order), len(order))
-    with backend.quiet(xp):  # overflow is reported by finish()
-        for k in order[:first]:
-            _layer_at_once(x, c, scales, into[k], k)
-        steps = range(tau) if system.lower else range(tau - 1, -1, -1)
-        for s in steps:
-            for k in order[first:last]:
-                out = x[k][s]
-                terms = [(x[col][s + offset], M, sparse) for offset, col, M, sparse in into[k]
-                         if 0 <= s + offset < tau]
-                if not terms:
-                    out[...] = c[k][s]
-                    continue
-                backend.matmul_into(out, terms[0][1], terms[0][0], terms[0][2])
-                for source, M, _ in terms[1:]:
-                    out += M @ source
-                if scales[k] is not None:
-                    out *= scales[k][s]
-                out += c[k][s]
-        for k in order[last:]:
-            _layer_at_once(x, c, scales, into[k], k)
-    return X.reshape(system.rhs.shape)
+    up = not op.lower
+    outs, sources, rhs = (backend.walk(a, up) for a in (xs, xs, cs))
+    kinds = reversed(op.couplings.kinds) if up else iter(op.couplings.kinds)
+    scales = op.scalings.in_order(reverse=up)
+    given = backend.walk(nonzero.tolist(), up)
+    c = next(rhs)
+    yield next(outs), (), next(scales), c if next(given) else None
+    for out, M, kind, source, scale, c, nz in zip(outs, op.couplings.in_order(up), kinds,
+                                                 sources, scales, rhs, given):
+        yield out, ((M, source, kind),), scale, c if nz else None
 
 
-def _layer_at_once(x: list, c: list, scales: list, incoming: list, k: int) -> None:
-    """``x_k = c_k + s_k * sum_t M_t x_col`` for every step at once (within-step couplings)."""
-    if not incoming:
-        x[k][...] = c[k]
-        return
-    total = sum(backend.over_time(M, x[col]) for _, col, M, _ in incoming)
-    x[k][...] = (total if scales[k] is None else scales[k] * total) + c[k]
+def _graph_rows(op: Any, xs: Any, cs: Any, nonzero: Any, order: Any) -> Any:
+    """A graph's rows in ``order``, each reading the couplings into its block.
+
+    A graph has a Python object per block anyway (its layout's edges): the
+    couplings' and scalings' views are read from their tuples, made once.
+    """
+    couplings, kinds, scales = op.couplings.matrices, op.couplings.kinds, op.scalings.blocks
+    into = op.layout.into
+    for k in order:
+        yield (xs[k], [(couplings[j], xs[col], kinds[j]) for col, j in into.get(k, ())],
+               scales[k], cs[k] if nonzero[k] else None)
+
+
+def _time_rows(op: Any, X: Any, C: Any) -> Any:
+    """A time layout's rows: whole layers where they read their own step, else step by step.
+
+    Layers that no recurrent coupling touches and that only read earlier layers of
+    their own step (the input layer, say) need no sweep: one row over all steps
+    (eqs. back_prop_sys_rnn, forw_prop_sys_rnn); the recurrent layers take one
+    row per step and layer.
+    """
+    layout = op.layout
+    sizes, tau, batch = layout.step_sizes, layout.tau, tuple(X.shape[1:])
+    starts = op.offsets[:layout.per]
+    steps, rhs = X.reshape((tau, sum(sizes)) + batch), C.reshape((tau, sum(sizes)) + batch)
+    x = [steps[:, o: o + n] for o, n in zip(starts, sizes)]
+    c = [rhs[:, o: o + n] for o, n in zip(starts, sizes)]
+    scales = op.periodic_scales(layout.per)
+    matrices, kinds = op.couplings.matrices, op.couplings.kinds
+    into: dict[int, list] = {k: [] for k in range(layout.per)}
+    for t in layout.templates:
+        into[t.row].append((t.offset, t.col, matrices[t.coupling], kinds[t.coupling]))
+    order = layout.step_order()
+    first, last = layout.recurrent
+    for k in order[:first]:
+        yield x[k], [(M, x[col], kind) for _, col, M, kind in into[k]], scales[k], c[k]
+    for s in (range(tau) if layout.lower else range(tau - 1, -1, -1)):
+        for k in order[first:last]:
+            yield (x[k][s], [(M, x[col][s + offset], kind)
+                             for offset, col, M, kind in into[k] if 0 <= s + offset < tau],
+                   None if scales[k] is None else scales[k][s], c[k][s])
+    for k in order[last:]:
+        yield x[k], [(M, x[col], kind) for _, col, M, kind in into[k]], scales[k], c[k]
 
 
 def approximation_report(system: Any, solution: Solution) -> Solution:

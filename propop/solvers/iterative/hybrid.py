@@ -13,8 +13,9 @@ import functools
 from collections.abc import Callable
 from typing import Any, Literal
 
-from ... import backend
+from ...systems.triangular import TriangularSystem
 from ..convergence import Tolerance, finish, initial_guess
+from ..direct.substitution import substitute
 from ..method import Method
 from ..registry import info, register
 from ..solution import Solution
@@ -23,29 +24,16 @@ from .stationary import fixed_point
 __all__ = ["within_step_solve", "Hybrid"]
 
 
-def within_step_solve(operator: Any, R: Any) -> Any:
+def within_step_solve(within: Any, R: Any) -> Any:
     """``D^{-1} R`` for ``D`` the block diagonal over time steps (the layers of each step).
 
-    ``operator`` is canonical (scaled form, :mod:`propop.systems.make_system`) and
-    ``R`` ``(N, c)``: a substitution over layers for all time steps and columns
-    at once (eqs. forw_prop_sub_sys_rnn, back_prop_sub_sys_rnn).
+    ``within`` is :meth:`Operator.within_steps` of a canonical operator (scaled
+    form, :mod:`propop.systems.make_system`) and ``R`` ``(N, c)``: block
+    substitution (:func:`~propop.solvers.direct.substitution.substitute`) whose
+    rows are whole layers, all time steps and columns at once (eqs.
+    forw_prop_sub_sys_rnn, back_prop_sub_sys_rnn).
     """
-    structure = operator.structure
-    xp = operator.backend.xp
-    per = len(structure.sizes)
-    X = R.reshape((structure.tau, sum(structure.sizes)) + R.shape[1:])
-    offsets = [sum(structure.sizes[:k]) for k in range(per)]
-    rhs = [X[:, o: o + n] for o, n in zip(offsets, structure.sizes)]
-    scales = operator.periodic_scales(per)
-    within = [t for t in structure.templates if t.offset == 0]
-    y: list[Any] = [None] * per
-    for k in (range(per) if operator.lower else range(per - 1, -1, -1)):
-        total = rhs[k].copy()
-        for t in (t for t in within if t.row == k):
-            product = backend.over_time(t.M, y[t.col])
-            total += product if scales[k] is None else scales[k] * product
-        y[k] = total
-    return xp.concatenate(y, axis=1).reshape(R.shape)
+    return substitute(TriangularSystem.of(within, R, check=False))
 
 
 OUTER = {"gmres": "batched-gmres", "bicgstab": "bicgstab"}
@@ -78,7 +66,7 @@ class Hybrid(Method):
             raise ValueError("'hybrid' needs a system with a time structure (an RNN's); use "
                              "'jacobi', a Krylov method or a direct method for this one")
         maxiter = operator.structure.tau + 1 if maxiter is None else int(maxiter)
-        solve = functools.partial(within_step_solve, operator)
+        solve = functools.partial(within_step_solve, operator.within_steps())
         state = dict(rtol=rtol, atol=atol, maxiter=maxiter, outer=outer, solve=solve)
         if outer != "jacobi":
             krylov = info(OUTER[outer]).method

@@ -35,11 +35,14 @@ small widths and with parallel hardware.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ... import backend
-from .chain import Chain, Counter, apply
+from ...systems.coefficients import DENSE
+from ..direct.substitution import sweep
+from .chain import Chain, Counter
 from .segments import Across, expand
 
 __all__ = ["OverTime", "WITHIN", "Layout"]
@@ -96,11 +99,21 @@ class OverTime:
 
 
 def _substitute(chain: Chain, G: Any, counter: Counter) -> Any:
-    """``x_k = diag(L_k) C_k x_{k-1} + G_k`` in chain order, one position at a time."""
-    X = [G[0]]
-    for k in range(1, G.shape[0]):
-        X.append(apply(chain.L[k: k + 1], chain.C[k - 1: k], X[-1][None], counter)[0] + G[k])
-    return backend.namespace(X[0]).stack(X)
+    """``x_k = diag(L_k) C_k x_{k-1} + G_k`` in chain order: block substitution's :func:`sweep`.
+
+    ``G`` ``(m, b, n, w)`` holds ``w`` columns per batch entry; the cores
+    ``(b | 1, n, n)`` broadcast over the batch.
+    """
+    xp = backend.namespace(G)
+    X = xp.empty_like(G)
+    m, b, n, w = G.shape
+    counter.flops += max(m - 1, 0) * (2 * n * n + n) * b * w
+    rows = itertools.chain(
+        [(X[0], (), None, G[0])],
+        ((X[k], ((chain.C[k - 1], X[k - 1], DENSE),), chain.L[k][..., None], G[k])
+         for k in range(1, m)))
+    sweep(xp, rows)
+    return X
 
 
 class _Steps(Sequence):
