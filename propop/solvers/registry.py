@@ -33,6 +33,9 @@ REQUIREMENTS = ("chain", "time_structure", "reducible", "shared_matrix")
 # How each requirement reads in "needs a ..." messages.
 REQUIREMENT_WORDS = {"chain": "chain", "time_structure": "time structure",
                      "reducible": "chain or RNN system", "shared_matrix": "shared matrix"}
+# The operator tags (Operator.tags) that meet each requirement, any one of them.
+_TAGGED = {"chain": {"chain"}, "time_structure": {"time"}, "reducible": {"chain", "time"},
+           "shared_matrix": {"shared-matrix"}}
 BACKENDS = ("numpy", "cupy", "torch")
 ENTRY_POINT_GROUP = "propop.solvers"
 _DIRECT, _REDUCTION = "propop.solvers.direct", "propop.solvers.reduction"
@@ -88,12 +91,9 @@ class SolverInfo:
                               f"pip install propop[{self.extra}]")
 
     def applies_to(self, system: Any) -> bool:
-        """Whether ``system`` has the structure this method requires."""
-        needs = {"chain": lambda: system.is_chain,
-                 "time_structure": lambda: system.structure is not None,
-                 "reducible": lambda: system.structure is not None or system.is_chain,
-                 "shared_matrix": lambda: system.shares_matrix}
-        return all(needs[need]() for need in self.requires)
+        """Whether ``system`` has the structure this method requires (its operator's tags)."""
+        tags = system.tags
+        return all(bool(tags & _TAGGED[need]) for need in self.requires)
 
 
 _REGISTRY: dict[str, SolverInfo] = {}

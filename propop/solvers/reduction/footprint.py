@@ -221,10 +221,7 @@ def _inner_solve(counter: Counter, within: str, m: int, n: int, b: int, c: int, 
     """``D^{-1}`` of a ``c``-column right-hand side over the layers: its bytes, held."""
     if within == WITHIN[0]:
         return substituted(counter, (m, n, b, 1), (m, b, n, c), item)
-    rows = counter.hold(m * b * n * c * item)  # _substitute: one product a position, stacked
-    out = counter.hold(m * b * n * c * item)
-    counter.release(rows)
-    return out
+    return counter.hold(m * b * n * c * item)  # the sweep writes every position in place
 
 
 def groups(system: Any) -> int:
