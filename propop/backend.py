@@ -187,12 +187,17 @@ def matmul_into(out: Any, M: Any, x: Any, sparse: bool | None = None) -> Any:
 def walk(array: Any, reverse: bool = False) -> Any:
     """The views ``array[i]`` along the first axis, last first if ``reverse``, made as reached.
 
-    An iterator, as ``iter(array)``; PyTorch tensors have no negative strides, so
-    the reversed walk indexes instead of slicing ``[::-1]``.
+    An iterator, as ``iter(array)`` (a list or tuple walks its items); PyTorch
+    tensors have no negative strides, so their reversed walk indexes instead of
+    slicing ``[::-1]``.
     """
     if not reverse:
         return iter(array)
-    return map(array.__getitem__, range(len(array) - 1, -1, -1))
+    if isinstance(array, (list, tuple)):
+        return reversed(array)
+    if _name_of(array) == "torch":
+        return map(array.__getitem__, range(len(array) - 1, -1, -1))
+    return iter(array[::-1])
 
 
 def eps(dtype: Any) -> float:

@@ -5,6 +5,7 @@ The sequential baseline of every other method.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from typing import Any
 
@@ -18,7 +19,8 @@ from ..registry import register
 from ..solution import Solution, Status
 from ...systems.coefficients import DENSE, SPARSE
 
-__all__ = ["substitution", "LevelScheduled", "substitute", "sweep", "approximation_report"]
+__all__ = ["substitution", "LevelScheduled", "substitute", "sweep", "row",
+           "approximation_report"]
 
 
 @register("substitution", kind="direct", exact=True, backends=("numpy", "cupy", "torch"))
@@ -59,30 +61,38 @@ def substitute(system: Any, order: Any = None) -> Any:
 def sweep(xp: Any, rows: Any) -> None:
     """Block substitution: the one loop, over ``rows`` in solve order.
 
-    Each row ``(out, terms, scale, c)`` is ``x_k = c_k + s_k * sum_e M_e x_e``
-    (eqs. def_forw_prop2 and def_back_prop2 in the scaled form), written into the
-    view ``out``: ``terms`` are ``(M_e, x_e, kind)`` (kinds of
-    :mod:`propop.systems.coefficients`; a dense ``M_e`` broadcasts over leading
-    axes of ``x_e``), ``scale`` and ``c`` ``None`` where they are one and zero;
-    the first product is written into ``out`` directly. The rows are made as
-    the loop reaches them, so they may read what earlier rows wrote.
+    Each row ``(out, M, x, kind, more, scale, c)`` is
+    ``x_k = c_k + s_k * (M x + sum over more)`` (eqs. def_forw_prop2 and
+    def_back_prop2 in the scaled form), written into the view ``out``: ``M x``
+    the first product (``M`` is ``None`` for a row that reads no block), ``more``
+    the other terms ``(M_e, x_e, kind)`` (kinds of :mod:`propop.systems.coefficients`;
+    a dense ``M_e`` broadcasts over leading axes of ``x_e``), ``scale`` and ``c``
+    ``None`` where they are one and zero. The first product is written into
+    ``out`` directly. The rows are made as the loop reaches them, so they may
+    read what earlier rows wrote.
     """
     with backend.quiet(xp):  # overflow is reported by finish()
-        for out, terms, scale, c in rows:
-            if not terms:
+        for out, M, x, kind, more, scale, c in rows:
+            if M is None:
                 out[...] = 0 if c is None else c
                 continue
-            M, x, kind = terms[0]
             if kind is DENSE:
                 xp.matmul(M, x, out=out)
             else:
                 out[...] = _product(xp, M, x, kind)
-            for M, x, kind in terms[1:]:
-                out += _product(xp, M, x, kind)
+            for term in more:
+                out += _product(xp, *term)
             if scale is not None:
                 out *= scale
             if c is not None:
                 out += c
+
+
+def row(out: Any, terms: list, scale: Any, c: Any) -> tuple:
+    """A row of :func:`sweep` from its list of terms ``(M_e, x_e, kind)`` (maybe empty)."""
+    if not terms:
+        return out, None, None, None, (), scale, c
+    return (out, *terms[0], terms[1:], scale, c)
 
 
 @register("level-scheduled", kind="direct", exact=True, backends=("numpy", "cupy"))
@@ -159,19 +169,20 @@ def _chain_rows(op: Any, xs: Any, cs: Any, nonzero: Any) -> Any:
     """A chain's rows: block ``k`` reads the block before it in solve order.
 
     Lower: row ``k`` reads block ``k - 1`` through coupling ``k - 1``; upper: block
-    ``k + 1`` through coupling ``k``. Every part walks its stack in that order,
-    the views made as the rows reach them: a solve holds no object per block.
+    ``k + 1`` through coupling ``k``. Every part walks its stack in that order and
+    ``zip`` makes the rows, so the views are made as the rows reach them: no
+    Python work and no object per block beyond them.
     """
     up = not op.lower
     outs, sources, rhs = (backend.walk(a, up) for a in (xs, xs, cs))
+    if not nonzero.all():  # the zero blocks of the right-hand side are not added: None
+        given = {int(k): cs[int(k)] for k in np.flatnonzero(nonzero)}
+        rhs = map(given.get, backend.walk(range(op.nblocks), up))
     kinds = reversed(op.couplings.kinds) if up else iter(op.couplings.kinds)
     scales = op.scalings.in_order(reverse=up)
-    given = backend.walk(nonzero.tolist(), up)
-    c = next(rhs)
-    yield next(outs), (), next(scales), c if next(given) else None
-    for out, M, kind, source, scale, c, nz in zip(outs, op.couplings.in_order(up), kinds,
-                                                 sources, scales, rhs, given):
-        yield out, ((M, source, kind),), scale, c if nz else None
+    first = (next(outs), None, None, None, (), next(scales), next(rhs))
+    return itertools.chain((first,), zip(outs, op.couplings.in_order(up), sources, kinds,
+                                         itertools.repeat(()), scales, rhs))
 
 
 def _graph_rows(op: Any, xs: Any, cs: Any, nonzero: Any, order: Any) -> Any:
@@ -183,8 +194,8 @@ def _graph_rows(op: Any, xs: Any, cs: Any, nonzero: Any, order: Any) -> Any:
     couplings, kinds, scales = op.couplings.matrices, op.couplings.kinds, op.scalings.blocks
     into = op.layout.into
     for k in order:
-        yield (xs[k], [(couplings[j], xs[col], kinds[j]) for col, j in into.get(k, ())],
-               scales[k], cs[k] if nonzero[k] else None)
+        yield row(xs[k], [(couplings[j], xs[col], kinds[j]) for col, j in into.get(k, ())],
+                  scales[k], cs[k] if nonzero[k] else None)
 
 
 def _time_rows(op: Any, X: Any, C: Any) -> Any:
@@ -209,14 +220,14 @@ def _time_rows(op: Any, X: Any, C: Any) -> Any:
     order = layout.step_order()
     first, last = layout.recurrent
     for k in order[:first]:
-        yield x[k], [(M, x[col], kind) for _, col, M, kind in into[k]], scales[k], c[k]
+        yield row(x[k], [(M, x[col], kind) for _, col, M, kind in into[k]], scales[k], c[k])
     for s in (range(tau) if layout.lower else range(tau - 1, -1, -1)):
         for k in order[first:last]:
-            yield (x[k][s], [(M, x[col][s + offset], kind)
-                             for offset, col, M, kind in into[k] if 0 <= s + offset < tau],
-                   None if scales[k] is None else scales[k][s], c[k][s])
+            yield row(x[k][s], [(M, x[col][s + offset], kind)
+                                for offset, col, M, kind in into[k] if 0 <= s + offset < tau],
+                      None if scales[k] is None else scales[k][s], c[k][s])
     for k in order[last:]:
-        yield x[k], [(M, x[col], kind) for _, col, M, kind in into[k]], scales[k], c[k]
+        yield row(x[k], [(M, x[col], kind) for _, col, M, kind in into[k]], scales[k], c[k])
 
 
 def approximation_report(system: Any, solution: Solution) -> Solution:

@@ -108,10 +108,10 @@ def _substitute(chain: Chain, G: Any, counter: Counter) -> Any:
     X = xp.empty_like(G)
     m, b, n, w = G.shape
     counter.flops += max(m - 1, 0) * (2 * n * n + n) * b * w
-    rows = itertools.chain(
-        [(X[0], (), None, G[0])],
-        ((X[k], ((chain.C[k - 1], X[k - 1], DENSE),), chain.L[k][..., None], G[k])
-         for k in range(1, m)))
+    L = (chain.L[k][..., None] for k in range(1, m))
+    rows = itertools.chain([(X[0], None, None, None, (), None, G[0])],
+                           zip(X[1:], chain.C, X[:-1], itertools.repeat(DENSE),
+                               itertools.repeat(()), L, G[1:]))
     sweep(xp, rows)
     return X
 
