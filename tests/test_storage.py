@@ -143,6 +143,7 @@ def test_tags_say_what_methods_ask():
     batch = pp.TriangularSystem(couplings, batch_scales, rng.standard_normal((12, 2)),
                                 lower=True, sizes=[4] * 3)
     assert "shared-matrix" not in batch.tags and "shared-matrix" in batch.shared("mean").tags
+    assert not batch.shares_matrix
     diagonal = pp.TriangularSystem(None, None, rng.standard_normal(6), lower=True,
                                    sizes=[3, 3], edges=[])
     assert "diagonal" in diagonal.tags

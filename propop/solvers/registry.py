@@ -91,9 +91,14 @@ class SolverInfo:
                               f"pip install propop[{self.extra}]")
 
     def applies_to(self, system: Any) -> bool:
-        """Whether ``system`` has the structure this method requires (its operator's tags)."""
+        """Whether ``system`` has the structure this method requires (its operator's tags).
+
+        A shared matrix is also one whose samples' columns are equal (read once).
+        """
         tags = system.tags
-        return all(bool(tags & _TAGGED[need]) for need in self.requires)
+        return all(bool(tags & _TAGGED[need]) or (need == "shared_matrix"
+                                                  and system.shares_matrix)
+                   for need in self.requires)
 
 
 _REGISTRY: dict[str, SolverInfo] = {}

@@ -189,14 +189,16 @@ class Operator:
         bi-diagonal is tagged ``"chain"`` too); ``"equal-widths"``; ``"stacked"``
         (a chain of one width whose couplings are one stack); ``"sparse"`` (some
         coupling is a sparse matrix); ``"per-sample"`` (each sample has its own
-        couplings); ``"shared-matrix"`` (one matrix for every sample);
-        ``"diagonal"`` (no coupling at all).
+        couplings); ``"shared-matrix"`` (one matrix stored for every sample: no
+        per-sample scaling or coupling); ``"diagonal"`` (no coupling at all). Told
+        from the storage's shapes, never its values: a batch whose columns happen
+        to be equal is found by :attr:`shares_matrix`, which reads them.
         """
         tags = {self.layout.kind}
         facts = {"chain": self.is_chain, "equal-widths": self.equal_sizes,
                  "stacked": self.coupling_stack is not None,
                  "sparse": self.sparse_couplings, "per-sample": self.per_sample_couplings,
-                 "shared-matrix": self.shares_matrix, "diagonal": not self.layout.edges()}
+                 "shared-matrix": self._scaled_once, "diagonal": not self.layout.used()}
         return frozenset(tags | {tag for tag, holds in facts.items() if holds})
 
     @functools.cached_property
