@@ -108,7 +108,7 @@ def require_finite(array: Any, what: str) -> None:
     be = backend.of(array)
     data = array.data if be.sparse.issparse(array) else array
     finite = be.xp.isfinite(data)
-    if bool(finite.all()):
+    if bool(be.xp.all(finite)):
         return
     flat = int(np.argmin(backend.to_host(finite).reshape(-1)))  # on the host: an error path
     if be.sparse.issparse(array):

@@ -4,6 +4,10 @@ Arrays decide the backend (DESIGN section 4): NumPy arrays and ``scipy.sparse``
 arrays run on the CPU, CuPy arrays and ``cupyx.scipy.sparse`` arrays on the GPU,
 PyTorch tensors (dense, on any device) through ``array_api_compat.torch``, the
 array API namespace that array-api-compat gives them; all through the same code.
+``array_api_strict`` arrays (the standard's strict namespace, a test dependency)
+run the same code too: what passes there uses nothing beyond the standard but
+the few primitives below that the standard lacks (:func:`matmul_into`'s ``out=``,
+:func:`walk`), each written once per backend here.
 Core code asks ``be = backend.of(*objects)`` and then calls ``be.xp``,
 ``be.sparse`` and ``be.spla`` only.
 """
@@ -18,7 +22,8 @@ from types import ModuleType
 from typing import Any
 
 __all__ = ["Backend", "of", "namespace", "is_sparse", "is_real_floating", "matmul_into",
-           "outer_on_pattern", "over_time", "walk",
+           "outer_on_pattern", "over_time", "walk", "matmul_out", "DENSE_ONLY", "take_rows",
+           "subtract_rows", "itemsize", "like", "device", "take_columns", "spread_columns",
            "matmul_writer", "kind", "astype", "contiguous", "indices", "eps", "to_host",
            "quiet", "erf",
            "is_matrix_like", "convert", "KINDS"]
@@ -30,13 +35,15 @@ class Backend:
 
     Attributes
     ----------
-    name : {"numpy", "cupy", "torch"}
+    name : {"numpy", "cupy", "torch", "array_api_strict"}
         The backend's name, as declared by solvers in ``backends=``.
     xp : module
-        ``numpy``, ``cupy`` or ``array_api_compat.torch``.
+        ``numpy``, ``array_api_compat.cupy``, ``array_api_compat.torch`` or
+        ``array_api_strict``: NumPy 2 is an array API namespace itself; CuPy's and
+        PyTorch's come with array-api-compat's standard names.
     sparse : module
-        ``scipy.sparse`` or ``cupyx.scipy.sparse`` (PyTorch: none, every
-        ``issparse`` is false).
+        ``scipy.sparse`` or ``cupyx.scipy.sparse`` (PyTorch and the strict
+        namespace: none, every ``issparse`` is false).
     """
 
     name: str
@@ -49,7 +56,7 @@ class Backend:
 
         Slow to import and needed only by the methods and views that use it.
         """
-        if self.name == "torch":
+        if self.name in DENSE_ONLY:
             return _NoSparse
         return importlib.import_module(("scipy" if self.name == "numpy" else "cupyx.scipy")
                                        + ".sparse.linalg")
@@ -70,10 +77,12 @@ class _NoSparse:
 def _load(name: str) -> Backend:
     if name == "torch":  # dense tensors through the array API (array-api-compat)
         return Backend("torch", importlib.import_module("array_api_compat.torch"), _NoSparse)
+    if name == "array_api_strict":
+        return Backend(name, importlib.import_module(name), _NoSparse)
     if name == "numpy":
         return Backend("numpy", importlib.import_module("numpy"),
                        importlib.import_module("scipy.sparse"))
-    return Backend("cupy", importlib.import_module("cupy"),
+    return Backend("cupy", importlib.import_module("array_api_compat.cupy"),
                    importlib.import_module("cupyx.scipy.sparse"))
 
 
@@ -97,7 +106,7 @@ def _name_of(obj: Any) -> str:
         module = kind.__module__ or ""
         top = module.split(".")[0]
         _TYPES[kind] = ("cupy" if top in ("cupy", "cupyx") else
-                        "torch" if top == "torch" else "numpy")
+                        top if top in ("torch", "array_api_strict") else "numpy")
     return _TYPES[kind]
 
 
@@ -158,6 +167,8 @@ def kind(dtype: Any) -> str:
     letter = getattr(dtype, "kind", None)
     if letter is not None:
         return letter
+    if type(dtype).__module__.startswith("array_api_strict"):
+        return kind(_numpy_dtype(dtype))
     if getattr(dtype, "is_complex", False):
         return "c"
     if getattr(dtype, "is_floating_point", False):
@@ -180,7 +191,26 @@ def matmul_into(out: Any, M: Any, x: Any, sparse: bool | None = None) -> Any:
     if sparse if sparse is not None else is_sparse(M):
         out[...] = M @ x
     else:
-        of(out).xp.matmul(M, x, out=out)
+        matmul_out(of(out).xp)(M, x, out=out)
+    return out
+
+
+def matmul_out(xp: ModuleType) -> Any:
+    """``matmul(M, x, out=y)`` of namespace ``xp``, written in place.
+
+    Through ``y[...] =`` where the namespace has no ``out=`` (the array API
+    standard has none).
+    """
+    name = getattr(xp, "__name__", "")
+    if name == "array_api_strict":
+        return _matmul_by_setitem
+    if name == "array_api_compat.cupy":  # CuPy's own matmul takes out=
+        return importlib.import_module("cupy").matmul
+    return xp.matmul
+
+
+def _matmul_by_setitem(M: Any, x: Any, out: Any) -> Any:
+    out[...] = M @ x
     return out
 
 
@@ -191,33 +221,115 @@ def walk(array: Any, reverse: bool = False) -> Any:
     tensors have no negative strides, so their reversed walk indexes instead of
     slicing ``[::-1]``.
     """
+    if isinstance(array, (list, tuple, range)):
+        return reversed(array) if reverse else iter(array)
+    name = _name_of(array)
+    if name == "array_api_strict":  # no iteration: views by index, all axes named
+        n = array.shape[0]
+        return (array[i, ...] for i in (range(n - 1, -1, -1) if reverse else range(n)))
     if not reverse:
         return iter(array)
-    if isinstance(array, (list, tuple)):
-        return reversed(array)
-    if _name_of(array) == "torch":
+    if name == "torch":
         return map(array.__getitem__, range(len(array) - 1, -1, -1))
     return iter(array[::-1])
+
+
+def device(array: Any) -> Any:
+    """The device ``array`` lives on, to make new arrays there (``xp.zeros(..., device=)``).
+
+    The standard's ``array.device`` (NumPy 2: ``"cpu"``); ``None`` for an object
+    without one (the memory guard's shape-only arrays).
+    """
+    return getattr(array, "device", None)
+
+
+def like(values: Any, array: Any) -> Any:
+    """``values`` (host numbers, a NumPy array) as an array of ``array``'s backend and device."""
+    device = getattr(array, "device", None)
+    if _name_of(array) == "torch":
+        return of(array).xp.asarray(values, device=device)
+    return of(array).xp.asarray(values)
+
+
+def take_rows(array: Any, index: Any) -> Any:
+    """``array[index]`` for an integer array ``index`` of any shape over the first axis."""
+    if _name_of(array) != "array_api_strict":
+        return array[index]
+    xp = of(array).xp  # the standard's gather: take along an axis with a 1-D index
+    flat = xp.take(array, xp.reshape(index, (-1,)), axis=0)
+    return xp.reshape(flat, tuple(index.shape) + tuple(array.shape[1:]))
+
+
+def take_columns(array: Any, index: Any) -> Any:
+    """``array[:, index]`` for an integer array ``index`` of the array's backend."""
+    return of(array).xp.take(array, index, axis=1)
+
+
+def spread_columns(part: Any, index: Any, columns: int) -> Any:
+    """An array of ``columns`` columns with ``part``'s at the host integers ``index``, else 0.
+
+    The standard's scatter is a product with the ``(k, columns)`` selection matrix.
+    """
+    import numpy
+
+    select = numpy.zeros((len(index), columns))
+    select[numpy.arange(len(index)), index] = 1
+    return part @ of(part).xp.astype(like(select, part), part.dtype)
+
+
+def subtract_rows(out: Any, index: Any, values: Any) -> Any:
+    """``out[index] -= values`` in place, ``index`` an integer array with no entry twice.
+
+    The standard has no scatter: there it is one row at a time.
+    """
+    if _name_of(out) != "array_api_strict":
+        out[index] -= values
+        return out
+    xp = of(out).xp
+    rows = to_host(index).reshape(-1)
+    flat = xp.reshape(values, (len(rows),) + tuple(values.shape[index.ndim:]))
+    for i, row in enumerate(rows):
+        out[int(row), ...] -= flat[i, ...]
+    return out
 
 
 def eps(dtype: Any) -> float:
     """The machine epsilon of a floating ``dtype`` (NumPy, CuPy or PyTorch)."""
     if getattr(dtype, "is_floating_point", None) is not None:  # a torch.dtype
         return float(importlib.import_module("torch").finfo(dtype).eps)
-    return float(importlib.import_module("numpy").finfo(dtype).eps)
+    return float(importlib.import_module("numpy").finfo(_numpy_dtype(dtype)).eps)
+
+
+def itemsize(dtype: Any) -> int:
+    """Bytes per entry of ``dtype`` (NumPy, CuPy, PyTorch or the strict namespace's)."""
+    size = getattr(dtype, "itemsize", None)
+    return int(size) if size is not None else int(_numpy_dtype(dtype).itemsize)
+
+
+def _numpy_dtype(dtype: Any) -> Any:
+    """NumPy's dtype of the same name (a strict namespace's dtype is its own object)."""
+    if type(dtype).__module__.startswith("array_api_strict"):
+        return importlib.import_module("numpy").dtype(str(dtype).rpartition(".")[2])
+    return dtype
 
 
 def astype(array: Any, dtype: Any) -> Any:
     """``array`` in ``dtype``, itself where it already is (NumPy, CuPy or PyTorch)."""
     if array.dtype == dtype:
         return array
-    return array.to(dtype) if _name_of(array) == "torch" else array.astype(dtype)
+    name = _name_of(array)
+    if name == "array_api_strict":
+        return of(array).xp.astype(array, dtype)
+    return array.to(dtype) if name == "torch" else array.astype(dtype)
 
 
 def contiguous(array: Any) -> Any:
     """``array`` in C order (row-major), itself where it already is: BLAS's fast layout."""
-    if _name_of(array) == "torch":
+    name = _name_of(array)
+    if name == "torch":
         return array.contiguous()
+    if name == "array_api_strict":  # no memory layout in the standard
+        return array
     return of(array).xp.ascontiguousarray(array)
 
 
@@ -237,7 +349,8 @@ def is_matrix_like(obj: Any) -> bool:
     return scipy.sparse.issparse(obj) or isinstance(obj, numpy.ndarray)
 
 
-KINDS = ("numpy", "torch", "cupy")
+KINDS = ("numpy", "torch", "cupy", "array_api_strict")
+DENSE_ONLY = ("torch", "array_api_strict")  # backends without sparse arrays
 
 
 def convert(array: Any, kind: str, device: Any = None) -> Any:
@@ -245,7 +358,8 @@ def convert(array: Any, kind: str, device: Any = None) -> Any:
 
     ``device`` is a PyTorch device (``"cuda"``, say) for ``kind="torch"``; CuPy
     arrays live on the current CUDA device. Sparse arrays move between
-    ``scipy.sparse`` and ``cupyx.scipy.sparse``; PyTorch has no sparse arrays here.
+    ``scipy.sparse`` and ``cupyx.scipy.sparse``; PyTorch and the strict namespace
+    have no sparse arrays here.
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -255,10 +369,13 @@ def convert(array: Any, kind: str, device: Any = None) -> Any:
     if kind == "numpy":
         return host
     if is_sparse(host):
-        if kind == "torch":
-            raise TypeError("PyTorch tensors are dense here: a network with sparse weights "
-                            "moves to 'numpy' or 'cupy' only")
+        if kind in DENSE_ONLY:
+            raise TypeError(f"{'PyTorch tensors are' if kind == 'torch' else kind + ' is'} "
+                            "dense here: a network or system with sparse weights moves to "
+                            "'numpy' or 'cupy' only")
         return _named("cupy").sparse.csr_matrix(host)
+    if kind == "array_api_strict":
+        return _named(kind).xp.asarray(host)
     if kind == "cupy":
         return importlib.import_module("cupy").asarray(host)
     import torch
@@ -276,6 +393,8 @@ def to_host(array: Any) -> Any:
     name = _name_of(array)
     if name == "torch":
         return array.detach().cpu().numpy()
+    if name == "array_api_strict":
+        return importlib.import_module("numpy").asarray(array)
     return array.get() if name == "cupy" else array
 
 

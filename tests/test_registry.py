@@ -21,7 +21,7 @@ def test_every_method_of_the_foundation_is_registered():
     assert EXPECTED <= {s.name for s in infos}
     for s in infos:
         assert s.kind in pp.solvers.KINDS and s.description and callable(s.method.compute)
-        assert set(s.backends) <= {"numpy", "cupy", "torch"}
+        assert set(s.backends) <= {"numpy", "cupy", "torch", "array_api_strict"}
     assert pp.solvers.info("substitution").exact and not pp.solvers.info("jacobi").exact
 
 

@@ -1,8 +1,10 @@
 """PyTorch CPU tensors through the same solver code as NumPy (array API, array-api-compat).
 
-Stacked chains of one width (``coupling_stack``, ``scale_stack``) built from
-tensors are solved by the methods that declare ``"torch"`` and compared with the
-same system in NumPy, solved by substitution (the sequential reference).
+Chains built from tensors (stacked, or one coupling per block) are solved by every
+method that runs on PyTorch and compared with the same system in NumPy, solved by
+substitution (the sequential reference); networks of tensors (equal and unequal
+widths, RNNs) backpropagate as PyTorch autograd does. ``tests/test_backends.py``
+holds every layout against every native method.
 """
 
 import numpy as np
@@ -13,6 +15,12 @@ import propop as pp
 torch = pytest.importorskip("torch")
 
 METHODS = [s.name for s in pp.solvers.available() if "torch" in s.backends]
+
+
+def require_applies(method, system):
+    """Skip, saying why, a method whose structure requirement ``system`` lacks."""
+    if not pp.solvers.info(method).applies_to(system):
+        pytest.skip(f"{method} needs {pp.solvers.info(method).requires}")
 EXACT = {s.name for s in pp.solvers.available() if s.exact}
 
 
@@ -40,6 +48,7 @@ def test_the_dense_paths_run_on_torch():
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_torch_tensors_give_numpys_answer(method, lower, r, dtype):
     numpy_system, torch_system = chains(lower, r, dtype)
+    require_applies(method, numpy_system)
     assert torch_system.backend.name == "torch"
     reference = pp.solve(numpy_system, "substitution").x
     solution = pp.solve(torch_system, method, check=True)
@@ -71,12 +80,14 @@ def test_the_stacked_product_is_the_blockwise_one(lower, form):
 
 
 def test_torch_systems_say_what_they_take():
-    C = torch.ones((4, 3, 3), dtype=torch.float64)
+    C = torch.ones((4, 3, 3), dtype=torch.float64) * 0.5
     rhs = torch.ones(15, dtype=torch.float64)
-    with pytest.raises(ValueError, match="coupling_stack"):
-        pp.TriangularSystem(list(C), None, rhs, lower=True, sizes=(3,) * 5)
+    listed = pp.TriangularSystem(list(C), None, rhs, lower=True, sizes=(3,) * 5)
     system = pp.TriangularSystem(None, None, rhs, lower=True, sizes=(3,) * 5, coupling_stack=C,
                                  scale_stack=torch.ones((4, 3), dtype=torch.float64))
+    assert "stacked" in system.tags and listed.backend.name == "torch"
+    np.testing.assert_allclose(pp.solve(listed).x.numpy(), pp.solve(system).x.numpy(),
+                               rtol=1e-14)
     with pytest.raises(TypeError, match="PyTorch tensors do not have"):
         _ = system.matrix
     other = next(s.name for s in pp.solvers.available() if "torch" not in s.backends)
@@ -107,6 +118,7 @@ def test_a_network_of_tensors_backpropagates_like_autograd(method, activation, r
     rng = np.random.default_rng(3)
     x = rng.standard_normal((6,) if r is None else (6, r))
     t = rng.standard_normal(x.shape)
+    require_applies(method, pp.backward_system(net, net.forward(x), t))
     _, dW, db, dx = torch_gradients(net, x, t)
     grads = pp.backprop(torch_net(net), torch.from_numpy(x), torch.from_numpy(t), method=method,
                         check=True)
@@ -135,6 +147,7 @@ def test_a_network_of_tensors_runs_forward_in_parallel(method):
 def test_a_float32_network_of_tensors_stays_float32(method):
     net = pp.FNN.random([6] * 9, activation="tanh", seed=2, dtype="float32")
     x = np.random.default_rng(3).standard_normal((6, 3)).astype("float32")
+    require_applies(method, pp.backward_system(net, net.forward(x), x))
     ours = pp.backprop(torch_net(net), torch.from_numpy(x), torch.from_numpy(x), method=method)
     reference = pp.backprop(net, x, x, method="substitution")
     assert all(g.dtype == torch.float32 for g in ours.W)
@@ -153,14 +166,26 @@ def test_tensor_inputs_pass_the_same_front_door():
         pp.FNN([bad])
 
 
-def test_a_network_of_tensors_with_unequal_widths_says_what_it_needs():
-    net = torch_net(pp.FNN.random([6, 8, 4], activation="tanh", seed=0))
-    x = torch.ones((6, 2), dtype=torch.float64)
-    with pytest.raises(ValueError, match="an FNN of tensors builds when all its widths are equal"):
-        pp.backprop(net, x, torch.ones((4, 2), dtype=torch.float64))
+@pytest.mark.parametrize("method", ["substitution", "cyclic-reduction", "jacobi",
+                                    "batched-gmres", "bicgstab"])
+def test_a_network_of_tensors_with_unequal_widths_backpropagates_like_autograd(method):
+    from reference import torch_gradients
+
+    net = pp.FNN.random([6, 8, 4, 5], activation="tanh", seed=0)
+    rng = np.random.default_rng(4)
+    x, t = rng.standard_normal((6, 2)), rng.standard_normal((5, 2))
+    _, dW, db, dx = torch_gradients(net, x, t)
+    grads = pp.backprop(torch_net(net), torch.from_numpy(x), torch.from_numpy(t), method=method)
+    bound = 1e-12 if method in EXACT else 1e-8
+    for k, (ours, theirs) in enumerate(zip(grads.W, dW)):
+        assert isinstance(ours, torch.Tensor)
+        assert np.abs(ours.numpy() - theirs).max() <= bound * np.abs(theirs).max(), k
+    assert np.abs(grads.x.numpy() - dx).max() <= bound * np.abs(dx).max()
 
 
-def test_an_rnn_of_tensors_runs_forward_and_says_its_systems_need_numpy():
+@pytest.mark.parametrize("method", ["substitution", "cyclic-reduction", "hybrid",
+                                    "batched-gmres"])
+def test_an_rnn_of_tensors_runs_forward_and_backpropagates_as_on_numpy(method):
     rnn = pp.RNN.random([4, 4], activation="tanh", seed=0)
     tensors = pp.RNN([torch.from_numpy(np.asarray(Wk)) for Wk in rnn.W],
                      [torch.from_numpy(np.asarray(Uk)) for Uk in rnn.U],
@@ -169,26 +194,10 @@ def test_an_rnn_of_tensors_runs_forward_and_says_its_systems_need_numpy():
     out = tensors.forward(torch.from_numpy(xs)).output
     assert isinstance(out, torch.Tensor)
     np.testing.assert_allclose(out.numpy(), rnn.forward(xs).output, rtol=1e-13, atol=1e-15)
-    with pytest.raises(ValueError, match="time structures take NumPy or CuPy arrays"):
-        pp.backprop(tensors, torch.from_numpy(xs), torch.from_numpy(xs))
-
-
-def test_mixed_numpy_and_torch_inputs_are_named():
-    C, S, rhs = np.full((4, 3, 3), 0.1), np.ones((4, 3)), np.ones(15)
-    chain = dict(lower=True, sizes=(3,) * 5)
-    for stacks in (dict(coupling_stack=torch.from_numpy(C), scale_stack=S),
-                   dict(coupling_stack=C, scale_stack=torch.from_numpy(S))):
-        with pytest.raises(TypeError, match=r"different backends \(numpy, torch\)"):
-            pp.TriangularSystem(None, None, rhs, **stacks, **chain)
-    with pytest.raises(TypeError, match=r"different backends \(numpy, torch\)"):
-        pp.TriangularSystem(list(C), [None] + [torch.ones(3, dtype=torch.float64)] * 4, rhs,
-                            **chain)
-    net = pp.FNN.random([3] * 4, activation="tanh", seed=0)
-    tensors = torch_net(net)
-    one = torch.ones(3, dtype=torch.float64)
-    with pytest.raises(ValueError, match="x is a numpy.ndarray, but .* PyTorch tensors"):
-        pp.backprop(tensors, np.ones(3), one)
-    with pytest.raises(ValueError, match="target is a numpy.ndarray, but .* PyTorch tensors"):
-        pp.backprop(tensors, one, np.ones(3))
-    with pytest.raises(ValueError, match="x is a torch.Tensor, but .* NumPy arrays"):
-        pp.backprop(net, one, np.ones(3))
+    ours = pp.backprop(tensors, torch.from_numpy(xs), torch.from_numpy(xs), method=method)
+    reference = pp.backprop(rnn, xs, xs, method="substitution")
+    bound = 1e-12 if method in EXACT else 1e-8
+    for name in ("W", "U", "b"):
+        for k, (a, b) in enumerate(zip(getattr(ours, name), getattr(reference, name))):
+            assert isinstance(a, torch.Tensor)
+            assert np.abs(a.numpy() - b).max() <= bound * np.abs(b).max(), (name, k)

@@ -137,7 +137,7 @@ class DistributedSystem:
         for e in self.external:
             product = e.matrix @ imported[e.col]
             parts[position[e.row]] += product if e.scale is None else e.scale * product
-        return self.xp.concatenate(parts)
+        return self.xp.concat(parts)
 
     def solve_local(self, rhs: Any) -> Any:
         """The local rows solved for ``rhs`` ``(N_local, c)`` by substitution."""

@@ -273,7 +273,7 @@ class FNN:
         """
         x = self.check_input(x)
         states = 2 * sum(self.sizes) * (x.shape[1] if x.ndim == 2 else 1)
-        memory.require_arrays(states, self.dtype.itemsize,
+        memory.require_arrays(states, backend.itemsize(self.dtype),
                               f"the forward pass of {self.depth} layers",
                               "use a smaller batch, fewer layers or float32")
         if self.equal_widths:  # the states written into two stacked arrays
@@ -356,7 +356,7 @@ class FNN:
             z = [x] + [xp.zeros((n,) + x.shape[1:], dtype=self.dtype) for n in self.sizes[1:]]
         if self.equal_widths:  # all layers in one batched product
             later = xp.stack(z[1:]) if isinstance(z, (list, tuple)) else z[1:]
-            Z = xp.concatenate([x[None], later])
+            Z = xp.concat([x[None], later])
             stacks = self.stacks()
             if x.ndim == 1:  # one vector per layer: (l, n, n) @ (l, n, 1)
                 return _stacked_trace(x, (stacks["W"] @ Z[:-1, :, None])[..., 0]

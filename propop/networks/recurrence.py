@@ -277,7 +277,8 @@ class Recurrence:
     def _require_jacobians(self, xs: Any) -> None:
         """The Jacobian stack ``(tau, r, n, n)`` checked against the memory budget first."""
         r = xs.shape[2] if xs.ndim == 3 else 1
-        memory.require_arrays(2 * xs.shape[0] * r * self.state_size ** 2, self.dtype.itemsize,
+        memory.require_arrays(2 * xs.shape[0] * r * self.state_size ** 2,
+                              backend.itemsize(self.dtype),
                               f"the Jacobians of {xs.shape[0]} steps and {r} samples "
                               f"(state size {self.state_size})",
                               "use shorter sequences or fewer samples per call")

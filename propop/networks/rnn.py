@@ -8,6 +8,8 @@ Time is the leading axis: ``xs`` is ``(tau, n_in)`` or ``(tau, n_in, r)``.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -173,7 +175,7 @@ class RNN:
         xp = self.backend.xp
         z = [self.check_input(xs)]
         tau, batch = z[0].shape[0], z[0].shape[2] if z[0].ndim == 3 else 1
-        memory.require_arrays(2 * tau * sum(self.sizes) * batch, self.dtype.itemsize,
+        memory.require_arrays(2 * tau * sum(self.sizes) * batch, backend.itemsize(self.dtype),
                               f"the forward pass of {tau} steps",
                               "use a shorter sequence, a smaller batch or float32")
         y = []
@@ -242,7 +244,7 @@ class RNN:
                                                _steps_as_columns(zin)))
             dU.append(backend.outer_on_pattern(self.U[k], _steps_as_columns(vk[1:]),
                                                _steps_as_columns(zk[:-1])))
-            db.append(vk.sum(axis=tuple(a for a in range(vk.ndim) if a != 1)))
+            db.append(self.backend.xp.sum(vk, axis=tuple(a for a in range(vk.ndim) if a != 1)))
         return RNNGradients(tuple(dW), tuple(dU), tuple(db), v[0])
 
     def state_shapes(self, xs: Any) -> tuple[list, list]:
@@ -262,7 +264,7 @@ class RNN:
                     [xp.zeros((tau, h) + batch, dtype=self.dtype) for h in self.sizes[1:]])
         y = []
         for k, (Wk, Uk, bk) in enumerate(zip(self.W, self.U, self.b)):
-            previous = xp.concatenate([xp.zeros_like(z[k + 1][:1]), z[k + 1][:-1]])
+            previous = xp.concat([xp.zeros_like(z[k + 1][:1]), z[k + 1][:-1]])
             y.append(backend.over_time(Wk, z[k]) + backend.over_time(Uk, previous)
                      + (bk[:, None] if batch else bk))
         return Trace(x=xs, y=tuple(y), z=tuple([xs] + list(z[1:])))
@@ -273,7 +275,7 @@ class RNN:
         Views of ``x`` seen as ``(tau, sum h)``: no per-block work.
         """
         sizes = self.sizes
-        X = x.reshape((x.shape[0] // sum(sizes), sum(sizes)) + x.shape[1:])
+        X = self.backend.xp.reshape(x, (x.shape[0] // sum(sizes), sum(sizes)) + tuple(x.shape[1:]))
         starts = [sum(sizes[:k]) for k in range(len(sizes))]
         return [X[:, o: o + n] for o, n in zip(starts, sizes)]
 
@@ -285,4 +287,4 @@ def _steps_as_columns(A: Any) -> Any:
     """
     xp = backend.namespace(A)
     h = A.shape[1]
-    return xp.moveaxis(A, 1, 0).reshape(h, A.size // h)
+    return xp.reshape(xp.moveaxis(A, 1, 0), (h, math.prod(A.shape) // h))

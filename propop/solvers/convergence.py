@@ -67,7 +67,7 @@ def default_maxiter(system: Any) -> int:
 def column_norms(R: Any) -> np.ndarray:
     """Euclidean norm of each column (one entry for a vector), as host floats."""
     xp = backend.namespace(R)
-    squares = xp.einsum("ij,ij->j", R, R) if R.ndim == 2 else (R @ R)[None]
+    squares = xp.vecdot(R, R, axis=-2) if R.ndim == 2 else (R @ R)[None]
     return np.sqrt(np.asarray(backend.to_host(squares), dtype=float))
 
 
@@ -84,12 +84,12 @@ def block_squares(system: Any, A: Any) -> np.ndarray:
     A = A if A.ndim == 2 else A[:, None]
     xp, sizes = system.backend.xp, system.sizes
     if system.equal_sizes:
-        stacked = A.reshape(len(sizes), sizes[0], A.shape[1])
-        squares = xp.einsum("knc,knc->kc", stacked, stacked)
+        stacked = xp.reshape(A, (len(sizes), sizes[0], A.shape[1]))
+        squares = xp.vecdot(stacked, stacked, axis=-2)
     elif hasattr(xp.add, "reduceat"):
         squares = xp.add.reduceat(A * A, system.block_starts, axis=0)
     else:  # a backend without reduceat: one sum per block
-        squares = xp.stack([(a * a).sum(axis=0) for a in system.split(A)])
+        squares = xp.stack([xp.vecdot(a, a, axis=-2) for a in system.split(A)])
     return np.asarray(backend.to_host(squares), dtype=float)
 
 
@@ -188,7 +188,7 @@ def initial_guess(system: Any, x0: Any) -> Any:
 def _first_nonfinite(system: Any, x: Any) -> str:
     xs = system.split(x)
     for k in system.blocks.order():
-        if not bool(system.backend.xp.isfinite(xs[k]).all()):
+        if not bool(system.backend.xp.all(system.backend.xp.isfinite(xs[k]))):
             return system.names[k]
     return "the solution"
 
@@ -251,8 +251,8 @@ def _finite(xp: Any, x: Any) -> bool:
     A sum of large finite values can overflow: then the entries decide.
     """
     with backend.quiet(xp):
-        total = float(x.sum())
-    return math.isfinite(total) or bool(xp.isfinite(x).all())
+        total = float(xp.sum(x))
+    return math.isfinite(total) or bool(xp.all(xp.isfinite(x)))
 
 
 def _nonfinite_message(system: Any, x: Any) -> str:

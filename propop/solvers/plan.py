@@ -37,7 +37,7 @@ from ..systems.triangular import TriangularSystem
 from .method import COMPUTE_OPTIONS, Method, as_method
 from .convergence import Tolerance, finish
 from .options import OptionError, validate
-from .registry import info
+from .registry import available, info
 from .solution import ConvergenceError, Solution, Status
 
 __all__ = ["Plan", "prepare", "solve", "get", "agreed", "judged"]
@@ -143,8 +143,11 @@ def prepare(system: Any, method: str | Callable[..., Solution] | Method = "subst
         solver = info(method)
         solver.require_available()
         if system.backend.name not in solver.backends:
-            raise ValueError(f"solver {method!r} runs on {solver.backends}, but the system's "
-                             f"arrays are {system.backend.name} arrays")
+            here = [s.name for s in available() if system.backend.name in s.backends]
+            raise ValueError(f"solver {method!r} runs on {', '.join(solver.backends)} arrays, "
+                             f"but the system's are {system.backend.name} arrays; on those "
+                             f"use one of {', '.join(here)}, or move the system with "
+                             ".to('numpy')")
         name, runner, guard = method, solver.method, solver.guard
     else:
         runner = as_method(method)

@@ -36,7 +36,7 @@ REQUIREMENT_WORDS = {"chain": "chain", "time_structure": "time structure",
 # The operator tags (Operator.tags) that meet each requirement, any one of them.
 _TAGGED = {"chain": {"chain"}, "time_structure": {"time"}, "reducible": {"chain", "time"},
            "shared_matrix": {"shared-matrix"}}
-BACKENDS = ("numpy", "cupy", "torch")
+BACKENDS = ("numpy", "cupy", "torch", "array_api_strict")
 ENTRY_POINT_GROUP = "propop.solvers"
 _DIRECT, _REDUCTION = "propop.solvers.direct", "propop.solvers.reduction"
 _ITERATIVE, _MPI = "propop.solvers.iterative", "propop.distributed"
@@ -73,6 +73,7 @@ class SolverInfo:
     needs: tuple = ()
     extra: str = ""
     guard: Any = dataclasses.field(default=None, repr=False, compare=False)
+    native: bool = False
 
     @property
     def missing(self) -> tuple:
@@ -112,8 +113,8 @@ def _installed(module: str) -> bool:
 
 
 def register(name: str, *, kind: str, exact: bool, backends: tuple = ("numpy",),
-             description: str | None = None, requires: tuple = (), needs: tuple = (),
-             extra: str = "", guard: Any = None, replace: bool = False
+             native: bool = False, description: str | None = None, requires: tuple = (),
+             needs: tuple = (), extra: str = "", guard: Any = None, replace: bool = False
              ) -> Callable[[Any], Any]:
     """Decorator that registers a method (a :class:`~.method.Method` class or a function).
 
@@ -125,8 +126,14 @@ def register(name: str, *, kind: str, exact: bool, backends: tuple = ("numpy",),
     kind : {"direct", "iterative", "krylov", "block", "hybrid"}
     exact : bool
         Whether the method solves exactly (up to rounding) in a fixed number of steps.
-    backends : tuple of {"numpy", "cupy"}
-        Array backends the function supports.
+    backends : tuple of {"numpy", "cupy", "torch", "array_api_strict"}
+        Array backends the function supports, for a method that is not ``native``
+        (an adapter of a library: NumPy, and CuPy where ``cupyx`` has the method).
+    native : bool
+        The method is written on the array API namespace of its arrays (propop's
+        own methods): it runs on every backend, which ``backends`` then lists
+        without being told; ``tests/test_backends.py`` runs every native method
+        on PyTorch tensors and ``array_api_strict`` arrays.
     description : str, optional
         One line for listings; defaults to the first line of the docstring.
     requires : tuple of {"chain", "time_structure", "reducible", "shared_matrix"}
@@ -161,6 +168,7 @@ def register(name: str, *, kind: str, exact: bool, backends: tuple = ("numpy",),
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    backends = BACKENDS if native else backends
     unknown = set(backends) - set(BACKENDS)
     if unknown:
         raise ValueError(f"unknown backends {sorted(unknown)}; choose from {BACKENDS}")
@@ -179,7 +187,7 @@ def register(name: str, *, kind: str, exact: bool, backends: tuple = ("numpy",),
         doc = (target.__doc__ or "").strip().splitlines()
         _REGISTRY[name] = SolverInfo(name, kind, bool(exact), tuple(backends),
                                      description or (doc[0] if doc else ""), method,
-                                     tuple(requires), tuple(needs), extra, guard)
+                                     tuple(requires), tuple(needs), extra, guard, bool(native))
         return target
 
     return decorate

@@ -119,7 +119,7 @@ def _all_finite(arrays: tuple) -> bool:
     xp = backend.namespace(arrays[0])
     if len(arrays) == 1:
         return bool(xp.all(xp.isfinite(arrays[0])))
-    return bool(xp.all(xp.isfinite(xp.concatenate([xp.reshape(a, (-1,)) for a in arrays]))))
+    return bool(xp.all(xp.isfinite(xp.concat([xp.reshape(a, (-1,)) for a in arrays]))))
 
 
 def _checked_stack(stack: Any, what: str, columns: tuple, sizes: tuple,

@@ -80,7 +80,7 @@ def csr(op: Operator, columns: int | None) -> Any:
         else:
             singles = [op.sample(i) for i in range(columns)]
         parts = [_triplets(s, i * op.size) for i, s in enumerate(singles)]
-        rows, cols, vals = (xp.concatenate([p[q] for p in parts]) for q in range(3))
+        rows, cols, vals = (xp.concat([p[q] for p in parts]) for q in range(3))
         del parts
         make = getattr(op.backend.sparse, "csr_array", None) or op.backend.sparse.csr_matrix
         return make((vals, (rows, cols)), shape=shape(op, columns))
@@ -104,7 +104,7 @@ def _triplets(op: Operator, shift: int) -> tuple[Any, Any, Any]:
         rows.append(coo[0] + o[e.row] + shift)
         cols.append(coo[1] + o[e.col] + shift)
         vals.append(-(coo[2] if scale is None else scale[coo[0]] * coo[2]).astype(op.dtype))
-    return xp.concatenate(rows), xp.concatenate(cols), xp.concatenate(vals)
+    return xp.concat(rows), xp.concat(cols), xp.concat(vals)
 
 
 def _coo(be: backend.Backend, M: Any) -> tuple[Any, Any, Any]:

@@ -66,9 +66,9 @@ class DenseCouplings:
     def __getitem__(self, j: int) -> Any:
         """Coupling ``j``: ``(m, n)``, or ``(r, m, n)`` per sample (a view)."""
         if len(self.stacks) == 1:
-            return self.stacks[0][j]
+            return self.stacks[0][j, ...]
         i, p = self._where(j)
-        return self.stacks[i][p]
+        return self.stacks[i][p, ...]
 
     def shape(self, j: int) -> tuple[int, int]:
         """``(m, n)`` of coupling ``j``."""
@@ -77,7 +77,7 @@ class DenseCouplings:
     @functools.cached_property
     def matrices(self) -> tuple:
         """Every coupling, a view, made once (every variant of an operator shares them)."""
-        return tuple(M for stack in self.stacks for M in stack)
+        return tuple(M for stack in self.stacks for M in backend.walk(stack))
 
     @functools.cached_property
     def kinds(self) -> tuple:
@@ -177,7 +177,7 @@ def couplings_of(matrices: Sequence[Any], where: Callable[[int], str]) -> Any:
         checked.append(done[id(M)])
     if any(backend.is_sparse(M) for M in checked):
         return SparseCouplings(checked)
-    return DenseCouplings([M[None] for M in checked])
+    return DenseCouplings([M[None, ...] for M in checked])
 
 
 class Scalings:
@@ -203,7 +203,7 @@ class Scalings:
     @classmethod
     def per_block(cls, scales: Sequence[Any]) -> Scalings:
         """One stack per block, from ``None`` or ``(n_k[, c])`` arrays (views)."""
-        return cls([None if s is None else s[None] for s in scales], 0, len(scales))
+        return cls([None if s is None else s[None, ...] for s in scales], 0, len(scales))
 
     @classmethod
     def unscaled(cls, nblocks: int) -> Scalings:
@@ -221,7 +221,7 @@ class Scalings:
             return None
         p, q = divmod(k - self.first, self.per)
         stack = self.stacks[q]
-        return None if stack is None else stack[p]
+        return None if stack is None else stack[p, ...]
 
     @functools.cached_property
     def blocks(self) -> tuple:

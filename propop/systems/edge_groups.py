@@ -88,7 +88,7 @@ class EdgeGroups:
         """``out - (sum over edges)`` in place: ``out`` and ``x`` are ``(N,)`` or ``(N, c)``."""
         xp = self.be.xp
         for g in self.groups:
-            X = x[g.source]  # (g, u[, c])
+            X = backend.take_rows(x, g.source)  # (g, u[, c])
             X = X[..., None] if X.ndim == 2 else X
             if g.scale is not None and g.scale_first:
                 X = g.scale * X
@@ -99,7 +99,7 @@ class EdgeGroups:
                 P = g.coupling @ X
             if g.scale is not None and not g.scale_first:
                 P = g.scale * P
-            out[g.target] -= P[..., 0] if x.ndim == 1 else P
+            backend.subtract_rows(out, g.target, P[..., 0] if x.ndim == 1 else P)
         return out
 
 
@@ -117,9 +117,9 @@ def _block_diagonal(be: backend.Backend, matrices: list) -> Any:
     starts = [0]
     for c in counts:
         starts.append(starts[-1] + c)
-    indptr = xp.concatenate([M.indptr[:-1] + s for M, s in zip(matrices, starts)]
+    indptr = xp.concat([M.indptr[:-1] + s for M, s in zip(matrices, starts)]
                             + [xp.asarray([starts[-1]])])
-    indices = xp.concatenate([M.indices + i * cols for i, M in enumerate(matrices)])
-    data = xp.concatenate([M.data for M in matrices])
+    indices = xp.concat([M.indices + i * cols for i, M in enumerate(matrices)])
+    data = xp.concat([M.data for M in matrices])
     cls = getattr(be.sparse, "csr_array", None) or be.sparse.csr_matrix
     return cls((data, indices, indptr), shape=(rows * len(matrices), cols * len(matrices)))

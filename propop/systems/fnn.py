@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from .. import memory
+from .. import backend, memory
 from ..networks.fnn import FNN, column
 from ..networks.trace import Trace
 from .builders import backward_system, forward_system
@@ -42,7 +42,7 @@ def _require_memory(net: FNN, like: Any) -> None:
     """A system's right-hand side, scalings and (equal widths) stacked couplings, estimated."""
     columns = like.shape[1] if like.ndim == 2 else 1
     stacks = net.depth * net.sizes[0] ** 2 if net.equal_widths else 0
-    memory.require_arrays(2 * sum(net.sizes) * columns + stacks, net.dtype.itemsize,
+    memory.require_arrays(2 * sum(net.sizes) * columns + stacks, backend.itemsize(net.dtype),
                           f"the system of {net.depth} layers and {columns} samples",
                           "use a smaller batch or fewer layers")
 
@@ -88,7 +88,7 @@ def _fnn_forward(net: FNN, x: Any, around: Any = None, *, linearization: str = "
             ", where f(y)/y = 0 (f(y) = 0 at y != 0, or y = 0 with f(0) != 0)")
     coupling, row_scale, stacks = _coefficients(net, net.W, scales, "W")
     return TriangularSystem(
-        coupling, row_scale, xp.concatenate(rhs), lower=True, sizes=net.sizes, form=form,
+        coupling, row_scale, xp.concat(rhs), lower=True, sizes=net.sizes, form=form,
         names=functools.partial(_name, "z"), paper_hint=hint + " so that D does not exist",
         **stacks,
     )

@@ -31,15 +31,18 @@ matrices, variants) is derived when first asked for and kept.
 
 from __future__ import annotations
 
+import math
 import functools
 import itertools
 import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .. import backend
+import numpy as np
+
+from .. import backend, memory
 from .blocks import NOT_A_CHAIN, Blocks, Edge
-from .coefficients import Scalings
+from .coefficients import DenseCouplings, Scalings
 from .edge_groups import EdgeGroups
 from .layout import Layout
 
@@ -94,8 +97,6 @@ class Operator:
         if names is not None and not callable(names) and len(names) != self.nblocks:
             raise ValueError(f"{self.nblocks} blocks need {self.nblocks} names; got "
                              f"{len(names)}")
-        if be.name == "torch" and self.coupling_stack is None:
-            raise ValueError(_TORCH_STACKS)
         if form == "paper":
             self._require_paper_form()
 
@@ -294,8 +295,8 @@ class Operator:
             for k, s in enumerate(self._row_scale):
                 if s is None or bool(xp.all(s != 0)):
                     continue
-                flat = int(xp.argmin(xp.reshape(s != 0, (-1,))))
-                index = [int(i) for i in xp.unravel_index(flat, s.shape)]
+                flat = int(np.argmin(backend.to_host(s).reshape(-1) != 0))  # on the host
+                index = [int(i) for i in np.unravel_index(flat, tuple(s.shape))]
                 where = f"entry {index[0]}" + (f" of sample {index[1]}" if len(index) > 1
                                                else "")
                 raise ValueError(f"{self.names[k]}: form='paper' needs the diagonal 1/s, "
@@ -356,7 +357,7 @@ class Operator:
         if x.shape[0] != self.size:
             raise ValueError(f"x has {x.shape[0]} rows, expected N = {self.size}")
         o = self.offsets
-        return [x[o[k]:o[k + 1]] for k in range(self.nblocks)]
+        return [x[o[k]:o[k + 1], ...] for k in range(self.nblocks)]
 
     def sample(self, i: int) -> Operator:
         """The operator of sample ``i`` of a batch (views, no copies)."""
@@ -369,7 +370,7 @@ class Operator:
         if not -r <= i < r:
             raise IndexError(f"sample {i} out of range for a batch of {r}")
         i %= r
-        couplings = (self.couplings.map(lambda C: C[:, i] if C.ndim == 4 else C)
+        couplings = (self.couplings.map(lambda C: C[:, i, ...] if C.ndim == 4 else C)
                      if self.per_sample_couplings else self.couplings)
         scalings = self.scalings.map(lambda s: s[..., i if s.shape[-1] > 1 else 0])
         return self._variant(("sample", i), couplings=couplings, scalings=scalings,
@@ -380,7 +381,7 @@ class Operator:
         """Whether every sample of a batch has the same matrix (equal scaling columns)."""
         xp = self.backend.xp
         couplings = not self.per_sample_couplings or all(
-            C.ndim == 3 or bool(xp.all(C == C[:, :1])) for C in self.couplings.arrays())
+            C.ndim == 3 or bool(xp.all(C == C[:, :1, ...])) for C in self.couplings.arrays())
         return couplings and (self.samples is None or all(
             s.shape[-1] == 1 or bool(xp.all(s == s[..., :1])) for s in self.scalings.arrays()))
 
@@ -414,7 +415,7 @@ class Operator:
         couplings = self.couplings
         if self.per_sample_couplings:
             couplings = couplings.map(lambda C: C if C.ndim == 3 else (
-                C[:, 0] if exact else xp.mean(C, axis=1)))
+                C[:, 0, ...] if exact else xp.mean(C, axis=1)))
         scalings = self.scalings
         if self.samples is not None:
             scalings = scalings.map(lambda s: s if s.shape[-1] == 1 else (
@@ -424,7 +425,7 @@ class Operator:
     def _first_differing(self) -> str:
         """What differs between samples, for :meth:`shared`'s message: a coupling or a block."""
         xp = self.backend.xp
-        if any(C.ndim == 4 and not bool(xp.all(C == C[:, :1]))
+        if any(C.ndim == 4 and not bool(xp.all(C == C[:, :1, ...]))
                for C in self.couplings.arrays()):
             return "a coupling"
         S = self.scalings
@@ -434,16 +435,25 @@ class Operator:
                 continue
             same = xp.all(xp.reshape(s == s[..., :1], (s.shape[0], -1)), axis=1)
             if not bool(xp.all(same)):
-                first = min(first, S.first + q + S.per * int(xp.argmin(same)))
+                first = min(first, S.first + q + S.per * int(np.argmin(backend.to_host(same))))
         return f"{self.names[first]}: the row scaling"
 
     def to(self, kind: str, device: Any = None) -> Operator:
-        """The same operator with its arrays on backend ``kind`` (:meth:`TriangularSystem.to`)."""
-        if kind == "torch" and self.coupling_stack is None:
-            raise ValueError(_TORCH_STACKS)
+        """The same operator with its arrays on backend ``kind`` (:meth:`TriangularSystem.to`).
+
+        A backend without sparse arrays (PyTorch, the strict namespace) takes
+        sparse couplings as dense ones, within the memory budget.
+        """
         move = functools.partial(backend.convert, kind=kind, device=device)
         like = move(self.backend.xp.zeros(1, dtype=self.dtype))
-        return self._with(couplings=self.couplings.map(move), scalings=self.scalings.map(move),
+        couplings = self.couplings
+        if couplings.sparse and kind in backend.DENSE_ONLY:
+            shapes = [couplings.shape(j) for j in range(len(couplings))]
+            memory.require(sum(m * n for m, n in shapes) * backend.itemsize(self.dtype),
+                           f"the sparse couplings of {self!r} as dense {kind} arrays",
+                           "keep the system on 'numpy' or 'cupy', which have sparse arrays")
+            couplings = DenseCouplings([backend.dense(M)[None, ...] for M in couplings.matrices])
+        return self._with(couplings=couplings.map(move), scalings=self.scalings.map(move),
                           dtype=like.dtype, be=backend.of(like))
 
     @functools.cached_property
@@ -549,7 +559,7 @@ class Operator:
         if all(d is None for d in diagonal):
             return None
         c = max(1 if d is None or d.ndim == 1 else d.shape[1] for d in diagonal)
-        return xp.concatenate([xp.ones((n, c), dtype=self.dtype) if d is None else
+        return xp.concat([xp.ones((n, c), dtype=self.dtype) if d is None else
                                xp.broadcast_to(xp.reshape(d, (n, -1)), (n, c))
                                for n, d in zip(self.sizes, diagonal)])
 
@@ -574,13 +584,13 @@ class Operator:
             inner = lambda v: xp.permute_dims(v, (0, 2, 1))[..., None]  # noqa: E731
             outer = lambda v: xp.permute_dims(v[..., 0], (0, 2, 1))  # noqa: E731
         if transpose:
-            source = X[rows] if scales is None else scales * X[rows]
-            out[cols] -= outer(xp.matrix_transpose(M) @ inner(source))
+            source = X[rows, ...] if scales is None else scales * X[rows, ...]
+            out[cols, ...] -= outer(xp.matrix_transpose(M) @ inner(source))
         else:
-            product = outer(M @ inner(X[cols]))  # a new array: scaled in place
+            product = outer(M @ inner(X[cols, ...]))  # a new array: scaled in place
             if scales is not None:
                 product *= scales
-            out[rows] -= product
+            out[rows, ...] -= product
         return xp.reshape(out, tuple(x.shape))
 
     @functools.cached_property
@@ -589,13 +599,13 @@ class Operator:
         S = self.scale_stack
         if self.lower:
             return S
-        return self.backend.xp.concatenate([self.backend.xp.ones_like(S[:1]), S[:-1]])
+        return self.backend.xp.concat([self.backend.xp.ones_like(S[:1, ...]), S[:-1, ...]])
 
     @functools.cached_property
     def _block_scales(self) -> Any:
         """Every block's scaling (row 0's is one), ``(nb, n[, c])``: the paper form's ``1/d``."""
         S = self.scale_stack
-        return self.backend.xp.concatenate([self.backend.xp.ones_like(S[:1]), S])
+        return self.backend.xp.concat([self.backend.xp.ones_like(S[:1, ...]), S])
 
     def unit_rows(self, R: Any) -> Any:
         """``D^{-1} R``: a residual of this form as the unit-diagonal form's (``R`` if scaled).
@@ -607,13 +617,13 @@ class Operator:
             return R
         parts = [r if s is None else (s if s.ndim == r.ndim else s[:, None]) * r
                  for r, s in zip(self.split(R), self._row_scale)]
-        return self.backend.xp.concatenate(parts)
+        return self.backend.xp.concat(parts)
 
     def to_form(self, rhs: Any) -> Any:
         """A scaled right-hand side as this form's: each block divided by its scaling."""
         if self.form == "scaled":
             return rhs
-        return self.backend.xp.concatenate(
+        return self.backend.xp.concat(
             [c if s is None else c / (s if s.ndim == c.ndim else s[:, None])
              for c, s in zip(self.split(rhs), self._row_scale)])
 
@@ -621,7 +631,7 @@ class Operator:
         """A right-hand side of this form as the scaled form's (:meth:`to_form` undone)."""
         if self.form == "scaled":
             return rhs
-        return self.backend.xp.concatenate(
+        return self.backend.xp.concat(
             [c if d is None else c / (d if d.ndim == c.ndim else d[:, 0])
              for c, d in zip(self.split(rhs), self.blocks.diagonal)])
 
@@ -631,8 +641,8 @@ class Operator:
         if self.form == "scaled":
             return 1.0
         xp = self.backend.xp
-        return max([1.0] + [float(xp.abs(s).max()) for s in self._row_scale
-                            if s is not None and s.size])
+        return max([1.0] + [float(xp.max(xp.abs(s))) for s in self._row_scale
+                            if s is not None and math.prod(s.shape)])
 
     @functools.cached_property
     def sparse_couplings(self) -> bool:
@@ -658,11 +668,6 @@ _NOT_SHARED = ("{where} differs between samples, so each sample has its own matr
                "this needs one shared matrix; use a batched method ('batched-gmres', "
                "'batched-bicgstab'), or the batch-mean matrix (how='mean'; "
                "shared_diagonal='mean' in the block methods), an approximation")
-_TORCH_STACKS = ("PyTorch tensors make a system as a chain of one width given by its stacks: "
-                 "TriangularSystem(None, None, rhs, coupling_stack=(nb - 1, n, n), "
-                 "scale_stack=(nb - 1, n[, r]), ...), which an FNN of tensors builds when all "
-                 "its widths are equal; per-block couplings (layers of different widths), "
-                 "edges and time structures take NumPy or CuPy arrays")
 _PER_SAMPLE = ("each sample of this system has its own couplings (a per-sample "
                "coupling_stack), so it has no shared edges or blocks: solve it with a method "
                "for stacked chains (substitution, cyclic-reduction, parallel-cyclic-reduction, "

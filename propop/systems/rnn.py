@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import backend
 from ..networks.rnn import RNN
 from ..networks.trace import Trace
 from .builders import backward_system, forward_system
@@ -31,11 +32,12 @@ def _names(letter: str, depth: int) -> Any:
 def _stack(xp: Any, rnn: RNN, tau: int, batch: tuple, blocks: dict) -> Any:
     """The time-major right-hand side with ``blocks[k]`` ``(tau, h, [r])`` at layer ``k``."""
     per_step = sum(rnn.sizes)
-    rhs = xp.zeros((tau, per_step) + batch, dtype=rnn.dtype)
+    rhs = xp.zeros((tau, per_step) + tuple(batch), dtype=rnn.dtype,
+                   device=backend.device(rnn.W[0]))
     offsets = [sum(rnn.sizes[:k]) for k in range(rnn.depth + 1)]
     for k, values in blocks.items():
         rhs[:, offsets[k]: offsets[k] + rnn.sizes[k]] = values
-    return rhs.reshape((tau * per_step,) + batch)
+    return xp.reshape(rhs, (tau * per_step,) + tuple(batch))
 
 
 def _structure(rnn: RNN, tau: int, lower: bool) -> TimeStructure:

@@ -59,22 +59,23 @@ class TimeStructure:
         """``A x`` or ``A^T x`` with one product per template (any form, any batch)."""
         xp = system.backend.xp
         per, batch = len(self.sizes), x.shape[1:]
-        X = x.reshape((self.tau, sum(self.sizes)) + batch)
+        X = xp.reshape(x, (self.tau, sum(self.sizes)) + batch)
         offsets = [sum(self.sizes[:k]) for k in range(per)]
-        layers = [X[:, o: o + n] for o, n in zip(offsets, self.sizes)]
+        layers = [X[:, o: o + n, ...] for o, n in zip(offsets, self.sizes)]
         scales = system.periodic_scales(per)
         paper = system.form == "paper"
-        out = [xk / s if paper and s is not None else xk.copy()
+        out = [xk / s if paper and s is not None else xp.asarray(xk, copy=True)
                for xk, s in zip(layers, scales)]
         for t in self.templates:
             scale = None if paper else scales[t.row]
             if transpose:  # out_col[s + offset] -= M^T (scale_row x_row)[s]
                 source = layers[t.row] if scale is None else scale * layers[t.row]
-                out[t.col] -= _shifted(xp, backend.over_time(t.M.T, source), -t.offset)
+                out[t.col] -= _shifted(xp, backend.over_time(xp.matrix_transpose(t.M), source),
+                                       -t.offset)
             else:  # out_row[s] -= scale_row[s] (M x_col[s + offset])
                 product = _shifted(xp, backend.over_time(t.M, layers[t.col]), t.offset)
                 out[t.row] -= product if scale is None else scale * product
-        return xp.concatenate(out, axis=1).reshape(x.shape)
+        return xp.reshape(xp.concat(out, axis=1), tuple(x.shape))
 
 
 def _shifted(xp: Any, Y: Any, offset: int) -> Any:
@@ -83,7 +84,7 @@ def _shifted(xp: Any, Y: Any, offset: int) -> Any:
         return Y
     out = xp.zeros_like(Y)
     if offset > 0:
-        out[:-offset] = Y[offset:]
+        out[:-offset, ...] = Y[offset:, ...]
     else:
-        out[-offset:] = Y[:offset]
+        out[-offset:, ...] = Y[:offset, ...]
     return out

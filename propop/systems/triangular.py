@@ -268,7 +268,7 @@ class TriangularSystem:
         """
         keep = sorted(int(k) for k in blocks)
         xs = self.split(self._scaled_rhs)
-        rhs = self.backend.xp.concatenate([xs[k] for k in keep])
+        rhs = self.backend.xp.concat([xs[k] for k in keep])
         return TriangularSystem.of(self._op.subsystem(keep), rhs)
 
     def to(self, kind: str, device: Any = None) -> TriangularSystem:

@@ -23,7 +23,7 @@ __all__ = ["substitution", "LevelScheduled", "substitute", "sweep", "row",
            "approximation_report"]
 
 
-@register("substitution", kind="direct", exact=True, backends=("numpy", "cupy", "torch"))
+@register("substitution", kind="direct", exact=True, native=True)
 def substitution(system: Any, *, rtol: float | None = None, atol: float = 0.0) -> Solution:
     """Block forward/back substitution: the sequential baseline.
 
@@ -71,13 +71,14 @@ def sweep(xp: Any, rows: Any) -> None:
     ``out`` directly. The rows are made as the loop reaches them, so they may
     read what earlier rows wrote.
     """
+    matmul = backend.matmul_out(xp)
     with backend.quiet(xp):  # overflow is reported by finish()
         for out, M, x, kind, more, scale, c in rows:
             if M is None:
                 out[...] = 0 if c is None else c
                 continue
             if kind is DENSE:
-                xp.matmul(M, x, out=out)
+                matmul(M, x, out=out)
             else:
                 out[...] = _product(xp, M, x, kind)
             for term in more:
@@ -95,7 +96,7 @@ def row(out: Any, terms: list, scale: Any, c: Any) -> tuple:
     return (out, *terms[0], terms[1:], scale, c)
 
 
-@register("level-scheduled", kind="direct", exact=True, backends=("numpy", "cupy"))
+@register("level-scheduled", kind="direct", exact=True, native=True)
 class LevelScheduled(Method):
     """Substitution by topological levels: the classic parallel sparse triangular solve.
 
@@ -136,7 +137,7 @@ def _rhs_blocks(system: Any) -> Any:
     if system.layout.kind == "time":
         return None
     if system.rhs_support is None:
-        return (block_squares(system, system._scaled_rhs) > 0).any(axis=1)
+        return (block_squares(system, system._scaled_rhs) > 0).any(axis=1)  # on the host
     nonzero = np.zeros(system.nblocks, dtype=bool)
     nonzero[sorted(system.rhs_support)] = True
     return nonzero
@@ -155,9 +156,10 @@ def _rows(op: Any, X: Any, C: Any, nonzero: Any, order: Any) -> Any:
     """The rows of substitution in solve order, ``(out, terms, scale, c)``: views of X, C."""
     if op.layout.kind == "time":
         return _time_rows(op, X, C)
+    xp = op.backend.xp
     if op.coupling_stack is not None:  # the blocks as one stack: a view per row, when made
         shape = (op.nblocks, op.sizes[0]) + tuple(X.shape[1:])
-        xs, cs = X.reshape(shape), C.reshape(shape)
+        xs, cs = xp.reshape(X, shape), xp.reshape(C, shape)
     else:
         xs, cs = op.split(X), op.split(C)
     if op.layout.kind == "chain" and order is None:
@@ -176,7 +178,7 @@ def _chain_rows(op: Any, xs: Any, cs: Any, nonzero: Any) -> Any:
     up = not op.lower
     outs, sources, rhs = (backend.walk(a, up) for a in (xs, xs, cs))
     if not nonzero.all():  # the zero blocks of the right-hand side are not added: None
-        given = {int(k): cs[int(k)] for k in np.flatnonzero(nonzero)}
+        given = {k: c for k, c in enumerate(backend.walk(cs)) if nonzero[k]}
         rhs = map(given.get, backend.walk(range(op.nblocks), up))
     kinds = reversed(op.couplings.kinds) if up else iter(op.couplings.kinds)
     scales = op.scalings.in_order(reverse=up)
@@ -209,9 +211,10 @@ def _time_rows(op: Any, X: Any, C: Any) -> Any:
     layout = op.layout
     sizes, tau, batch = layout.step_sizes, layout.tau, tuple(X.shape[1:])
     starts = op.offsets[:layout.per]
-    steps, rhs = X.reshape((tau, sum(sizes)) + batch), C.reshape((tau, sum(sizes)) + batch)
-    x = [steps[:, o: o + n] for o, n in zip(starts, sizes)]
-    c = [rhs[:, o: o + n] for o, n in zip(starts, sizes)]
+    xp = op.backend.xp
+    steps, rhs = (xp.reshape(a, (tau, sum(sizes)) + batch) for a in (X, C))
+    x = [steps[:, o: o + n, ...] for o, n in zip(starts, sizes)]
+    c = [rhs[:, o: o + n, ...] for o, n in zip(starts, sizes)]
     scales = op.periodic_scales(layout.per)
     matrices, kinds = op.couplings.matrices, op.couplings.kinds
     into: dict[int, list] = {k: [] for k in range(layout.per)}
@@ -223,9 +226,9 @@ def _time_rows(op: Any, X: Any, C: Any) -> Any:
         yield row(x[k], [(M, x[col], kind) for _, col, M, kind in into[k]], scales[k], c[k])
     for s in (range(tau) if layout.lower else range(tau - 1, -1, -1)):
         for k in order[first:last]:
-            yield row(x[k][s], [(M, x[col][s + offset], kind)
+            yield row(x[k][s, ...], [(M, x[col][s + offset, ...], kind)
                                 for offset, col, M, kind in into[k] if 0 <= s + offset < tau],
-                      None if scales[k] is None else scales[k][s], c[k][s])
+                      None if scales[k] is None else scales[k][s, ...], c[k][s, ...])
     for k in order[last:]:
         yield row(x[k], [(M, x[col], kind) for _, col, M, kind in into[k]], scales[k], c[k])
 

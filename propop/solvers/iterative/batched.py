@@ -38,7 +38,7 @@ __all__ = ["BatchedGMRES", "gmres", "restart_length"]
 def _safe(xp: Any, num: Any, den: Any) -> Any:
     """``num / den`` where ``den != 0``, else 0."""
     ok = den != 0
-    return xp.where(ok, num / xp.where(ok, den, 1), 0)
+    return xp.where(ok, num / xp.where(ok, den, 1.0), 0.0)
 
 
 def restart_length(operator: Any, restart: int | None) -> int:
@@ -66,7 +66,7 @@ class _Cycle:
         self.cs = xp.zeros((m, r), dtype=R.dtype)
         self.sn = xp.zeros((m, r), dtype=R.dtype)
         self.g = xp.zeros((m + 1, r), dtype=R.dtype)
-        self.g[0] = beta
+        self.g[0, ...] = beta
 
     def step(self, j: int, W: Any) -> tuple[Any, Any]:
         """Orthogonalise ``W = A M^{-1} V_j`` (modified Gram-Schmidt), rotate.
@@ -74,34 +74,35 @@ class _Cycle:
         Returns the residual estimates and which columns' Krylov space is
         exhausted (the new direction is rounding: ``1e3 eps`` of ``W``).
         """
-        xp, H = self.xp, self.H
+        xp, H, cs, sn, g = self.xp, self.H, self.cs, self.sn, self.g
         size = xp.sqrt(self.dot(W, W))
         for i, Vi in enumerate(self.V):
-            H[i, j] = self.dot(Vi, W)
-            W = W - H[i, j] * Vi
-        H[j + 1, j] = xp.sqrt(self.dot(W, W))
-        exhausted = H[j + 1, j] <= 1e3 * backend.eps(W.dtype) * size
-        self.V.append(_safe(xp, W, H[j + 1, j]))  # a zero column: that sample is solved
+            H[i, j, ...] = self.dot(Vi, W)
+            W = W - H[i, j, ...] * Vi
+        H[j + 1, j, ...] = xp.sqrt(self.dot(W, W))
+        exhausted = H[j + 1, j, ...] <= 1e3 * backend.eps(W.dtype) * size
+        self.V.append(_safe(xp, W, H[j + 1, j, ...]))  # a zero column: that sample is solved
         for i in range(j):  # the rotations so far, on the new column
-            upper = self.cs[i] * H[i, j] + self.sn[i] * H[i + 1, j]
-            H[i + 1, j] = -self.sn[i] * H[i, j] + self.cs[i] * H[i + 1, j]
-            H[i, j] = upper
-        d = xp.hypot(H[j, j], H[j + 1, j])
-        self.cs[j] = xp.where(d != 0, _safe(xp, H[j, j], d), 1)
-        self.sn[j] = _safe(xp, H[j + 1, j], d)
-        H[j, j], H[j + 1, j] = d, 0
-        self.g[j + 1] = -self.sn[j] * self.g[j]
-        self.g[j] = self.cs[j] * self.g[j]
-        return abs(self.g[j + 1]), exhausted
+            upper = cs[i, ...] * H[i, j, ...] + sn[i, ...] * H[i + 1, j, ...]
+            H[i + 1, j, ...] = -sn[i, ...] * H[i, j, ...] + cs[i, ...] * H[i + 1, j, ...]
+            H[i, j, ...] = upper
+        d = xp.hypot(H[j, j, ...], H[j + 1, j, ...])
+        cs[j, ...] = xp.where(d != 0, _safe(xp, H[j, j, ...], d), 1.0)
+        sn[j, ...] = _safe(xp, H[j + 1, j, ...], d)
+        H[j, j, ...], H[j + 1, j, ...] = d, 0.0
+        g[j + 1, ...] = -sn[j, ...] * g[j, ...]
+        g[j, ...] = cs[j, ...] * g[j, ...]
+        return xp.abs(g[j + 1, ...]), exhausted
 
     def update(self, steps: Any) -> Any:
         """``sum_i V_i y_i`` with ``y`` from the triangular ``H``, ``steps[c]`` rows per column."""
-        xp, k = self.xp, int(steps.max())
-        y = xp.zeros((k,) + steps.shape, dtype=self.H.dtype)
+        xp, H, g = self.xp, self.H, self.g
+        k = int(xp.max(steps))
+        y = xp.zeros((k,) + tuple(steps.shape), dtype=H.dtype)
         for i in range(k - 1, -1, -1):
-            rest = xp.einsum("tc,tc->c", self.H[i, i + 1: k], y[i + 1:])
-            y[i] = xp.where(xp.asarray(i < steps), _safe(xp, self.g[i] - rest, self.H[i, i]), 0)
-        return sum(Vi * yi for Vi, yi in zip(self.V, y))
+            rest = xp.sum(H[i, i + 1: k, ...] * y[i + 1:, ...], axis=0)
+            y[i, ...] = xp.where(steps > i, _safe(xp, g[i, ...] - rest, H[i, i, ...]), 0.0)
+        return sum(Vi * yi for Vi, yi in zip(self.V, backend.walk(y)))
 
 
 def gmres(block: Block, X: Any, tol: Tolerance, maxiter: int, m: int,
@@ -124,22 +125,23 @@ def gmres(block: Block, X: Any, tol: Tolerance, maxiter: int, m: int,
     progress = (np.inf, np.inf)
     columns = np.zeros(norms.size, dtype=int)
     while it < maxiter and not met.all():
-        done = xp.asarray(met)
+        done = backend.like(met, R)
         beta = block.norms(R)  # below rounding of the cycle's start, a restart must refine
         floor = np.maximum(block.floor(tol, X), 10 * backend.eps(R.dtype) * beta)
-        beta = xp.asarray(beta, dtype=R.dtype)
-        cycle, steps = _Cycle(xp, R, beta, m, block.dot), xp.zeros(norms.size, dtype=int)
+        beta = xp.astype(backend.like(beta, R), R.dtype)
+        cycle = _Cycle(xp, R, beta, m, block.dot)
+        steps = backend.like(np.zeros(norms.size, dtype=np.int64), R)
         for j in range(min(m, maxiter - it)):
             it += 1
             estimate, exhausted = cycle.step(j, block.A(block.M(cycle.V[j])))
             steps = xp.where(done, steps, j + 1)
-            done = done | xp.asarray(np.asarray(estimate.tolist()) <= floor) | exhausted
-            history.append(float(xp.where(done, 0, estimate).max()))
-            if bool(done.all()):
+            done = done | backend.like(backend.to_host(estimate) <= floor, R) | exhausted
+            history.append(float(xp.max(xp.where(done, 0.0, estimate))))
+            if bool(xp.all(done)):
                 break
         X = X + block.M(cycle.update(steps))
         cycles += 1
-        columns += np.asarray(steps.tolist())
+        columns += backend.to_host(steps)
         R, met, progress, stagnated = block.end_cycle(X, progress, history, callback, tol, it,
                                                       m, "GMRES", last=it >= maxiter)
         if stagnated:
@@ -147,7 +149,7 @@ def gmres(block: Block, X: Any, tol: Tolerance, maxiter: int, m: int,
     return X, history, it, stagnated, columns, cycles
 
 
-@register("batched-gmres", kind="krylov", exact=False, backends=("numpy", "cupy", "torch"))
+@register("batched-gmres", kind="krylov", exact=False, native=True)
 class BatchedGMRES(Method):
     """GMRES for every sample at once: one batched product per iteration.
 
@@ -194,6 +196,6 @@ class BatchedGMRES(Method):
                             "operator_applications": it + cycles + 1})
 
 
-register("batched-bicgstab", kind="krylov", exact=False, backends=("numpy", "cupy", "torch"),
+register("batched-bicgstab", kind="krylov", exact=False, native=True,
          description="propop's 'bicgstab' by its batched name: r recurrences in lock-step, "
                      "per-sample scalars")(BiCGStab)

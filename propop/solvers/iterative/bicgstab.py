@@ -37,7 +37,7 @@ def _ratio(xp: Any, num: Any, den: Any, active: Any) -> Any:
     return xp.where(ok, num / xp.where(ok, den, 1), 0)
 
 
-@register("bicgstab", kind="krylov", exact=False, backends=("numpy", "cupy"))
+@register("bicgstab", kind="krylov", exact=False, native=True)
 class BiCGStab(Method):
     """BiCGStab with a random shadow residual; all samples in lock-step.
 
@@ -88,22 +88,22 @@ def iterate(block: Block, X: Any, tol: Tolerance, maxiter: int, callback: Callab
     """
     xp, A, true_residual, dot = block.xp, block.A, block.residual, block.dot
     R = true_residual(X)
-    Rhat = (xp.asarray(np.random.default_rng(seed).standard_normal(R.shape), dtype=R.dtype)
-            if shadow == "random" else R.copy())
+    Rhat = (xp.astype(backend.like(np.random.default_rng(seed).standard_normal(R.shape), R),
+                      R.dtype) if shadow == "random" else xp.asarray(R, copy=True))
     ones = xp.ones(R.shape[1], dtype=R.dtype)
     rho_old, alpha, omega = ones, ones, ones
     V = xp.zeros_like(R)
     P = xp.zeros_like(R)
     met, norms = block.met(tol, R, X)
-    active = xp.asarray(~met)
+    active = backend.like(~met, R)
     history, breakdown, it = [float(norms.max())], "", 0
     tiny = backend.eps(R.dtype) ** 2
-    while it < maxiter and bool(active.any()):
+    while it < maxiter and bool(xp.any(active)):
         it += 1
         rho = dot(Rhat, R)                                               # 1
         scale = xp.sqrt(dot(Rhat, Rhat) * dot(R, R))
         broken = active & (abs(rho) <= tiny * scale)
-        if bool(broken.any()):
+        if bool(xp.any(broken)):
             breakdown = _breakdown("rho = rhat . r", broken, it)
             active &= ~broken
         beta = _ratio(xp, rho * alpha, rho_old * omega, active)          # 2
@@ -120,16 +120,16 @@ def iterate(block: Block, X: Any, tol: Tolerance, maxiter: int, callback: Callab
         rho_old = xp.where(active, rho, rho_old)
         met, norms = block.met(tol, R, X)
         history.append(float(norms.max()))
-        stalled = active & (omega == 0) & xp.asarray(~met)
-        if bool(stalled.any()):
+        stalled = active & (omega == 0) & backend.like(~met, R)
+        if bool(xp.any(stalled)):
             breakdown = _breakdown("omega = t.s / t.t", stalled, it)
             active &= ~stalled
         if callback is not None:
             callback(X)
-        active, restart = _confirm(block, tol, active, met, X, R)
-        if bool(restart.any()):  # a fresh recurrence from the true residual
-            P[:, restart], V[:, restart] = 0, 0
-            rho_old, alpha, omega = (xp.where(restart, 1, a) for a in (rho_old, alpha, omega))
+        active, restart, R = _confirm(block, tol, active, met, X, R)
+        if bool(xp.any(restart)):  # a fresh recurrence from the true residual
+            P, V = (xp.where(restart, 0.0, a) for a in (P, V))
+            rho_old, alpha, omega = (xp.where(restart, 1.0, a) for a in (rho_old, alpha, omega))
     return X, history, it, breakdown
 
 
@@ -138,22 +138,21 @@ def _confirm(block: Block, tol: Tolerance, active: Any, met: np.ndarray, X: Any,
     """Retire columns whose true residual meets the contract; restart the others that claim to.
 
     Columns the recurrence calls converged but the true residual does not get
-    their recurrence residual replaced by the true one (in place in ``R``) and
-    are returned as the second value, to restart their recurrence.
+    their recurrence residual replaced by the true one and are returned as the
+    second value, to restart their recurrence; the third is the residual.
     """
     xp = block.xp
-    claimed = active & xp.asarray(met)
-    if not bool(claimed.any()):
-        return active, claimed
+    claimed = active & backend.like(met, R)
+    if not bool(xp.any(claimed)):
+        return active, claimed, R
     R_true = block.residual(X)
-    truly = xp.asarray(block.met(tol, R_true, X)[0])
+    truly = backend.like(block.met(tol, R_true, X)[0], R)
     drifted = claimed & ~truly
-    R[:, drifted] = R_true[:, drifted]
-    return active & ~(claimed & truly), drifted
+    return active & ~(claimed & truly), drifted, xp.where(drifted, R_true, R)
 
 
 def _breakdown(what: str, columns: Any, iteration: int) -> str:
-    first = int(np.flatnonzero(np.asarray(columns.tolist()))[0])
+    first = int(np.flatnonzero(backend.to_host(columns))[0])
     return (f"BiCGStab breakdown at iteration {iteration}: {what} vanished in sample "
             f"{first}; use shadow='random' (the default), another seed, 'scipy.gmres' or "
             "a direct method")

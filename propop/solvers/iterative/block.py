@@ -57,8 +57,8 @@ def _orthonormal(xp: Any, W: Any, drop: float, size: float = 0.0) -> tuple[Any, 
     """
     U, s, Vh = xp.linalg.svd(W, full_matrices=False)
     floor = 1e3 * backend.eps(W.dtype) * size
-    keep = int((s > max(drop * float(s[0]), floor, 1e-300)).sum()) if s.size else 0
-    return U[:, :keep], s[:keep, None] * Vh[:keep]
+    keep = int(xp.count_nonzero(s > max(drop * float(s[0]), floor, 1e-300))) if s.shape[0] else 0
+    return U[:, :keep], s[:keep, None] * Vh[:keep, :]
 
 
 class _Arnoldi:
@@ -84,30 +84,30 @@ class _Arnoldi:
     def extend(self, W: Any) -> bool:
         """Add ``W = A M^{-1} V_j`` to the basis; ``False`` if it adds no direction."""
         xp = self.xp
-        size = float(xp.linalg.norm(W))
-        basis = xp.concatenate(self.V, axis=1)
+        size = float(xp.linalg.vector_norm(W))
+        basis = xp.concat(self.V, axis=1)
         coefficients = basis.T @ W
         W = W - basis @ coefficients
         again = basis.T @ W  # classical Gram-Schmidt twice: orthogonal to rounding
         V, T = _orthonormal(xp, W - basis @ again, self.drop, size)
-        c = xp.concatenate([coefficients + again, T])  # the new block column of H
+        c = xp.concat([coefficients + again, T])  # the new block column of H
         for start, Q in self.rotations:
-            c[start: start + Q.shape[0]] = Q.T @ c[start: start + Q.shape[0]]
+            c[start: start + Q.shape[0], :] = Q.T @ c[start: start + Q.shape[0], :]
         start = self.ncols
-        Q = xp.linalg.qr(c[start:], mode="complete")[0]
-        c[start:] = Q.T @ c[start:]
-        self.G = xp.concatenate([self.G, xp.zeros((V.shape[1], self.G.shape[1]),
-                                                  dtype=self.G.dtype)])
-        self.G[start:] = Q.T @ self.G[start:]
+        Q = xp.linalg.qr(c[start:, :], mode="complete")[0]
+        c[start:, :] = Q.T @ c[start:, :]
+        self.G = xp.concat([self.G, xp.zeros((V.shape[1], self.G.shape[1]), dtype=self.G.dtype,
+                                             device=backend.device(self.G))])
+        self.G[start:, :] = Q.T @ self.G[start:, :]
         self.rotations.append((start, Q))
         self.ncols += W.shape[1]
-        self.columns.append(c[: self.ncols])
+        self.columns.append(c[: self.ncols, :])
         self.V.append(V)
         return V.shape[1] > 0
 
     def estimates(self) -> Any:
         """The residual norm of every column, ``||E_1 E - H Y||``."""
-        return self.xp.linalg.norm(self.G[self.ncols:], axis=0)
+        return self.xp.linalg.vector_norm(self.G[self.ncols:, :], axis=0)
 
     def correction(self) -> Any:
         """``V Y`` with ``Y`` the least-squares solution (a triangular solve).
@@ -116,15 +116,15 @@ class _Arnoldi:
         product): a breakdown the caller reports.
         """
         xp = self.xp
-        T = xp.zeros((self.ncols, self.ncols), dtype=self.G.dtype)
+        T = xp.zeros((self.ncols, self.ncols), dtype=self.G.dtype, device=backend.device(self.G))
         first = 0
         for c in self.columns:
             T[: c.shape[0], first: first + c.shape[1]] = c
             first += c.shape[1]
-        if not bool(xp.isfinite(T).all()) or not bool((xp.diagonal(T) != 0).all()):
+        if not bool(xp.all(xp.isfinite(T))) or not bool(xp.all(xp.linalg.diagonal(T) != 0)):
             return None
-        Y = xp.linalg.solve(T, self.G[: self.ncols])
-        return xp.concatenate(self.V[:-1], axis=1) @ Y
+        Y = xp.linalg.solve(T, self.G[: self.ncols, :])
+        return xp.concat(self.V[:-1], axis=1) @ Y
 
 
 class _BlockMethod(Method):
@@ -147,7 +147,7 @@ class _BlockMethod(Method):
         return solution if system.shares_matrix else approximation_report(system, solution)
 
 
-@register("block-gmres", kind="block", exact=False, backends=("numpy", "cupy"),
+@register("block-gmres", kind="block", exact=False, native=True,
           requires=("shared_matrix",))
 class BlockGMRES(_BlockMethod):
     """Block GMRES for several right-hand sides of one matrix, with deflation.
@@ -198,14 +198,16 @@ class BlockGMRES(_BlockMethod):
         progress = (np.inf, np.inf)
         while it < maxiter and not met.all():
             active = np.flatnonzero(~met)
-            floor = np.maximum(tol.floor(X[:, active], active),  # or rounding: restart refines
-                               10 * backend.eps(R.dtype) * block.norms(R[:, active]))
-            arnoldi = _Arnoldi(block.xp, R[:, active], drop)
+            columns = backend.like(active, X)
+            floor = np.maximum(tol.floor(backend.take_columns(X, columns), active),
+                               10 * backend.eps(R.dtype)  # or rounding: restart refines
+                               * block.norms(backend.take_columns(R, columns)))
+            arnoldi = _Arnoldi(block.xp, backend.take_columns(R, columns), drop)
             for _ in range(min(m, maxiter - it)):
                 it += 1
                 widths.append(arnoldi.width)
                 grew = arnoldi.extend(block.A(block.M(arnoldi.V[-1])))
-                estimates = np.asarray(arnoldi.estimates().tolist())
+                estimates = backend.to_host(arnoldi.estimates())
                 history.append(float(estimates.max()))
                 if not grew or (estimates <= floor).all():
                     break
@@ -215,7 +217,7 @@ class BlockGMRES(_BlockMethod):
                              "matrix is singular or not finite (a long product of Jacobians "
                              "overflowed?); use a direct method such as 'substitution'")
                 break
-            X[:, active] += block.M(correction)
+            X = X + backend.spread_columns(block.M(correction), active, X.shape[1])
             cycles += 1
             R, met, progress, stagnated = block.end_cycle(
                 X, progress, history, callback, tol, it, m, "block GMRES", last=it >= maxiter)
@@ -230,7 +232,7 @@ class BlockGMRES(_BlockMethod):
         return self._judged(system, solution)
 
 
-@register("block-bicgstab", kind="block", exact=False, backends=("numpy", "cupy"),
+@register("block-bicgstab", kind="block", exact=False, native=True,
           requires=("shared_matrix",))
 class BlockBiCGStab(_BlockMethod):
     """Block BiCGStab (Guennouni et al. 2003) for several right-hand sides of one matrix.
@@ -264,9 +266,9 @@ class BlockBiCGStab(_BlockMethod):
         shared, block, tol, X = self._start(state, system, x0)
         xp, maxiter = block.xp, state.maxiter
         R = block.residual(X)
-        shadow = xp.asarray(np.random.default_rng(state.own["seed"]).standard_normal(R.shape),
-                            dtype=R.dtype)
-        P = R.copy()
+        shadow = xp.astype(backend.like(
+            np.random.default_rng(state.own["seed"]).standard_normal(R.shape), R), R.dtype)
+        P = xp.asarray(R, copy=True)
         met, norms = block.met(tol, R, X)
         history, it, breakdown = [float(norms.max())], 0, ""
         while it < maxiter and not met.all():
@@ -294,7 +296,7 @@ class BlockBiCGStab(_BlockMethod):
             if met.all():  # confirm on the true residual; restart from it if it disagrees
                 R = block.residual(X)
                 met, norms = block.met(tol, R, X)
-                P = R.copy()
+                P = xp.asarray(R, copy=True)
         solution = finish(system, X, tol=state.tolerance(system), iterations=it,
                           history=history, levels=2 * it, maxiter=maxiter,
                           breakdown=breakdown, estimates=True,
@@ -305,8 +307,8 @@ class BlockBiCGStab(_BlockMethod):
 
 def _breakdown(xp: Any, it: int, R: Any) -> str:
     """Why ``R~^T A P`` became singular, and what to do."""
-    rank = int((xp.linalg.svd(R, compute_uv=False) > np.sqrt(backend.eps(R.dtype))
-                * float(xp.linalg.norm(R))).sum())
+    rank = int(xp.count_nonzero(xp.linalg.svdvals(R) > np.sqrt(backend.eps(R.dtype))
+                      * float(xp.linalg.vector_norm(R))))
     if rank < R.shape[1]:
         return (f"block BiCGStab breakdown at iteration {it}: the {R.shape[1]} residuals are "
                 f"linearly dependent (rank {rank}; a backward system's right-hand sides "
@@ -317,7 +319,7 @@ def _breakdown(xp: Any, it: int, R: Any) -> str:
 
 def _singular(xp: Any, S: Any) -> bool:
     """Whether the small matrix ``S`` is numerically singular (or not finite)."""
-    if not bool(xp.isfinite(S).all()):
+    if not bool(xp.all(xp.isfinite(S))):
         return True
-    s = xp.linalg.svd(S, compute_uv=False)
+    s = xp.linalg.svdvals(S)
     return bool(s[-1] <= s[0] * backend.eps(S.dtype) * S.shape[0])

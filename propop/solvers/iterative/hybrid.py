@@ -39,7 +39,7 @@ def within_step_solve(within: Any, R: Any) -> Any:
 OUTER = {"gmres": "batched-gmres", "bicgstab": "bicgstab"}
 
 
-@register("hybrid", kind="hybrid", exact=False, backends=("numpy", "cupy"),
+@register("hybrid", kind="hybrid", exact=False, native=True,
           requires=("time_structure",))
 class Hybrid(Method):
     """Direct solves of each time step's layers inside an iteration over time (RNNs).

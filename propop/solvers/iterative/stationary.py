@@ -55,7 +55,7 @@ def _iterate(system: Any, omega: float, x0: Any, rtol: float | None, atol: float
                   maxiter=maxiter, info={"matvecs": it + 1, "omega": omega})
 
 
-@register("jacobi", kind="iterative", exact=False, backends=("numpy", "cupy", "torch"))
+@register("jacobi", kind="iterative", exact=False, native=True)
 def jacobi(system: Any, *, x0: Any = None, rtol: float | None = None, atol: float = 0.0,
            maxiter: int | None = None, callback: Callable | None = None) -> Solution:
     """Block Jacobi ``x <- x + D^{-1}(c - A x)``: exact after ``nblocks`` sweeps.
@@ -67,7 +67,7 @@ def jacobi(system: Any, *, x0: Any = None, rtol: float | None = None, atol: floa
     return _iterate(system, 1.0, x0, rtol, atol, maxiter, callback)
 
 
-@register("richardson", kind="iterative", exact=False, backends=("numpy", "cupy"))
+@register("richardson", kind="iterative", exact=False, native=True)
 def richardson(system: Any, *, x0: Any = None, rtol: float | None = None, atol: float = 0.0,
                maxiter: int | None = None, callback: Callable | None = None,
                omega: float = 1.0) -> Solution:

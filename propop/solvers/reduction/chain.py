@@ -60,7 +60,7 @@ class Chain:
     L: Any
     C: Any
     G: Any
-    order: list  # chain position -> block index of the system
+    order: Any  # chain position -> block index of the system (a range for a system's chain)
     sizes: tuple  # block sizes in chain order
 
     @classmethod
@@ -78,18 +78,19 @@ class Chain:
         rows = chain_rows(system, shared_diagonal)
         n, m, dtype = max(system.sizes), len(rows), system.dtype
         r, bl = rows[0].G.shape[1], max(row.L.shape[1] for row in rows)
-        L = xp.zeros((m, bl, n), dtype=dtype)
-        C = xp.zeros((m, 1, n, n), dtype=dtype)  # row 0 (no core) dropped below
-        G = xp.zeros((m, r, n), dtype=dtype)
+        device = backend.device(rows[0].G)
+        L = xp.zeros((m, bl, n), dtype=dtype, device=device)
+        C = xp.zeros((m, 1, n, n), dtype=dtype, device=device)  # row 0 (no core) dropped
+        G = xp.zeros((m, r, n), dtype=dtype, device=device)
         for i, row in enumerate(rows):
             size = row.G.shape[0]
             G[i, :, :size] = row.G.T
             L[i, :, :size] = row.L.T
             if row.M is not None:
-                M = row.M.toarray() if backend.is_sparse(row.M) else row.M
+                M = backend.dense(row.M)
                 C[i, 0, : M.shape[0], : M.shape[1]] = M
-        return cls(L, C[1:], G, [row.block for row in rows], tuple(system.sizes[row.block]
-                                                                   for row in rows))
+        return cls(L, C[1:, ...], G, system.layout.order(),
+                   tuple(system.sizes[row.block] for row in rows))
 
     def rhs_of(self, system: Any) -> Any:
         """``G`` for ``system``'s right-hand side (same matrix): ``(m, r, n)``, chain order.
@@ -99,13 +100,14 @@ class Chain:
         xp, n = system.backend.xp, self.C.shape[2]
         rhs = system.rhs if system.nrhs is not None else system.rhs[:, None]
         if len(set(system.sizes)) == 1:
-            G = rhs.reshape(len(self.order), n, -1)[self.order]
+            G = _ordered(xp, xp.reshape(rhs, (len(self.order), n, -1)), self.order)
             if system.form == "paper" and not system.unscaled_stack:
                 diagonal = system.blocks.diagonal
                 G = G / _stack_columns(xp, [diagonal[k] for k in self.order], n, G.dtype)
             return xp.permute_dims(G, (0, 2, 1))
         B = system.blocks
-        G = xp.zeros((len(self.order), rhs.shape[1], n), dtype=rhs.dtype)
+        G = xp.zeros((len(self.order), rhs.shape[1], n), dtype=rhs.dtype,
+                     device=backend.device(rhs))
         blocks = system.split(rhs)
         for i, k in enumerate(self.order):
             d = B.diagonal[k]
@@ -116,8 +118,8 @@ class Chain:
         """Scatter chain-ordered ``X`` of shape ``(m, r, n)`` back into ``system.rhs``'s shape."""
         xp = backend.namespace(X)
         if len(set(self.sizes)) == 1:  # equal widths: one permutation, no padding
-            where = backend.indices(np.argsort(self.order), X)  # system order from chain's
-            x = xp.reshape(xp.permute_dims(X[where], (0, 2, 1)), (-1, X.shape[1]))
+            ordered = _ordered(xp, X, _inverse(self.order))  # system order from chain's
+            x = xp.reshape(xp.permute_dims(ordered, (0, 2, 1)), (-1, X.shape[1]))
         else:
             x = in_system_order(self.order, [X[i, :, :n].T for i, n in enumerate(self.sizes)])
         return x[:, 0] if system.nrhs is None else x
@@ -133,12 +135,30 @@ class Row:
     G: Any
 
 
+def _ordered(xp: Any, A: Any, order: Any) -> Any:
+    """``A[order]`` along the first axis: itself, flipped (a range either way), or gathered."""
+    if isinstance(order, range) and len(order) == A.shape[0]:
+        if order.step == 1 and order.start == 0:
+            return A
+        if order.step == -1 and order.stop == -1:
+            return xp.flip(A, axis=0)
+    return backend.take_rows(A, backend.like(np.asarray(order), A))
+
+
+def _inverse(order: Any) -> Any:
+    """The permutation that undoes ``order`` (a full range, forwards or back, undoes itself)."""
+    if isinstance(order, range) and (order.step, order.start if order.step == 1
+                                     else order.stop) in ((1, 0), (-1, -1)):
+        return order
+    return np.argsort(order)
+
+
 def in_system_order(order: list, blocks: list) -> Any:
     """Concatenate chain-ordered ``(n_k, r)`` blocks in the system's block order."""
     parts = [None] * len(order)
     for block, values in zip(order, blocks):
         parts[block] = values
-    return backend.namespace(blocks[0]).concatenate(parts)
+    return backend.namespace(blocks[0]).concat(parts)
 
 
 def chain_rows(system: Any, shared_diagonal: str | None = None) -> list[Row]:
@@ -160,8 +180,10 @@ def chain_rows(system: Any, shared_diagonal: str | None = None) -> list[Row]:
         d = 1 if B.diagonal[k] is None else _columns(B.diagonal[k])
         j = B.incoming(k)
         s = 1 if j is None or scales[j] is None else _columns(scales[j])
-        scale = xp.broadcast_to(xp.asarray(s / d, dtype=system.dtype), (B.sizes[k], r))
-        L = scale.mean(axis=1, keepdims=True) if bl == 1 else scale
+        ratio = s / d
+        scale = xp.broadcast_to(backend.like(ratio, rhs[k]) if not hasattr(ratio, "shape")
+                                else xp.astype(ratio, system.dtype), (B.sizes[k], r))
+        L = xp.mean(scale, axis=1, keepdims=True) if bl == 1 else scale
         rows.append(Row(k, L, None if j is None else couplings[j], rhs[k] / d))
     return rows
 
@@ -172,11 +194,12 @@ def _stack_columns(xp: Any, arrays: list, n: int, dtype: Any) -> Any:
     if len(shapes) > 1:
         return None
     shape = shapes.pop() if shapes else (n,)
+    device = next((backend.device(a) for a in arrays if a is not None), None)
     if not arrays:  # a chain of one block has no couplings
         return xp.ones((0,) + shape + ((1,) if len(shape) == 1 else ()), dtype=dtype)
-    ones = xp.ones(shape, dtype=dtype)
-    flat = xp.concatenate([ones if a is None else a for a in arrays])  # one copy, no per-block
-    out = flat.reshape((len(arrays),) + shape).astype(dtype, copy=False)
+    ones = xp.ones(shape, dtype=dtype, device=device)
+    flat = xp.concat([ones if a is None else a for a in arrays])  # one copy, no per-block
+    out = backend.astype(xp.reshape(flat, (len(arrays),) + shape), dtype)
     return out[:, :, None] if out.ndim == 2 else out
 
 
@@ -186,29 +209,30 @@ def _stacked(system: Any, shared_diagonal: str | None) -> Chain | None:
         return None
     xp, dtype = system.backend.xp, system.dtype
     m, n = system.nblocks, system.sizes[0]
-    order = list(range(m) if system.lower else range(m - 1, -1, -1))
+    order = system.layout.order()
     rhs = system.rhs if system.nrhs is not None else system.rhs[:, None]
-    G = rhs.reshape(m, n, -1)[order]
+    G = _ordered(xp, xp.reshape(rhs, (m, n, -1)), order)
     couplings = list(range(m - 1)) if system.lower else list(range(m - 2, -1, -1))
     S = _coupling_scales(system, couplings)
     if system.form == "paper" and not system.unscaled_stack:  # divided by the diagonal
         D = _stack_columns(xp, [system.blocks.diagonal[k] for k in order], n, dtype)
         if D is None or S is None:
             return None
-        G, S = G / D, S / D[1:]
+        G, S = G / D, S / D[1:, ...]
     if S is None:
         return None
     if shared_diagonal is not None:
-        S = S.mean(axis=2, keepdims=True)
-    L = xp.ones((m, S.shape[2], n), dtype=dtype)  # samples before rows: contiguous cores
-    L[1:] = xp.permute_dims(S, (0, 2, 1))
+        S = xp.mean(S, axis=2, keepdims=True)
+    L = xp.ones((m, S.shape[2], n), dtype=dtype, device=backend.device(S))  # samples first
+    L[1:, ...] = xp.permute_dims(S, (0, 2, 1))
     if system.coupling_stack is not None:  # the network's stack itself: no copy
         stack = backend.astype(system.coupling_stack, dtype)
         C = stack if system.lower else xp.flip(stack, axis=0)
-        C = C if system.per_sample_couplings else C[:, None]
+        C = C if system.per_sample_couplings else C[:, None, ...]
     else:
         matrices = system.blocks.coupling
-        C = _stack_matrices(system.backend, [matrices[j] for j in couplings], n, dtype)[:, None]
+        C = _stack_matrices(system.backend, [matrices[j] for j in couplings], n,
+                            dtype)[:, None, ...]
     return Chain(L, C, xp.permute_dims(G, (0, 2, 1)), order, system.sizes)
 
 
@@ -222,7 +246,8 @@ def _coupling_scales(system: Any, couplings: list) -> Any:
     """
     xp = system.backend.xp
     if system.unscaled_stack:
-        return xp.ones((len(couplings), system.sizes[0], 1), dtype=system.dtype)
+        return xp.ones((len(couplings), system.sizes[0], 1), dtype=system.dtype,
+                       device=backend.device(system.coupling_stack))
     if system.scale_stack is None or system.form != "scaled":
         scales = system.blocks.scale  # a tuple made per access: once
         return _stack_columns(xp, [scales[j] for j in couplings], system.sizes[0],
@@ -238,14 +263,14 @@ def _stack_matrices(be: backend.Backend, matrices: list, n: int, dtype: Any) -> 
     if not matrices:  # a chain of one block
         return xp.zeros((0, n, n), dtype=dtype)
     if not all(be.sparse.issparse(M) for M in matrices):  # dense, or dense and sparse mixed
-        return xp.stack([backend.dense(M) for M in matrices]).astype(dtype, copy=False)
+        return backend.astype(xp.stack([backend.dense(M) for M in matrices]), dtype)
     # canonical CSR (TriangularSystem makes them so): no duplicates, one scatter
-    counts = xp.diff(xp.concatenate([M.indptr for M in matrices]).reshape(-1, n + 1),
+    counts = xp.diff(xp.concat([M.indptr for M in matrices]).reshape(-1, n + 1),
                      axis=1).reshape(-1)
     rows = xp.repeat(xp.tile(xp.arange(n), len(matrices)), counts)
     block = xp.repeat(xp.arange(len(matrices)), counts.reshape(-1, n).sum(axis=1))
     out = xp.zeros((len(matrices), n, n), dtype=dtype)
-    out[block, rows, xp.concatenate([M.indices for M in matrices])] = xp.concatenate(
+    out[block, rows, xp.concat([M.indices for M in matrices])] = xp.concat(
         [M.data for M in matrices])
     return out
 
@@ -282,10 +307,10 @@ def apply(L: Any, C: Any, X: Any, counter: Counter, xp: Any = None) -> Any:
         CX = C @ X
         CX *= L[..., None]  # in place: the product is new, and scaling it is half the time
         return CX
-    if C.shape[1] == 1 and r == 1:  # one vector per core: einsum reads strided cores
-        CX = xp.einsum("pij,pj->pi", C[:, 0], X[:, 0])[:, None, :]  # 3x matmul's speed here
+    if C.shape[1] == 1 and r == 1 and hasattr(xp, "einsum"):  # einsum reads strided cores
+        CX = xp.einsum("pij,pj->pi", C[:, 0, ...], X[:, 0, ...])[:, None, :]  # 3x matmul here
     elif C.shape[1] == 1:  # one shared core per block: a matrix-matrix product
-        CX = xp.permute_dims(C[:, 0] @ xp.permute_dims(X, (0, 2, 1)), (0, 2, 1))
+        CX = xp.permute_dims(C[:, 0, ...] @ xp.permute_dims(X, (0, 2, 1)), (0, 2, 1))
     else:
         CX = (C @ X[..., None])[..., 0]
     CX *= L

@@ -249,7 +249,7 @@ def _prepare_cyclic_reduction(system: Any, *, rtol: float | None = None, atol: f
     return _plan(system, dense, rtol, atol, shared_diagonal, dense_peak)
 
 
-@register("cyclic-reduction", kind="direct", exact=True, backends=("numpy", "cupy", "torch"),
+@register("cyclic-reduction", kind="direct", exact=True, native=True,
           requires=("reducible",))
 class CyclicReduction(Method):
     """Odd-even cyclic reduction: ceil(log2 nblocks) levels, exact.
@@ -314,7 +314,7 @@ class CyclicReduction(Method):
 
 
 @register("parallel-cyclic-reduction", kind="direct", exact=True,
-          backends=("numpy", "cupy", "torch"), requires=("chain",))
+          native=True, requires=("chain",))
 class ParallelCyclicReduction(Method):
     """Parallel cyclic reduction (the paper's form): ceil(log2 nblocks) levels.
 

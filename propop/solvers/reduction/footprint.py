@@ -14,10 +14,13 @@ estimates to within 20% of ``tracemalloc``'s measured peak.
 
 from __future__ import annotations
 
+import math
 import functools
 from typing import Any
 
 import numpy as np
+
+from ... import backend
 
 from . import odd_even as loops
 from . import shapes
@@ -37,7 +40,7 @@ ARRAY = 112  # a NumPy array object, without its data
 def _chain(counter: Counter, system: Any, shared: bool) -> tuple[int, int, int]:
     """:meth:`Chain.of`: holds the chain's ``L``, ``C``, ``G``; returns ``(m, bl, columns)``."""
     m, n, r = system.nblocks, max(system.sizes), system.nrhs or 1
-    item = system.dtype.itemsize
+    item = backend.itemsize(system.dtype)
     counter.hold(BOOKKEEPING * m)
     per_sample = system.nrhs is not None and not system._scaled_once
     bl = r if per_sample and not shared else 1
@@ -154,7 +157,7 @@ def _parallel(m: int, n: int, r: int, bl: int, item: int) -> tuple[int, int]:
 def dense_cyclic_reduction(system: Any, shared: bool, parallel_form: bool) -> int:
     """Peak bytes of ``cyclic-reduction`` (``parallel-cyclic-reduction``) on the dense chain."""
     counter = Counter()
-    item = system.dtype.itemsize
+    item = backend.itemsize(system.dtype)
     m, bl, r = _chain(counter, system, shared)
     n = max(system.sizes)
     if parallel_form:
@@ -172,7 +175,7 @@ def time_cyclic_reduction(system: Any, within: str) -> int:
     its levels, ``D^{-1} G`` and the chain over time), then one solve.
     """
     layout, counter = Layout(system), Counter()
-    item, sizes, r = system.dtype.itemsize, layout.sizes, layout.r
+    item, sizes, r = backend.itemsize(system.dtype), layout.sizes, layout.r
     tau, n, m, w = layout.tau, max(layout.sizes), layout.kept - layout.first, layout.width
     b = tau * r
     scaled = [k for k, s in enumerate(system.periodic_scales(len(sizes))) if s is not None]
@@ -231,7 +234,7 @@ def groups(system: Any) -> int:
     group's inverse and ``D^{-1} G`` per sample, kept, the chain over the groups
     with per-sample blocks reduced; then a solve.
     """
-    counter, item, r = Counter(), system.dtype.itemsize, system.nrhs or 1
+    counter, item, r = Counter(), backend.itemsize(system.dtype), system.nrhs or 1
     groups = system.blocks.groups
     sizes = [sum(system.sizes[k] for k in group) for group in groups]
     carried = [sum(system.sizes[k] for k in read_by(system, groups, s))
@@ -266,7 +269,8 @@ def _couplings(system: Any) -> tuple[int, int]:
     if system.coupling_stack is not None:
         C = system.coupling_stack
         return C.shape[0], C.shape[0] * C.shape[-2] * C.shape[-1]
-    return len(system._edges), sum(int(getattr(M, "nnz", M.size)) for _, _, M in system._edges)
+    return len(system._edges), sum(int(getattr(M, "nnz", math.prod(M.shape)))
+                                   for _, _, M in system._edges)
 
 
 def _entries(system: Any) -> int:
@@ -277,7 +281,7 @@ def _entries(system: Any) -> int:
 def krylov_basis(system: Any, restart: int, columns: int | None = None) -> int:
     """Bytes of a GMRES cycle: ``restart + 1`` basis blocks and a few more of ``(N, r)``."""
     columns = system.nrhs or 1 if columns is None else columns
-    return (restart + 6) * system.size * columns * system.dtype.itemsize
+    return (restart + 6) * system.size * columns * backend.itemsize(system.dtype)
 
 
 def explicit_matrix(system: Any) -> int:

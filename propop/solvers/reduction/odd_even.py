@@ -20,6 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from ... import backend
 from .chain import Chain, Counter, apply, product
 
 __all__ = ["ReductionOverflow", "factor", "substitute", "parallel_factor",
@@ -49,10 +52,10 @@ def _check_finite(xp: Any, cores: Any, level: int, start: int, stride: int, span
     """
     if cores.shape[0] == 0:
         return
-    finite = xp.isfinite(cores).reshape(cores.shape[0], -1).all(axis=1)
-    if bool(finite.all()):
+    finite = xp.all(xp.reshape(xp.isfinite(cores), (cores.shape[0], -1)), axis=1)
+    if bool(xp.all(finite)):
         return
-    a = start + stride * int(xp.argmin(finite))
+    a = start + stride * int(np.argmin(backend.to_host(finite)))  # on the host: an error
     raise ReductionOverflow.between(level, chain.order[a], chain.order[a - span])
 
 
@@ -68,11 +71,12 @@ def factor(chain: Chain, counter: Counter, xp: Any) -> list[tuple]:
     while C.shape[0] > 0:
         pairs = C.shape[0] // 2  # even positions 2..2 pairs, each with the one before
         levels.append((L, C))
-        cores = product(L[2: 2 * pairs + 1: 2], C[1: 2 * pairs: 2], L[1: 2 * pairs: 2],
-                        C[0: 2 * pairs - 1: 2], counter)
+        even, odd = slice(2, 2 * pairs + 1, 2), slice(1, 2 * pairs, 2)
+        cores = product(L[even, ...], C[odd, ...], L[odd, ...], C[0: 2 * pairs - 1: 2, ...],
+                        counter)
         _check_finite(xp, cores, len(levels), 2 ** len(levels), 2 ** len(levels),
                       2 ** len(levels), chain)
-        L, C = xp.concatenate([L[:1], L[2: 2 * pairs + 1: 2]]), cores
+        L, C = xp.concat([L[:1, ...], L[even, ...]]), cores
     return levels
 
 
@@ -87,15 +91,17 @@ def substitute(levels: list[tuple], G: Any, counter: Counter, xp: Any) -> Any:
     for L, C in levels:
         pairs = C.shape[0] // 2
         even, before = slice(2, 2 * pairs + 1, 2), slice(1, 2 * pairs, 2)
-        rhs = apply(L[even], C[1: 2 * pairs: 2], G[before], counter, xp) + G[even]
-        eliminated.append(G[1::2])
-        G = xp.concatenate([G[:1], rhs])
+        rhs = apply(L[even, ...], C[before, ...], G[before, ...], counter, xp) + G[even, ...]
+        eliminated.append(G[1::2, ...])
+        G = xp.concat([G[:1, ...], rhs])
         del rhs
     X = G
     for (L, C), G_odd in zip(reversed(levels), reversed(eliminated)):
-        full = xp.empty((X.shape[0] + G_odd.shape[0],) + X.shape[1:], dtype=X.dtype)
-        full[0::2] = X
-        full[1::2] = apply(L[1::2], C[0::2], X[: G_odd.shape[0]], counter, xp) + G_odd
+        full = xp.empty((X.shape[0] + G_odd.shape[0],) + tuple(X.shape[1:]), dtype=X.dtype,
+                        device=backend.device(X))
+        full[0::2, ...] = X
+        full[1::2, ...] = apply(L[1::2, ...], C[0::2, ...], X[: G_odd.shape[0], ...], counter,
+                                xp) + G_odd
         X = full
     return X
 
@@ -113,8 +119,9 @@ def parallel_factor(chain: Chain, counter: Counter, xp: Any) -> list[tuple]:
     while shift < m:
         levels.append((L, C, first))
         if 2 * shift < m:
-            cores = product(L[2 * shift:], C[2 * shift - first:], L[shift: m - shift],
-                            C[shift - first: m - shift - first], counter)
+            cores = product(L[2 * shift:, ...], C[2 * shift - first:, ...],
+                            L[shift: m - shift, ...], C[shift - first: m - shift - first, ...],
+                            counter)
             _check_finite(xp, cores, len(levels), 2 * shift, 1, 2 * shift, chain)
             C, first = cores, 2 * shift
         shift *= 2
@@ -125,8 +132,9 @@ def parallel_substitute(levels: list[tuple], G: Any, counter: Counter, xp: Any) 
     """The right-hand-side half: ``G_k <- A_k G_{k-s} + G_k`` at every level, no way back."""
     m, shift = G.shape[0], 1
     for L, C, first in levels:
-        rhs = apply(L[shift:], C[shift - first:], G[: m - shift], counter, xp) + G[shift:]
-        G = xp.concatenate([G[:shift], rhs])
+        rhs = apply(L[shift:, ...], C[shift - first:, ...], G[: m - shift, ...], counter,
+                    xp) + G[shift:, ...]
+        G = xp.concat([G[:shift, ...], rhs])
         del rhs
         shift *= 2
     return G

@@ -89,7 +89,7 @@ def _entries(system: Any, blocks: Any) -> Any:
     """The entries of ``blocks`` in the stacked vector, in block order."""
     xp = system.backend.xp
     parts = [xp.arange(system.offsets[k], system.offsets[k + 1]) for k in sorted(blocks)]
-    return xp.concatenate(parts) if parts else xp.zeros(0, dtype=int)
+    return xp.concat(parts) if parts else xp.zeros(0, dtype=int)
 
 
 def read_by(system: Any, groups: tuple, s: int) -> list:

@@ -34,6 +34,7 @@ small widths and with parallel hardware.
 
 from __future__ import annotations
 
+import math
 import dataclasses
 import itertools
 from collections.abc import Callable, Sequence
@@ -71,16 +72,21 @@ class OverTime:
             self.levels = factor(self.inner, counter)
         self.DG = self._inner_solve(self.inner.G, counter)
         self.inner = dataclasses.replace(self.inner, G=None)  # its blocks only are kept
-        self.steps = slice(None, None, 1 if system.lower else -1)  # chain order over time
+        self.flip = not system.lower  # chain order over time: backward, last step first
         A = self.layers.carried(self.DG)
-        self.across = Across(A[self.steps], factor, counter,
-                             _Steps(range(A.shape[0])[self.steps]))
+        steps = range(A.shape[0])
+        self.across = Across(self._time_order(A), factor, counter,
+                             _Steps(steps[::-1] if self.flip else steps))
 
     def _inner_solve(self, G: Any, counter: Counter) -> Any:
         """``D^{-1} G`` for every step's layers: through the levels, or substitution."""
         if self.within == "cyclic-reduction":
             return self.substitute(self.levels, G, counter)
         return _substitute(self.inner, G, counter)
+
+    def _time_order(self, A: Any) -> Any:
+        """``A`` (steps first) in the chain's order over time, or back: flipped if backward."""
+        return backend.namespace(A).flip(A, axis=0) if self.flip else A
 
     def solve(self, system: Any, counter: Counter) -> tuple[Any, int, dict]:
         """``(x, levels, info)`` for ``system``'s right-hand side (canonical, ``(N, r)``)."""
@@ -89,7 +95,8 @@ class OverTime:
         leading = layers.leading(rhs, counter)
         Dc = self._inner_solve(layers.rhs_column(rhs, leading, counter), counter)
         g = layers.carried(Dc)[..., 0]
-        previous = self.across.previous(g[self.steps], self.substitute, counter)[self.steps]
+        previous = self._time_order(self.across.previous(self._time_order(g), self.substitute,
+                                                         counter))
         x = layers.solution(self.DG, Dc[..., 0], previous, leading, rhs, counter)
         inner = (len(self.levels) if self.within == "cyclic-reduction"
                  else self.inner.C.shape[0]) + layers.first  # the leading positions too
@@ -108,10 +115,12 @@ def _substitute(chain: Chain, G: Any, counter: Counter) -> Any:
     X = xp.empty_like(G)
     m, b, n, w = G.shape
     counter.flops += max(m - 1, 0) * (2 * n * n + n) * b * w
-    L = (chain.L[k][..., None] for k in range(1, m))
-    rows = itertools.chain([(X[0], None, None, None, (), None, G[0])],
-                           zip(X[1:], chain.C, X[:-1], itertools.repeat(DENSE),
-                               itertools.repeat(()), L, G[1:]))
+    walk = backend.walk
+    L = (chain.L[k, ...][..., None] for k in range(1, m))
+    rows = itertools.chain([(X[0, ...], None, None, None, (), None, G[0, ...])],
+                           zip(walk(X[1:, ...]), walk(chain.C), walk(X[:-1, ...]),
+                               itertools.repeat(DENSE), itertools.repeat(()), L,
+                               walk(G[1:, ...])))
     sweep(xp, rows)
     return X
 
@@ -195,15 +204,15 @@ class _LayerChain(Layout):
     def rhs_of(self, system: Any) -> list:
         """The right-hand side per layer, ``(tau r, h)`` each."""
         xp, per = system.backend.xp, len(self.sizes)
-        R = xp.moveaxis(system.rhs.reshape(self.tau, sum(self.sizes), -1), 2, 1)  # (tau, r, H)
-        offsets = [sum(self.sizes[:k]) for k in range(per)]
-        return [R[:, :, o: o + h].reshape(-1, h) for o, h in zip(offsets, self.sizes)]
+        R = xp.moveaxis(xp.reshape(system.rhs, (self.tau, sum(self.sizes), -1)), 2, 1)
+        offsets = [sum(self.sizes[:k]) for k in range(per)]  # R: (tau, r, H)
+        return [xp.reshape(R[:, :, o: o + h], (-1, h)) for o, h in zip(offsets, self.sizes)]
 
     def _follow(self, k: int, before: Any, rhs: list, counter: Counter) -> Any:
         """Layer ``k`` of every step from the layer it reads within the step, ``before``."""
         M = backend.dense(self.within[k].M)
         product = before @ M.T
-        counter.flops += 2 * product.size * M.shape[1]
+        counter.flops += 2 * math.prod(product.shape) * M.shape[1]
         return (product if self.scale[k] is None else self.scale[k] * product) + rhs[k]
 
     def leading(self, rhs: list, counter: Counter) -> list:
@@ -227,10 +236,10 @@ class _LayerChain(Layout):
         """
         system, xp = self.system, self.system.backend.xp
         n, b = max(self.sizes), self.tau * self.r
-        m = len(self.positions)
-        L = xp.ones((m, b, n), dtype=system.dtype)
-        C = xp.zeros((m, 1, n, n), dtype=system.dtype)
-        G = xp.zeros((m, b, n, self.width), dtype=system.dtype)
+        m, device = len(self.positions), backend.device(system._scaled_rhs)
+        L = xp.ones((m, b, n), dtype=system.dtype, device=device)
+        C = xp.zeros((m, 1, n, n), dtype=system.dtype, device=device)
+        G = xp.zeros((m, b, n, self.width), dtype=system.dtype, device=device)
         for i, k in enumerate(self.positions):
             h, s = self.sizes[k], self.scale[k]
             if s is not None:
@@ -240,8 +249,9 @@ class _LayerChain(Layout):
                 C[i, 0, : M.shape[0], : M.shape[1]] = M
             for t in (t for t in self.across if t.row == k):
                 M, o = backend.dense(t.M), self.carried_offset[t.col]
-                G[i, :, :h, o: o + M.shape[1]] = M[None] if s is None else s[:, :, None] * M
-        return Chain(L, C[1:], G, [f"block {k} of every step" for k in self.positions], ())
+                G[i, :, :h, o: o + M.shape[1]] = M[None, ...] if s is None else (
+                    s[:, :, None] * M)
+        return Chain(L, C[1:, ...], G, [f"block {k} of every step" for k in self.positions], ())
 
     def rhs_column(self, rhs: list, leading: list, counter: Counter) -> Any:
         """The chain's right-hand side ``(m, tau r, n, 1)``: each position's ``c``.
@@ -251,7 +261,7 @@ class _LayerChain(Layout):
         """
         xp = self.system.backend.xp
         G = xp.zeros((len(self.positions), self.tau * self.r, max(self.sizes), 1),
-                     dtype=self.system.dtype)
+                     dtype=self.system.dtype, device=backend.device(rhs[0]))
         for i, k in enumerate(self.positions):
             G[i, :, : self.sizes[k], 0] = rhs[k] if i or not self.first else self._follow(
                 k, leading[-1], rhs, counter)
@@ -260,34 +270,35 @@ class _LayerChain(Layout):
     def carried(self, Y: Any) -> Any:
         """The carried rows of ``Y`` ``(m, tau r, n, c)``, as ``(tau, r, width, c)``."""
         xp = self.system.backend.xp
-        rows = [Y[self.order.index(k) - self.first, :, : self.sizes[k]]
+        rows = [Y[self.order.index(k) - self.first, :, : self.sizes[k], ...]
                 for k in self.carried_layers]
-        Z = rows[0] if len(rows) == 1 else xp.concatenate(rows, axis=1)
-        return Z.reshape((self.tau, self.r, self.width, Y.shape[-1]))
+        Z = rows[0] if len(rows) == 1 else xp.concat(rows, axis=1)
+        return xp.reshape(Z, (self.tau, self.r, self.width, Y.shape[-1]))
 
     def solution(self, DG: Any, Dc: Any, previous: Any, leading: list, rhs: list,
                  counter: Counter) -> Any:
         """``x = D^{-1} c + D^{-1} G y_prev`` in the system's layout ``(tau H, r)``."""
         xp = self.system.backend.xp
-        prev = previous.reshape(-1, self.width)  # (b, width)
+        prev = xp.reshape(previous, (-1, self.width))  # (b, width)
         x: list[Any] = [None] * len(self.sizes)
         for i, k in enumerate(self.order):
             h = self.sizes[k]
             if i < self.first:
                 x[k] = leading[i]
             elif i < self.kept:
-                x[k] = expand(DG[i - self.first, :, :h], Dc[i - self.first, :, :h], prev,
+                x[k] = expand(DG[i - self.first, :, :h, ...], Dc[i - self.first, :, :h], prev,
                               counter)
             else:
                 x[k] = self._follow(k, x[self.order[i - 1]], rhs, counter)
-        out = xp.concatenate(x, axis=1).reshape(self.tau, self.r, -1)
-        return out.transpose(0, 2, 1).reshape(-1, self.r)
+        out = xp.reshape(xp.concat(x, axis=1), (self.tau, self.r, -1))
+        return xp.reshape(xp.permute_dims(out, (0, 2, 1)), (-1, self.r))
 
     def _columns(self, scale: Any) -> Any:
         """A ``(tau, h[, r])`` scaling as ``(tau r, h)``; ``None`` stays ``None``."""
         if scale is None:
             return None
+        xp = self.system.backend.xp
         if scale.ndim == 2:
             scale = scale[:, :, None]
-        full = scale if scale.shape[2] == self.r else scale.repeat(self.r, axis=2)
-        return full.transpose(0, 2, 1).reshape(self.tau * self.r, scale.shape[1])
+        full = xp.broadcast_to(scale, tuple(scale.shape[:2]) + (self.r,))
+        return xp.reshape(xp.permute_dims(full, (0, 2, 1)), (self.tau * self.r, scale.shape[1]))

@@ -24,6 +24,7 @@ Stacks put segments (or any batch) first: ``D^{-1} G`` ``(..., rows, w)`` for
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -45,18 +46,18 @@ class Across:
     def __init__(self, A: Any, factor: Callable, counter: Counter, names: Sequence[str]
                  ) -> None:
         xp = backend.namespace(A)
-        ones = xp.ones((A.shape[0], 1, A.shape[2]), dtype=A.dtype)
-        self.levels = factor(Chain(ones, A[1:], None, names, ()), counter)
+        ones = xp.ones((A.shape[0], 1, A.shape[2]), dtype=A.dtype, device=backend.device(A))
+        self.levels = factor(Chain(ones, A[1:, ...], None, names, ()), counter)
 
     def previous(self, g: Any, substitute: Callable, counter: Counter) -> Any:
         """What each segment reads, ``y_{s-1}`` (zero for the first), from ``g`` ``(m, r, w)``."""
         y = substitute(self.levels, g, counter)
         previous = backend.namespace(y).zeros_like(y)
-        previous[1:] = y[:-1]
+        previous[1:, ...] = y[:-1, ...]
         return previous
 
 
 def expand(DG: Any, Dc: Any, previous: Any, counter: Counter) -> Any:
     """``x = D^{-1} c + D^{-1} G y_prev``: ``DG`` ``(..., rows, w)``, ``Dc`` ``(..., rows)``."""
-    counter.flops += 2 * DG.size
+    counter.flops += 2 * math.prod(DG.shape)
     return Dc + (DG @ previous[..., None])[..., 0]

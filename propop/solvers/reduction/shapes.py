@@ -252,13 +252,13 @@ def _moveaxis(a: ShapeArray, source: int, destination: int) -> ShapeArray:
 
 def namespace(counter: Counter) -> SimpleNamespace:
     """The functions the reductions call, on shape arrays counted in ``counter``."""
-    def new(shape: Any, dtype: Any = np.float64) -> ShapeArray:
+    def new(shape: Any, dtype: Any = np.float64, device: Any = None) -> ShapeArray:
         return ShapeArray(shape if isinstance(shape, tuple) else (shape,), dtype, counter)
 
     return SimpleNamespace(
         empty=new, zeros=new, ones=new,
         full=lambda shape, fill, dtype=np.float64: new(shape, dtype),
-        concatenate=_concatenate, stack=_stack, einsum=_einsum, permute_dims=_permute_dims,
+        concat=_concatenate, stack=_stack, einsum=_einsum, permute_dims=_permute_dims,
         moveaxis=_moveaxis, matrix_transpose=lambda a: a._view(a.shape[:-2] + a.shape[:-3:-1]),
         empty_like=_like, zeros_like=_like, ones_like=_like,
         full_like=lambda a, fill, dtype=None: _like(a, dtype=dtype),

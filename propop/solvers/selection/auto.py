@@ -197,7 +197,7 @@ def choose(system: Any, candidates: tuple[str, ...] = CANDIDATES,
                      + "; ".join(f"{m}: {why}" for m, why in excluded.items()))
 
 
-@register("auto", kind="direct", exact=True, backends=("numpy", "cupy", "torch"))
+@register("auto", kind="direct", exact=True, native=True)
 class Auto(Method):
     """The exact method predicted fastest for this system by the calibrated cost model.
 
