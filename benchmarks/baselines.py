@@ -183,14 +183,18 @@ def _steps_as_columns(a: np.ndarray) -> np.ndarray:
 
 
 # -- PyTorch, as its users write it ----------------------------------------------------------
-def torch_mlp(W: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> Callable:
-    """``nn.Sequential(nn.Linear, nn.Tanh, ...)``; returns ``job(X, T) -> dW`` (rows samples)."""
+def torch_mlp(W: Sequence[np.ndarray], b: Sequence[np.ndarray], dtype: str = "float64",
+              device: str = "cpu") -> Callable:
+    """``nn.Sequential(nn.Linear, nn.Tanh, ...)``; returns ``job(X, T) -> dW`` (rows samples).
+
+    On PyTorch device ``device`` in ``dtype``.
+    """
     import torch
     from torch import nn
 
     layers = []
     for Wk, bk in zip(W, b):
-        linear = nn.Linear(Wk.shape[1], Wk.shape[0], dtype=torch.float64)
+        linear = nn.Linear(Wk.shape[1], Wk.shape[0], dtype=getattr(torch, dtype), device=device)
         with torch.no_grad():
             linear.weight.copy_(torch.tensor(Wk))
             linear.bias.copy_(torch.tensor(bk))
@@ -206,11 +210,16 @@ def torch_mlp(W: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> Callable:
     return job
 
 
-def torch_rnn(W: np.ndarray, U: np.ndarray, b: np.ndarray) -> Callable:
-    """Autograd through ``torch.nn.RNN``; returns ``job(X, T) -> dW`` (batch second)."""
+def torch_rnn(W: np.ndarray, U: np.ndarray, b: np.ndarray, dtype: str = "float64",
+              device: str = "cpu") -> Callable:
+    """Autograd through ``torch.nn.RNN``; returns ``job(X, T) -> dW`` (batch second).
+
+    On PyTorch device ``device`` in ``dtype``.
+    """
     import torch
 
-    module = torch.nn.RNN(W.shape[1], U.shape[0], nonlinearity="tanh", dtype=torch.float64)
+    module = torch.nn.RNN(W.shape[1], U.shape[0], nonlinearity="tanh",
+                          dtype=getattr(torch, dtype), device=device)
     with torch.no_grad():
         module.weight_ih_l0.copy_(torch.tensor(W))
         module.weight_hh_l0.copy_(torch.tensor(U))

@@ -38,12 +38,12 @@ def _solver_catalogue() -> None:
     """Write ``solvers.md`` from the registry, so the catalogue is never stale."""
     lines = ["# Solver catalogue", "",
              "Generated from `propop.solvers.available()` at every build.", "",
-             "| name | kind | exact | backends | needs | description |",
+             "| name | kind | exact | runs on | needs | description |",
              "|---|---|---|---|---|---|"]
     for s in available():
         needs = ", ".join(s.requires) or "-"
         lines.append(f"| `{s.name}` | {s.kind} | {'yes' if s.exact else 'no'} | "
-                     f"{', '.join(s.backends)} | {needs} | {s.description} |")
+                     f"{s.tested} | {needs} | {s.description} |")
     (ROOT / "docs" / "solvers.md").write_text("\n".join(lines) + "\n")
 
 

@@ -75,3 +75,35 @@ def tolerance(dtype: str) -> float:
 def relative_error(a: np.ndarray, b: np.ndarray) -> float:
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
+
+
+def gpu_backends() -> list:
+    """``(kind, device)`` of the GPU backends, pytest params marked ``gpu``, skipped without one.
+
+    ``python -m pytest -m gpu`` runs them on a machine with CuPy or PyTorch CUDA.
+    """
+    import importlib.util
+
+    import pytest
+
+    cupy_ok = importlib.util.find_spec("cupy") is not None and _cupy_devices() > 0
+    torch_ok = importlib.util.find_spec("torch") is not None and _torch_cuda()
+    return [pytest.param("cupy", None, marks=[pytest.mark.gpu, pytest.mark.skipif(
+                not cupy_ok, reason="needs CuPy and a CUDA device")], id="cupy"),
+            pytest.param("torch", "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+                not torch_ok, reason="needs PyTorch with CUDA")], id="torch-cuda")]
+
+
+def _cupy_devices() -> int:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # no driver, no device: the GPU tests skip
+        return 0
+
+
+def _torch_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -5,13 +5,11 @@ runs the same checks on CuPy and on PyTorch CUDA tensors and skips, saying why, 
 machine without them: ``python -m pytest -m gpu``.
 """
 
-import importlib.util
-
 import numpy as np
 import pytest
 
 import propop as pp
-from cases import relative_error
+from cases import gpu_backends, relative_error
 
 torch = pytest.importorskip("torch", reason="PyTorch tensors are the second backend here")
 
@@ -24,30 +22,11 @@ def problem(seed=0, width=6, depth=8, r=3):
     return net, rng.standard_normal((width, r)), rng.standard_normal((width, r))
 
 
-def gpu_devices():
-    """``(kind, device)`` pairs this machine can run, each a pytest param (skipped if not)."""
-    cupy_ok = importlib.util.find_spec("cupy") is not None and _cupy_devices() > 0
-    return [pytest.param("cupy", None, marks=[pytest.mark.gpu, pytest.mark.skipif(
-                not cupy_ok, reason="needs CuPy and a CUDA device")], id="cupy"),
-            pytest.param("torch", "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-                not torch.cuda.is_available(), reason="needs PyTorch with CUDA")],
-                id="torch-cuda")]
-
-
-def _cupy_devices():
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount()
-    except Exception:  # no driver, no device: the GPU tests skip
-        return 0
-
-
 def host(a):
     return pp.backend.to_host(a)
 
 
-DEVICES = [pytest.param("torch", None, id="torch-cpu"), *gpu_devices()]
+DEVICES = [pytest.param("torch", None, id="torch-cpu"), *gpu_backends()]
 
 
 @pytest.mark.parametrize(("kind", "device"), DEVICES)

@@ -185,12 +185,12 @@ def machine() -> str:
 
 def solvers_table() -> str:
     """The registry as a Markdown table (``propop solvers``)."""
-    lines = ["| name | kind | exact | backends | available | description |",
+    lines = ["| name | kind | exact | runs on | available | description |",
              "|---|---|---|---|---|---|"]
     for s in solvers.available():
         here = "yes" if s.available else f"no: pip install propop[{s.extra}]"
         lines.append(f"| {s.name} | {s.kind} | {'yes' if s.exact else 'no'} | "
-                     f"{', '.join(s.backends)} | {here} | {s.description} |")
+                     f"{s.tested} | {here} | {s.description} |")
     return "\n".join(lines)
 
 

@@ -76,6 +76,26 @@ class SolverInfo:
     native: bool = False
 
     @property
+    def tested(self) -> str:
+        """Where the method has run: the backends its tests run on, and any GPU run recorded.
+
+        Native methods run in every CI on NumPy, PyTorch (CPU) and ``array_api_strict``
+        (``tests/test_backends.py``); their CuPy and PyTorch CUDA backends count as run
+        only once a GPU run is recorded (:mod:`propop.solvers.gpu_runs`).
+        """
+        from .gpu_runs import RUNS
+
+        cpu = ("numpy, torch (CPU), array_api_strict" if self.native else
+               ", ".join(b for b in self.backends if b != "cupy"))
+        gpu = [b for b in self.backends if b == "cupy"] + (["torch (CUDA)"] if self.native
+                                                           else [])
+        if not gpu:
+            return cpu
+        ran = RUNS.get(self.name)
+        return (f"{cpu}; {', '.join(gpu)}: " + (f"run on {ran}" if ran
+                                                 else "not yet run on a GPU"))
+
+    @property
     def missing(self) -> tuple:
         """The optional modules this method needs that are not installed."""
         return tuple(m for m in self.needs if not _installed(m))

@@ -1,0 +1,63 @@
+"""One system of every layout, built in NumPy: what every backend must solve alike.
+
+A chain of unequal widths, a stacked chain, a chain with per-sample couplings (a
+recurrence's), an RNN's time layout, a residual graph and a linear network's batch
+(one matrix for every sample: the block methods' case). ``tests/test_backends.py``
+solves them on every backend with every native method; ``python -m benchmarks.gpu
+--record`` does the same on a GPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import propop as pp
+
+__all__ = ["SYSTEMS"]
+
+
+def fnn_unequal(r: int) -> pp.TriangularSystem:
+    """The backward system of an MLP of widths 5, 7, 4, 6, 3."""
+    net = pp.FNN.random([5, 7, 4, 6, 3], activation="tanh", seed=0, bias=0.1)
+    trace = net.forward(np.random.default_rng(1).standard_normal((5, r)))
+    return pp.backward_system(net, trace, np.ones((3, r)))
+
+
+def fnn_stacked(r: int) -> pp.TriangularSystem:
+    """The forward system of an MLP of one width, its couplings one stack."""
+    net = pp.FNN.random([5] * 9, activation="tanh", seed=0, bias=0.1)
+    x = np.random.default_rng(2).standard_normal((5, r))
+    return pp.forward_system(net, x, around=net.forward(x))
+
+
+def per_sample(r: int) -> pp.TriangularSystem:
+    """A chain whose every sample has its own couplings, ``(nb - 1, r, n, n)``."""
+    rng = np.random.default_rng(3)
+    stack = rng.standard_normal((6, r, 4, 4)) * 0.4
+    return pp.TriangularSystem(None, None, rng.standard_normal((28, r)), lower=True,
+                               sizes=[4] * 7, coupling_stack=stack)
+
+
+def rnn(r: int) -> pp.TriangularSystem:
+    """The backward system of a 2-layer RNN over 6 steps: a time layout."""
+    net = pp.RNN.random([3, 4, 5], activation="tanh", seed=0)
+    trace = net.forward(np.random.default_rng(4).standard_normal((6, 3, r)))
+    return pp.backward_system(net, trace, np.ones_like(trace.output))
+
+
+def graph(r: int) -> pp.TriangularSystem:
+    """The backward system of a residual MLP: a graph with identity (sparse) couplings."""
+    net = pp.Graph.residual_mlp(4, 3, seed=0)
+    trace = net.forward(np.random.default_rng(5).standard_normal((4, r)))
+    return pp.backward_system(net, trace, net.loss_gradient(trace, np.zeros((4, r))))
+
+
+def linear(r: int) -> pp.TriangularSystem:
+    """A linear network's batch: every sample has the same matrix."""
+    net = pp.FNN.random([4, 5, 5, 3], activation="identity", seed=0, bias=0.1)
+    trace = net.forward(np.random.default_rng(6).standard_normal((4, r)))
+    return pp.backward_system(net, trace, np.random.default_rng(7).standard_normal((3, r)))
+
+
+SYSTEMS = {"fnn-unequal": fnn_unequal, "fnn-stacked": fnn_stacked, "per-sample": per_sample,
+           "rnn": rnn, "graph": graph, "linear": linear}
