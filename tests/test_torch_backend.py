@@ -201,3 +201,40 @@ def test_an_rnn_of_tensors_runs_forward_and_backpropagates_as_on_numpy(method):
         for k, (a, b) in enumerate(zip(getattr(ours, name), getattr(reference, name))):
             assert isinstance(a, torch.Tensor)
             assert np.abs(a.numpy() - b).max() <= bound * np.abs(b).max(), (name, k)
+
+
+@pytest.mark.parametrize("cell", ["gru", "lstm", "recurrence"])
+def test_a_recurrence_moved_to_torch_runs_every_pass_there(cell):
+    """GRU, LSTM and a user's cell on tensors: forward, Newton family and backprop as on NumPy."""
+    if cell == "recurrence":
+        def step(p, h, x):
+            return torch.tanh(p["W"] @ h + p["U"] @ x)
+
+        rng = np.random.default_rng(0)
+        net = pp.Recurrence(step, {"W": rng.standard_normal((3, 3)) * 0.5,
+                                   "U": rng.standard_normal((3, 2))}, state_size=3,
+                            input_size=2)
+    else:
+        net = (pp.GRU if cell == "gru" else pp.LSTM)(2, 3, num_layers=2, seed=0)
+    xs = np.random.default_rng(1).standard_normal((12, 2, 3))
+    moved = net.to("torch")
+    assert moved.backend.name == "torch" and net.backend.name == "numpy"
+    X = torch.from_numpy(xs)
+    ours, theirs = moved.forward(X), net.forward(xs)
+    assert isinstance(ours.z[1], torch.Tensor)
+    np.testing.assert_allclose(ours.z[1].numpy(), theirs.z[1], rtol=1e-13, atol=1e-14)
+    for linearization in ("newton", "quasi", "damped"):
+        trace = pp.forward(moved, X, method="cyclic-reduction", linearization=linearization)
+        assert isinstance(trace.z[1], torch.Tensor), linearization
+        np.testing.assert_allclose(trace.z[1].numpy(), theirs.z[1], rtol=0, atol=1e-9)
+    target = np.random.default_rng(2).standard_normal(net.outputs(theirs).shape)
+    for method in ("substitution", "cyclic-reduction"):
+        g = pp.backprop(moved, X, torch.from_numpy(target), method=method)
+        reference = pp.backprop(net, xs, target, method="substitution")
+        for name, value in reference.parameters.items():
+            assert isinstance(g.parameters[name], torch.Tensor)
+            np.testing.assert_allclose(g.parameters[name].numpy(), value, rtol=1e-11,
+                                       atol=1e-13)
+        np.testing.assert_allclose(g.x.numpy(), reference.x, rtol=1e-11, atol=1e-13)
+    with pytest.raises(ValueError, match="kind must be 'numpy' or 'torch'"):
+        net.to("cupy")

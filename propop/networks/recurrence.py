@@ -20,11 +20,14 @@ is block lower triangular over the layers, and the system stays one chain.
 
 Sequences are propop's: ``xs`` is ``(tau, m)`` or ``(tau, m, r)`` (time first,
 samples last); the states ``(tau, n[, r])``; the output is the state's rows
-``output`` (an LSTM's ``h``, not its ``c``).
+``output`` (an LSTM's ``h``, not its ``c``). A recurrence's arrays are NumPy
+arrays, or PyTorch tensors on any device after :meth:`Recurrence.to` (a step
+written in PyTorch then never leaves its device): the same code for both.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,7 +105,6 @@ class Recurrence:
             raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
         self.step = step
         self.cell = CELLS[backend](step, parameters, jacobian, vjp, self._dtype)
-        self.parameters = self.cell.parameters
         self.state_size, self.input_size = int(state_size), int(input_size)
         self.output = np.arange(self.state_size) if output is None else _rows(output,
                                                                                self.state_size)
@@ -120,21 +122,44 @@ class Recurrence:
                 f"output {self.output.size})")
 
     @property
+    def parameters(self) -> dict:
+        """``theta`` by name: arrays of the recurrence's backend (the cell's own)."""
+        return self.cell.parameters
+
+    @property
     def dtype(self) -> Any:
-        """The parameters' and states' dtype."""
-        return self._dtype
+        """The parameters' and states' dtype (the backend's: a ``torch.dtype`` on PyTorch)."""
+        return self.cell.array_dtype
 
     @property
     def backend(self) -> backend.Backend:
-        """NumPy: sequences and systems are NumPy arrays (the cell may run in PyTorch)."""
-        return backend.of(np.zeros(1))
+        """Where its sequences and systems live: NumPy, or PyTorch after :meth:`to`."""
+        return backend.of(self.cell.like)
+
+    def to(self, kind: str, device: Any = None) -> Recurrence:
+        """The same recurrence with its arrays on backend ``kind`` (``"numpy"``, ``"torch"``).
+
+        ``device`` is a PyTorch device (``"cuda"``, say). A step written in PyTorch
+        (``backend="torch"``, GRU and LSTM) then runs, is differentiated and is
+        solved on that device; a NumPy step (``backend="numpy"``) stays on NumPy.
+        """
+        if kind not in ("numpy", "torch"):
+            raise ValueError(f"a recurrence's step runs in PyTorch or NumPy: kind must be "
+                             f"'numpy' or 'torch' (a device with device=), got {kind!r}")
+        moved = copy.copy(self)
+        moved.cell = self.cell.to(kind, device)
+        return moved
+
+    def _xp(self) -> Any:
+        return self.backend.xp
 
     def _rows(self, xs: Any, states: Any) -> tuple[Any, Any, int]:
         """``(h_{s-1}, x_s)`` of every step and sample as ``(tau r, n)`` and ``(tau r, m)``."""
+        xp = self._xp()
         X, H = _samples_first(xs, self.dtype), _samples_first(states, self.dtype)
         tau, r = X.shape[:2]
-        previous = np.concatenate([np.zeros_like(H[:1]), H[:-1]])
-        return previous.reshape(tau * r, -1), X.reshape(tau * r, -1), r
+        previous = xp.concat([xp.zeros_like(H[:1, ...]), H[:-1, ...]])
+        return xp.reshape(previous, (tau * r, -1)), xp.reshape(X, (tau * r, -1)), r
 
     # -- the sequential reference -----------------------------------------------------------
     def check_input(self, xs: Any) -> Any:
@@ -149,14 +174,19 @@ class Recurrence:
 
     def forward(self, xs: Any) -> Trace:
         """The states step by step, all samples at once: ``z = (xs, h)``."""
+        xp = self._xp()
         xs = self.check_input(xs)
         X = _samples_first(xs, self.dtype)
-        states = np.empty(X.shape[:2] + (self.state_size,), dtype=self.dtype)
-        h = np.zeros(states.shape[1:], dtype=self.dtype)
+        device = backend.device(X)
+        states = xp.empty(tuple(X.shape[:2]) + (self.state_size,), dtype=self.dtype,
+                          device=device)
+        h = xp.zeros(tuple(states.shape[1:]), dtype=self.dtype, device=device)
         for s in range(X.shape[0]):
-            h = states[s] = self.cell(h, X[s])
-        if not np.isfinite(states).all():  # inputs and parameters are finite: the step
-            s, i = (int(k) for k in np.argwhere(~np.isfinite(states))[0][:2])
+            h = self.cell(h, X[s, ...])
+            states[s, ...] = h
+        if not bool(xp.all(xp.isfinite(states))):  # inputs and parameters are finite: the step
+            bad = ~np.isfinite(backend.to_host(states))
+            s, i = (int(k) for k in np.argwhere(bad)[0][:2])
             raise ValueError(f"the step returned NaN or Inf at time step {s} (sample {i}) from "
                              "finite states, inputs and parameters: it overflows or leaves "
                              "its domain there")
@@ -164,28 +194,32 @@ class Recurrence:
 
     def outputs(self, trace: Trace) -> Any:
         """The output rows of the states, ``(tau, len(output)[, r])``."""
-        return trace.z[1][:, self.output]
+        h = trace.z[1]
+        return backend.namespace(h).take(h, backend.like(self.output, h), axis=1)
 
     def loss_gradient(self, trace: Trace, target: Any, loss: str = "mse",
                       reduction: str = "sum") -> Any:
         """``eps = dE/dh`` at every step: the loss's gradient in the output rows, zero elsewhere."""
-        out = np.moveaxis(self.outputs(trace), 1, 0)
-        target = np.asarray(target)
-        if target.shape == self.outputs(trace).shape:
-            target = np.moveaxis(target, 1, 0)
-        eps = np.zeros_like(trace.z[1])  # a row listed twice in output counts twice
-        np.add.at(eps, (slice(None), self.output),
-                  np.moveaxis(loss_gradient(out, target, loss, reduction), 0, 1))
-        return eps
+        xp = self._xp()
+        out = xp.moveaxis(self.outputs(trace), 1, 0)
+        target = backend.like(backend.to_host(target), out) if hasattr(target, "shape") \
+            else backend.like(np.asarray(target), out)
+        if tuple(target.shape) == tuple(self.outputs(trace).shape):
+            target = xp.moveaxis(target, 1, 0)
+        grad = xp.moveaxis(loss_gradient(out, target, loss, reduction), 0, 1)  # (tau, k[, r])
+        spread = np.zeros((self.state_size, self.output.size))  # a row listed twice counts twice
+        spread[self.output, np.arange(self.output.size)] = 1
+        return xp.astype(backend.like(spread, grad), grad.dtype) @ grad if grad.ndim == 3 \
+            else grad @ xp.astype(backend.like(spread.T, grad), grad.dtype)
 
     def gradients(self, trace: Trace, v: Sequence[Any]) -> RecurrenceGradients:
         """``dE/dtheta`` and ``dE/dx`` from ``v = dE/dh`` (one vector-Jacobian product)."""
         (V,) = v
+        xp = self._xp()
         previous, X, r = self._rows(trace.x, trace.z[1])
-        d_parameters, d_input = self.cell.pullback(previous, X,
-                                                   _samples_first(V, self.dtype).reshape(
-                                                       previous.shape))
-        dx = _samples_last(d_input.reshape(trace.x.shape[0], r, -1), trace.x)
+        d_parameters, d_input = self.cell.pullback(
+            previous, X, xp.reshape(_samples_first(V, self.dtype), tuple(previous.shape)))
+        dx = _samples_last(xp.reshape(d_input, (trace.x.shape[0], r, -1)), trace.x)
         return RecurrenceGradients(d_parameters, dx)
 
     # -- systems and Newton -----------------------------------------------------------------
@@ -195,14 +229,16 @@ class Recurrence:
 
     def trace_from_states(self, xs: Any, states: Sequence[Any] | None) -> Trace:
         """The trace of states ``[_, h]`` (``None``: zeros)."""
+        xp = self._xp()
         xs = self.check_input(xs)
-        h = np.zeros((xs.shape[0], self.state_size) + xs.shape[2:], dtype=self.dtype) \
-            if states is None else np.asarray(states[-1], dtype=self.dtype)
+        h = xp.zeros((xs.shape[0], self.state_size) + tuple(xs.shape[2:]), dtype=self.dtype,
+                     device=backend.device(xs)) \
+            if states is None else backend.astype(states[-1], self.dtype)
         return Trace(x=xs, y=(), z=(xs, h))
 
     def unstack(self, system: Any, x: Any) -> list:
         """A solution ``(tau n[, r])`` as ``[h]`` with ``h`` ``(tau, n[, r])``."""
-        return [x.reshape((-1, self.state_size) + x.shape[1:])]
+        return [self._xp().reshape(x, (-1, self.state_size) + tuple(x.shape[1:]))]
 
     def input_deviation(self, states: Sequence[Any], xs: Any) -> float:
         """The input is no block of a recurrence's systems: nothing to deviate."""
@@ -210,21 +246,23 @@ class Recurrence:
 
     def _defects(self, trace: Trace) -> tuple[Any, Any]:
         """``(h_s - F(h_{s-1}, x_s), F(h_{s-1}, x_s))``, each ``(tau, r, n)``."""
+        xp = self._xp()
         previous, X, r = self._rows(trace.x, trace.z[1])
         F = self.cell(previous, X)
-        H = _samples_first(trace.z[1], self.dtype).reshape(F.shape)
+        H = xp.reshape(_samples_first(trace.z[1], self.dtype), tuple(F.shape))
         shape = (trace.x.shape[0], r, self.state_size)
-        return (H - F).reshape(shape), F.reshape(shape)
+        return xp.reshape(H - F, shape), xp.reshape(F, shape)
 
     def nonlinear_residual(self, trace: Trace) -> float:
         """``max_s ||h_s - F(h_{s-1}, x_s)|| / ||F(h_{s-1}, x_s)||`` over steps and samples."""
+        xp = self._xp()
         gap, F = self._defects(trace)
-        size = np.maximum(np.linalg.norm(F, axis=2), 1e-300)
-        return float((np.linalg.norm(gap, axis=2) / size).max())
+        size = xp.clip(xp.linalg.vector_norm(F, axis=2), min=1e-300)
+        return float(xp.max(xp.linalg.vector_norm(gap, axis=2) / size))
 
     def merit(self, trace: Trace) -> Any:
         """``sum_s ||h_s - F(h_{s-1}, x_s)||^2`` per sample, ``(r,)``: what damping reduces."""
-        return (self._defects(trace)[0] ** 2).sum(axis=(0, 2))
+        return self._xp().sum(self._defects(trace)[0] ** 2, axis=(0, 2))
 
     def lyapunov(self, trace: Trace, jacobians: Any = None) -> float:
         """The largest Lyapunov exponent along the trajectory, estimated, worst sample.
@@ -236,18 +274,20 @@ class Recurrence:
         ``jacobians`` are ``J_1..J_{tau-1}`` (``(tau - 1[, r], n, n)``) where the
         caller has them, else they are computed at the trace.
         """
-        J = self.jacobians_along(trace)[1:] if jacobians is None else (
-            jacobians if jacobians.ndim == 4 else jacobians[:, None])
+        xp = self._xp()
+        J = self.jacobians_along(trace)[1:, ...] if jacobians is None else (
+            jacobians if jacobians.ndim == 4 else jacobians[:, None, ...])
         if J.shape[0] == 0:
             return float("-inf")
-        q = np.ones(J.shape[1:3]) / np.sqrt(J.shape[2])
-        total = np.zeros(J.shape[1])
-        for step in J:
+        device = backend.device(J)
+        q = xp.ones(tuple(J.shape[1:3]), dtype=J.dtype, device=device) / np.sqrt(J.shape[2])
+        total = xp.zeros(J.shape[1], dtype=J.dtype, device=device)
+        for step in backend.walk(J):
             q = (step @ q[..., None])[..., 0]
-            norm = np.maximum(np.linalg.norm(q, axis=1), 1e-300)
-            total += np.log(norm)
+            norm = xp.clip(xp.linalg.vector_norm(q, axis=1), min=1e-300)
+            total += xp.log(norm)
             q /= norm[:, None]
-        return float((total / J.shape[0]).max())
+        return float(xp.max(total / J.shape[0]))
 
     def forward_diagnostics(self, trace: Trace, jacobians: Any = None) -> dict:
         """What :func:`propop.forward` adds to ``info``: the Lyapunov exponent's estimate.
@@ -262,6 +302,7 @@ class Recurrence:
         if linearization not in LINEARIZATIONS:
             raise ValueError(f"unknown linearization {linearization!r} for a recurrence; "
                              f"choose one of {LINEARIZATIONS}")
+        xp = self._xp()
         trace = trace if trace is not None else self.trace_from_states(xs, None)
         self._require_jacobians(trace.x)
         previous, X, r = self._rows(trace.x, trace.z[1])
@@ -269,10 +310,10 @@ class Recurrence:
         if linearization != "newton":  # the diagonal blocks only (quasi: of size one)
             size = 1 if linearization == "quasi" else self.block_size
             block = np.arange(self.state_size) // size
-            J = J * (block[:, None] == block[None, :])
+            J = J * xp.astype(backend.like(block[:, None] == block[None, :], J), J.dtype)
         c = F - (J @ previous[..., None])[..., 0]
         tau = trace.x.shape[0]
-        return J.reshape(tau, r, self.state_size, -1), c.reshape(tau, r, -1)
+        return (xp.reshape(J, (tau, r, self.state_size, -1)), xp.reshape(c, (tau, r, -1)))
 
     def _require_jacobians(self, xs: Any) -> None:
         """The Jacobian stack ``(tau, r, n, n)`` checked against the memory budget first."""
@@ -288,13 +329,14 @@ class Recurrence:
         self._require_jacobians(trace.x)
         previous, X, r = self._rows(trace.x, trace.z[1])
         J = self.cell.jacobians(previous, X)
-        return J.reshape(trace.x.shape[0], r, self.state_size, -1)
+        return self._xp().reshape(J, (trace.x.shape[0], r, self.state_size, -1))
 
 
 class _TorchCell:
     """A step on one sample's tensors, batched and differentiated by ``torch.func``.
 
-    ``vmap``, ``jacrev`` and ``vjp``; NumPy arrays in and out.
+    ``vmap``, ``jacrev`` and ``vjp``, on the cell's device; its arrays in and out
+    are NumPy arrays (``home = "numpy"``) or tensors of that device (``"torch"``).
     """
 
     def __init__(self, step: Callable, parameters: Mapping[str, Any], jacobian: Any,
@@ -305,6 +347,7 @@ class _TorchCell:
         if vjp is not None:
             raise ValueError("vjp is for backend='numpy'; torch.func differentiates a "
                              "PyTorch step")
+        self.home, self.device, self.numpy_dtype = "numpy", torch.device("cpu"), dtype
         self.dtype = getattr(torch, dtype.name)
         self.parameters = {k: torch.as_tensor(_parameter(k, v, dtype), dtype=self.dtype).clone()
                            for k, v in parameters.items()}
@@ -312,19 +355,43 @@ class _TorchCell:
         self._batched = vmap(step, in_dims=(None, 0, 0))
         self._jacobian = vmap(jacobian or jacrev(step, argnums=1), in_dims=(None, 0, 0))
 
+    @property
+    def like(self) -> Any:
+        """An empty array of the cell's home backend, dtype and device."""
+        if self.home == "numpy":
+            return np.zeros(0, dtype=self.numpy_dtype)
+        import torch
+
+        return torch.empty(0, dtype=self.dtype, device=self.device)
+
+    @property
+    def array_dtype(self) -> Any:
+        """The dtype of the cell's home arrays."""
+        return self.numpy_dtype if self.home == "numpy" else self.dtype
+
+    def to(self, kind: str, device: Any) -> _TorchCell:
+        """The cell with ``kind`` arrays, its parameters and its work on ``device``."""
+        import torch
+
+        moved = copy.copy(self)
+        moved.home, moved.device = kind, torch.device(device or "cpu")
+        moved.parameters = {k: v.to(moved.device) for k, v in self.parameters.items()}
+        return moved
+
     def __call__(self, H: Any, X: Any) -> Any:
         import torch
 
         with torch.no_grad():
             out = self._batched(self.parameters, self._tensor(H), self._tensor(X))
-        return _checked(out, H.shape, self.dtype, "the step").numpy()
+        return self._out(_checked(out, H.shape, self.dtype, "the step"))
 
     def jacobians(self, H: Any, X: Any) -> Any:
         import torch
 
         with torch.no_grad():
             out = self._jacobian(self.parameters, self._tensor(H), self._tensor(X))
-        return _checked(out, H.shape + H.shape[-1:], self.dtype, "the Jacobian").numpy()
+        return self._out(_checked(out, tuple(H.shape) + tuple(H.shape[-1:]), self.dtype,
+                                  "the Jacobian"))
 
     def pullback(self, H: Any, X: Any, V: Any) -> tuple[dict, Any]:
         from torch.func import vjp
@@ -332,12 +399,17 @@ class _TorchCell:
         H = self._tensor(H)
         _, pull = vjp(lambda p, x: self._batched(p, H, x), self.parameters, self._tensor(X))
         d_parameters, d_input = pull(self._tensor(V))
-        return {k: t.detach().numpy() for k, t in d_parameters.items()}, d_input.numpy()
+        return ({k: self._out(t.detach()) for k, t in d_parameters.items()},
+                self._out(d_input.detach()))
 
     def _tensor(self, a: Any) -> Any:
         import torch
 
-        return torch.as_tensor(a, dtype=self.dtype)
+        return torch.as_tensor(a, dtype=self.dtype, device=self.device)
+
+    def _out(self, t: Any) -> Any:
+        """A result tensor as a home array."""
+        return t.cpu().numpy() if self.home == "numpy" else t
 
 
 class _NumpyCell:
@@ -349,10 +421,19 @@ class _NumpyCell:
             raise ValueError("backend='numpy' needs jacobian(parameters, h, x) -> (b, n, n): "
                              "nothing differentiates a NumPy step (or write the step in "
                              "PyTorch, backend='torch')")
-        self.dtype = dtype
+        self.dtype = self.array_dtype = dtype
+        self.like = np.zeros(0, dtype=dtype)
         self.parameters = {k: np.array(_parameter(k, v, dtype), dtype=dtype)
                            for k, v in parameters.items()}
         self.step, self._jacobian, self._vjp = step, jacobian, vjp
+
+    def to(self, kind: str, device: Any) -> _NumpyCell:
+        """Itself on NumPy; a NumPy step runs nowhere else."""
+        if kind != "numpy":
+            raise ValueError("this recurrence's step is NumPy code (backend='numpy'): it runs "
+                             "on NumPy arrays only; write the step in PyTorch "
+                             "(backend='torch') to run it on PyTorch tensors or a GPU")
+        return self
 
     def __call__(self, H: Any, X: Any) -> Any:
         return _checked(np.asarray(self.step(self.parameters, H, X)), H.shape, self.dtype,
@@ -412,10 +493,12 @@ def _rows(output: Any, size: int) -> Any:
 
 def _samples_first(a: Any, dtype: Any) -> Any:
     """A propop sequence ``(tau, k[, r])`` as a ``(tau, r, k)`` array of ``dtype``."""
-    a = np.asarray(a, dtype=dtype)
-    return a[:, None, :] if a.ndim == 2 else a.transpose(0, 2, 1)
+    a = backend.astype(a, dtype)
+    return a[:, None, :] if a.ndim == 2 else backend.namespace(a).permute_dims(a, (0, 2, 1))
 
 
 def _samples_last(a: Any, like: Any) -> Any:
     """A ``(tau, r, k)`` array as a propop sequence shaped like ``like`` (vector or batch)."""
-    return a[:, 0, :] if like.ndim == 2 else np.ascontiguousarray(a.transpose(0, 2, 1))
+    if like.ndim == 2:
+        return a[:, 0, :]
+    return backend.contiguous(backend.namespace(a).permute_dims(a, (0, 2, 1)))

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import backend
 from ..networks.trace import Trace
 from ..solvers.reduction.tridiagonal import block_tridiagonal
 
@@ -45,23 +46,25 @@ def damped_newton(net: Any, xs: Any, trace: Trace, linearization: str, damping: 
     step, and the reduction's ``"levels"``.
     """
     A, c = net.linearized(xs, trace, DAMPED[linearization])  # (tau, r, n, n), (tau, r, n)
-    H = np.moveaxis(trace.z[1], 1, 2) if xs.ndim == 3 else trace.z[1][:, None, :]
-    lam = np.broadcast_to(np.asarray(damping, dtype=A.dtype), (A.shape[1],)).copy()
-    after = np.concatenate([A[1:], np.zeros_like(A[:1])])  # A_{s+1}, zero after the last
-    after_t = np.swapaxes(after, 2, 3)
-    eye = np.eye(A.shape[2], dtype=A.dtype)
+    xp, device = backend.namespace(A), backend.device(A)
+    H = xp.moveaxis(trace.z[1], 1, 2) if xs.ndim == 3 else trace.z[1][:, None, :]
+    lam = xp.astype(backend.like(np.broadcast_to(backend.to_host(damping) if hasattr(
+        damping, "shape") else np.asarray(damping), (A.shape[1],)).copy(), A), A.dtype)
+    after = xp.concat([A[1:, ...], xp.zeros_like(A[:1, ...])])  # A_{s+1}, zero after the last
+    after_t = xp.matrix_transpose(after)
+    eye = xp.eye(A.shape[2], dtype=A.dtype, device=device)
     D = (1 + lam)[None, :, None, None] * eye + after_t @ after
-    c_after = np.concatenate([c[1:], np.zeros_like(c[:1])])
+    c_after = xp.concat([c[1:, ...], xp.zeros_like(c[:1, ...])])
     f = c - (after_t @ c_after[..., None])[..., 0] + lam[None, :, None] * H
     candidate_states, levels = block_tridiagonal(-A, D, -after_t, f)
-    candidate = net.trace_from_states(xs, [None, _layout(candidate_states, xs)])
+    candidate = net.trace_from_states(xs, [None, _layout(xp, candidate_states, xs)])
     accepted = net.merit(candidate) < net.merit(trace)
-    states = np.where(accepted[None, :, None], candidate_states, H)
-    new = net.trace_from_states(xs, [None, _layout(states, xs)])
-    return new, {"damping": np.where(accepted, lam / factor, lam * factor),
+    states = xp.where(accepted[None, :, None], candidate_states, H)
+    new = net.trace_from_states(xs, [None, _layout(xp, states, xs)])
+    return new, {"damping": xp.where(accepted, lam / factor, lam * factor),
                  "accepted": accepted, "levels": levels}
 
 
-def _layout(states: Any, xs: Any) -> Any:
+def _layout(xp: Any, states: Any, xs: Any) -> Any:
     """``(tau, r, n)`` states as the recurrence's sequence layout."""
-    return np.ascontiguousarray(np.moveaxis(states, 1, 2)) if xs.ndim == 3 else states[:, 0]
+    return backend.contiguous(xp.moveaxis(states, 1, 2)) if xs.ndim == 3 else states[:, 0, :]

@@ -14,7 +14,6 @@ import warnings
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
 
 from .. import backend
 from .._checks import require_finite, worst
@@ -185,13 +184,14 @@ def _diagnose(net: Any, trace: Trace, info: dict, jacobians: Any) -> None:
 def _relative(a: Any, b: Any) -> float:
     """``||a - b|| / ||b||``: how far a solution's input block is from the input."""
     xp = backend.namespace(b)
-    return float(xp.linalg.norm(a - b)) / max(float(xp.linalg.norm(b)), 1e-300)
+    return float(xp.linalg.vector_norm(a - b)) / max(float(xp.linalg.vector_norm(b)), 1e-300)
 
 
 def _change(before: Trace, after: Trace) -> float:
     """``max_k ||z_k - z_k'|| / ||z_k'||`` between two iterates."""
-    return worst(float(np.linalg.norm(np.asarray(a) - np.asarray(b)))
-                 / max(float(np.linalg.norm(np.asarray(a))), 1e-300)
+    xp = backend.namespace(after.z[0])
+    return worst(float(xp.linalg.vector_norm(a - b)) / max(float(xp.linalg.vector_norm(a)),
+                                                            1e-300)
                  for a, b in zip(after.z, before.z))
 
 
@@ -201,7 +201,8 @@ def _nonlinear_residual(net: Any, trace: Trace) -> float:
     gaps = []
     for act, y, z in zip(net.activations, trace.y, trace.z[1:]):
         fy = act(y)
-        gaps.append(float(xp.linalg.norm(z - fy)) / max(float(xp.linalg.norm(fy)), 1e-300))
+        gaps.append(float(xp.linalg.vector_norm(z - fy))
+                    / max(float(xp.linalg.vector_norm(fy)), 1e-300))
     return worst(gaps)
 
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
+from .. import backend
 from .._checks import real_array, require_finite
 from ..networks.recurrence import Recurrence
 from ..networks.trace import Trace
@@ -28,10 +27,10 @@ def _chain(net: Recurrence, coupling: Any, rhs: Any, lower: bool, letter: str, f
            batch: bool) -> TriangularSystem:
     """The chain of ``tau`` blocks: ``coupling`` ``(tau - 1, r, n, n)``, ``rhs`` ``(tau, n, r)``."""
     tau, n = rhs.shape[:2]
-    stack = coupling if batch else coupling[:, 0]
-    return TriangularSystem(None, None, rhs.reshape((tau * n,) + rhs.shape[2:]), lower=lower,
-                            sizes=[n] * tau, form=form, names=_names(letter),
-                            coupling_stack=np.ascontiguousarray(stack))
+    stack = coupling if batch else coupling[:, 0, ...]
+    rhs = net.backend.xp.reshape(rhs, (tau * n,) + tuple(rhs.shape[2:]))
+    return TriangularSystem(None, None, rhs, lower=lower, sizes=[n] * tau, form=form,
+                            names=_names(letter), coupling_stack=backend.contiguous(stack))
 
 
 @backward_system.register
@@ -40,11 +39,13 @@ def _recurrence_backward(net: Recurrence, trace: Trace, eps: Any, *, form: str =
     """``v_s - J_{s+1}^T v_{s+1} = eps_s``: backpropagation through time as a chain."""
     h = trace.z[1]
     eps = real_array(eps, "eps", net.dtype)
-    if eps.shape != h.shape:
-        raise ValueError(f"eps has shape {eps.shape}, expected the states' {h.shape}")
+    if tuple(eps.shape) != tuple(h.shape):
+        raise ValueError(f"eps has shape {tuple(eps.shape)}, expected the states' "
+                         f"{tuple(h.shape)}")
     require_finite(eps, "eps")
     J = net.jacobians_along(trace)
-    return _chain(net, np.swapaxes(J[1:], 2, 3), eps, False, "v", form, eps.ndim == 3)
+    return _chain(net, net.backend.xp.matrix_transpose(J[1:, ...]), eps, False, "v", form,
+                  eps.ndim == 3)
 
 
 @forward_system.register
@@ -54,5 +55,6 @@ def _recurrence_forward(net: Recurrence, xs: Any, around: Any = None, *,
     """``h_s - A_s h_{s-1} = F(h_{s-1}^(i), x_s) - A_s h_{s-1}^(i)`` around ``around``."""
     xs = net.check_input(xs)
     A, c = net.linearized(xs, around if isinstance(around, Trace) else None, linearization)
-    rhs = np.ascontiguousarray(c.transpose(0, 2, 1)) if xs.ndim == 3 else c[:, 0]
-    return _chain(net, A[1:], rhs, True, "h", form, xs.ndim == 3)
+    rhs = (backend.contiguous(net.backend.xp.permute_dims(c, (0, 2, 1))) if xs.ndim == 3
+           else c[:, 0, :])
+    return _chain(net, A[1:, ...], rhs, True, "h", form, xs.ndim == 3)
