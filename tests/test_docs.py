@@ -1,4 +1,9 @@
-"""The documentation builds with Sphinx, warnings as errors, and lists every solver."""
+"""The documentation builds with Sphinx, warnings as errors, and lists every solver.
+
+The build executes every notebook (jupytext py:percent files) in a Jupyter kernel
+through myst-nb, an error in any cell failing it: the one execution of the
+notebooks per test run, checked here for their figures and results.
+"""
 
 import pathlib
 import subprocess
@@ -29,6 +34,10 @@ def test_docs_build_without_warnings(tmp_path):
     for number in range(1, 48):  # every numbered equation of the paper has its section
         assert f'id="eq-{number}"' in math, number
     notebooks = sorted((ROOT / "notebooks").glob("*.py"))
+    assert notebooks
     for path in notebooks:  # executed at the build: the outputs and the figures are there
         page = (tmp_path / "notebooks" / f"{path.stem}.html").read_text()
         assert "<img" in page and "CONVERGED" in page, path.stem
+        assert "Traceback" not in page, path.stem
+        first = path.read_text().split("# %%")[1]  # the first cell: a markdown title
+        assert first.startswith(" [markdown]\n# # "), path.stem

@@ -128,3 +128,16 @@ def test_states_give_every_pre_activation_at_once():
         for k in range(3):  # y_k = W_k z_k + b_k, written out
             assert np.allclose(again.y[k], net.W[k] @ exact.z[k] + net.b[k][:, None],
                                rtol=1e-15, atol=1e-15)
+
+
+def test_the_sequential_backward_transposes_each_weight_once(monkeypatch):
+    """``net.WT`` is made at every access: the reference loop takes it once (was O(l^2))."""
+    import propop.networks.fnn as fnn
+
+    calls = []
+    original = fnn.transposed
+    monkeypatch.setattr(fnn, "transposed", lambda W: calls.append(1) or original(W))
+    net = pp.FNN.random([3] * 65, activation="tanh", seed=0)
+    trace = net.forward(np.ones(3))
+    v = net.backward(trace, np.ones(3))
+    assert len(v) == 65 and len(calls) == 64

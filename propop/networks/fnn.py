@@ -310,11 +310,11 @@ class FNN:
         ``v[k] = f'_k(y) * (W[k]^T v[k+1])`` for ``k = 1..l-1``, ``v[0] = W[0]^T v[1]``.
         """
         eps = self.check_eps(trace, eps)
-        depth = self.depth
+        depth, WT = self.depth, self.WT  # made once per call: WT is made at every access
         v = [None] * (depth + 1)
         v[depth] = self.activations[-1].df(trace.y[-1]) * eps
         for k in range(depth - 1, -1, -1):
-            v[k] = self.WT[k] @ v[k + 1]
+            v[k] = WT[k] @ v[k + 1]
             if k > 0:
                 v[k] *= self.activations[k - 1].df(trace.y[k - 1])
         return v

@@ -42,12 +42,12 @@ def _stack(xp: Any, rnn: RNN, tau: int, batch: tuple, blocks: dict) -> Any:
 
 def _structure(rnn: RNN, tau: int, lower: bool) -> TimeStructure:
     """``W`` within each step and ``U`` across steps, as repeated templates."""
-    templates = []
+    templates, WT, UT = [], rnn.WT if not lower else (), rnn.UT if not lower else ()
     for k in range(1, rnn.depth + 1):
         if lower:
             templates += [Template(k, k - 1, 0, rnn.W[k - 1]), Template(k, k, -1, rnn.U[k - 1])]
         else:
-            templates += [Template(k - 1, k, 0, rnn.WT[k - 1]), Template(k, k, 1, rnn.UT[k - 1])]
+            templates += [Template(k - 1, k, 0, WT[k - 1]), Template(k, k, 1, UT[k - 1])]
     return TimeStructure(tau, rnn.sizes, tuple(templates))
 
 
