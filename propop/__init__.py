@@ -31,7 +31,7 @@ _WHERE = {
     "MemoryBudgetError": "propop.memory",
 }
 _MODULES = ("layers", "solvers", "data", "sparsity", "memory", "distributed", "plot",
-            "interop", "newton")
+            "interop", "newton", "torch")
 
 __all__ = [
     "FNN", "RNN", "Graph", "Trace", "Gradients", "RNNGradients", "GraphGradients", "layers",

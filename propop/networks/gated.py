@@ -24,7 +24,7 @@ import numpy as np
 from .. import memory
 from .recurrence import Recurrence
 
-__all__ = ["GRU", "LSTM"]
+__all__ = ["GRU", "LSTM", "ElmanRNN"]
 
 
 class _Gated(Recurrence):
@@ -68,7 +68,12 @@ class _Gated(Recurrence):
                 parameters.setdefault(f"bias_{side}_l{k}",
                                       np.zeros(cls.gates * module.hidden_size))
         return cls(module.input_size, module.hidden_size, module.num_layers, parameters,
-                   dtype=dtype)
+                   dtype=dtype, **cls._options_of(module))
+
+    @classmethod
+    def _options_of(cls, module: Any) -> dict:
+        """The cell's own constructor options read from a ``torch.nn`` module (none)."""
+        return {}
 
     def _names(self) -> list[str]:
         return [f"{kind}_{side}_l{k}" for k in range(self.num_layers)
@@ -146,3 +151,37 @@ class LSTM(_Gated):
         i, f, g, o = (gi + gh).chunk(4)
         c = torch.sigmoid(f) * own[self.hidden_size:] + torch.sigmoid(i) * torch.tanh(g)
         return torch.cat([torch.sigmoid(o) * torch.tanh(c), c])
+
+
+class ElmanRNN(_Gated):
+    """A multi-layer Elman RNN as ``torch.nn.RNN`` computes it, by its Jacobians.
+
+    ``h' = f(W_ih x + b_ih + W_hh h + b_hh)`` with ``f`` tanh or ReLU
+    (``nonlinearity``); parameters as :class:`GRU`'s, with ``H`` rows. The same
+    network as :class:`propop.RNN` (whose one bias is ``b_ih + b_hh``), as a
+    recurrence: the cell of ``propop.torch.RNN``.
+    """
+
+    gates = 1
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
+                 parameters: Mapping[str, Any] | None = None, seed: int | None = 0,
+                 dtype: Any = "float64", nonlinearity: str = "tanh") -> None:
+        if nonlinearity not in ("tanh", "relu"):
+            raise ValueError(f"nonlinearity must be one of ('tanh', 'relu'), got {nonlinearity!r}")
+        self.nonlinearity = nonlinearity
+        super().__init__(input_size, hidden_size, num_layers, parameters, seed, dtype)
+
+    def __repr__(self) -> str:
+        return (f"ElmanRNN({self.input_size}, {self.hidden_size}, num_layers={self.num_layers}"
+                f", nonlinearity={self.nonlinearity!r})")
+
+    @classmethod
+    def _options_of(cls, module: Any) -> dict:
+        return {"nonlinearity": module.nonlinearity}
+
+    def _layer(self, gi: Any, gh: Any, own: Any) -> Any:
+        import torch
+
+        return torch.tanh(gi + gh) if self.nonlinearity == "tanh" else torch.relu(gi + gh)
+

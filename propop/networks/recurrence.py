@@ -349,8 +349,14 @@ class _TorchCell:
                              "PyTorch step")
         self.home, self.device, self.numpy_dtype = "numpy", torch.device("cpu"), dtype
         self.dtype = getattr(torch, dtype.name)
-        self.parameters = {k: torch.as_tensor(_parameter(k, v, dtype), dtype=self.dtype).clone()
+        self.parameters = {k: _tensor_parameter(k, v, self.dtype) if isinstance(v, torch.Tensor)
+                           else torch.as_tensor(_parameter(k, v, dtype), dtype=self.dtype).clone()
                            for k, v in parameters.items()}
+        devices = {t.device for t in self.parameters.values()}
+        if len(devices) > 1:
+            raise ValueError(f"the parameters live on several devices {sorted(map(str, devices))}"
+                             ": move them to one")
+        self.device = devices.pop() if devices else self.device
         self.step = step
         self._batched = vmap(step, in_dims=(None, 0, 0))
         self._jacobian = vmap(jacobian or jacrev(step, argnums=1), in_dims=(None, 0, 0))
@@ -461,6 +467,19 @@ def _parameter(name: str, value: Any, dtype: Any) -> Any:
     value = real_array(value, f"parameter {name!r}", dtype)
     require_finite(value, f"parameter {name!r}")
     return value
+
+
+def _tensor_parameter(name: str, value: Any, dtype: Any) -> Any:
+    """A tensor parameter of ``dtype`` on its own device (no copy to the host), checked."""
+    import torch
+
+    if value.is_complex() or not (value.is_floating_point() or not value.dtype.is_signed
+                                  or value.dtype in (torch.int32, torch.int64)):
+        raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected real numbers")
+    tensor = value.detach().to(dtype)
+    if not bool(torch.isfinite(tensor).all()):
+        raise ValueError(f"parameter {name!r} contains NaN or Inf")
+    return tensor
 
 
 def _checked(out: Any, shape: tuple, dtype: Any, what: str) -> Any:

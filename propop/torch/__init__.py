@@ -1,0 +1,12 @@
+"""propop inside a PyTorch training loop (optional: torch).
+
+``import propop.torch as ptorch``: drop-in ``ptorch.GRU``, ``ptorch.LSTM`` and
+``ptorch.RNN`` (``torch.nn``'s modules whose forward is a member of the Newton
+family and whose backward is propop's solve, :mod:`.recurrent`).
+"""
+
+from __future__ import annotations
+
+from .recurrent import GRU, LSTM, MODES, RNN, from_module
+
+__all__ = ["GRU", "LSTM", "RNN", "MODES", "from_module"]

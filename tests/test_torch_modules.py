@@ -1,0 +1,162 @@
+"""propop.torch's GRU, LSTM and RNN against torch.nn's: passes, gradients, training, failures.
+
+Every comparison is with the ``torch.nn`` module itself (cuDNN-free CPU kernels,
+autograd): outputs, final states and every parameter's gradient, then five steps
+of Adam with gradient clipping and a parameter hook in a small language model.
+"""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import propop as pp  # noqa: E402
+import propop.torch as ptorch  # noqa: E402
+
+KINDS = {"gru": (torch.nn.GRU, {}), "lstm": (torch.nn.LSTM, {}),
+         "rnn": (torch.nn.RNN, {"nonlinearity": "tanh"}),
+         "rnn-relu": (torch.nn.RNN, {"nonlinearity": "relu"})}
+
+
+def pair(kind, mode, method="cyclic-reduction", dtype=torch.float64, **options):
+    torch.manual_seed(0)
+    cls, own = KINDS[kind]
+    reference = cls(3, 4, num_layers=2, dtype=dtype, **own, **options)
+    return reference, ptorch.from_module(reference, mode=mode, method=method)
+
+
+def run(module, x):
+    x = x.detach().clone().requires_grad_(True)
+    out, final = module(x)
+    finals = final if isinstance(final, tuple) else (final,)
+    loss = (out.sin() ** 2).sum() + sum((f * f.cos()).sum() for f in finals)
+    loss.backward()
+    return x, out, finals
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize(("mode", "method"), [("sequential", "substitution"),
+                                              ("newton", "cyclic-reduction"),
+                                              ("newton", "substitution"),
+                                              ("quasi", "cyclic-reduction"),
+                                              ("damped", "cyclic-reduction")])
+def test_outputs_states_and_every_gradient_are_torch_nns(kind, mode, method):
+    reference, ours = pair(kind, mode, method)
+    x = torch.randn(15, 2, 3, dtype=torch.float64)
+    x_ref, out_ref, finals_ref = run(reference, x)
+    x_ours, out, finals = run(ours, x)
+    torch.testing.assert_close(out, out_ref, rtol=1e-10, atol=1e-12)
+    for a, b in zip(finals, finals_ref):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    for (name, p), (_, q) in zip(ours.named_parameters(), reference.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-12, msg=name)
+    torch.testing.assert_close(x_ours.grad, x_ref.grad, rtol=1e-10, atol=1e-12)
+    assert ours.last["mode"] == mode and ours.last["backward"].converged
+    if mode != "sequential":
+        assert ours.last["converged"] and ours.last["iterations"] <= 15
+
+
+def test_the_modules_keep_torch_nns_conventions():
+    reference, ours = pair("gru", "newton", batch_first=True, bias=False)
+    assert isinstance(ours, torch.nn.GRU) and ours.batch_first and not ours.bias
+    assert list(ours.state_dict()) == list(reference.state_dict())
+    x = torch.randn(2, 9, 3, dtype=torch.float64)  # batch first
+    torch.testing.assert_close(ours(x)[0], reference(x)[0], rtol=1e-10, atol=1e-12)
+    unbatched = torch.randn(9, 3, dtype=torch.float64)
+    out, h = ours(unbatched, torch.zeros(2, 4, dtype=torch.float64))
+    torch.testing.assert_close(out, reference(unbatched)[0], rtol=1e-10, atol=1e-12)
+    assert out.shape == (9, 4) and h.shape == (2, 4)
+    with torch.no_grad():  # no graph: the forward alone
+        assert not ours(x)[0].requires_grad
+    assert "mode='newton'" in repr(ours)
+
+
+class LanguageModel(torch.nn.Module):
+    """Embedding, a 2-layer recurrent module, a linear head: next-token logits."""
+
+    def __init__(self, recurrent):
+        super().__init__()
+        torch.manual_seed(1)
+        self.embed = torch.nn.Embedding(11, 3, dtype=torch.float64)
+        self.recurrent = recurrent
+        self.head = torch.nn.Linear(4, 11, dtype=torch.float64)
+
+    def forward(self, tokens):
+        return self.head(self.recurrent(self.embed(tokens))[0])
+
+
+def train(model, tokens, steps=5):
+    optimiser = torch.optim.Adam(model.parameters(), lr=0.05)
+    seen = []
+    model.recurrent.weight_hh_l0.register_hook(lambda g: seen.append(g.norm()))
+    for _ in range(steps):
+        optimiser.zero_grad()
+        logits = model(tokens[:-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 11), tokens[1:].reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimiser.step()
+    return seen
+
+
+@pytest.mark.parametrize("kind", ["gru", "lstm"])
+def test_five_adam_steps_of_a_language_model_equal_plain_autograds(kind):
+    reference, ours = pair(kind, "newton")
+    tokens = torch.randint(0, 11, (13, 4), generator=torch.Generator().manual_seed(2))
+    plain, parallel = LanguageModel(reference), LanguageModel(ours)
+    parallel.load_state_dict(plain.state_dict())
+    seen_plain, seen_parallel = train(plain, tokens), train(parallel, tokens)
+    assert len(seen_parallel) == 5  # the hook on a parameter saw every backward
+    torch.testing.assert_close(torch.stack(seen_parallel), torch.stack(seen_plain),
+                               rtol=1e-9, atol=1e-12)
+    for (name, p), (_, q) in zip(parallel.named_parameters(), plain.named_parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_float32_trains_to_float32s_tolerance():
+    torch.manual_seed(0)
+    reference = torch.nn.GRU(3, 4, num_layers=2)
+    ours = ptorch.from_module(reference, mode="newton", method="cyclic-reduction")
+    x = torch.randn(12, 3, 3)
+    x_ref, out_ref, _ = run(reference, x)
+    x_ours, out, _ = run(ours, x)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, out_ref, rtol=1e-4, atol=1e-5)
+    for (name, p), (_, q) in zip(ours.named_parameters(), reference.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4, msg=name)
+
+
+def test_a_forward_that_does_not_converge_raises_or_falls_back_saying_so():
+    torch.manual_seed(3)
+    reference = torch.nn.RNN(3, 8, dtype=torch.float64)
+    with torch.no_grad():
+        reference.weight_hh_l0.mul_(6.0)  # chaotic: Newton needs many iterations
+    x = torch.randn(40, 2, 3, dtype=torch.float64)
+    strict = ptorch.from_module(reference, mode="newton", method="substitution", maxiter=2)
+    with pytest.raises(pp.ConvergenceError, match="forward iteration stopped after 2"):
+        strict(x)
+    lenient = ptorch.from_module(reference, mode="newton", method="substitution", maxiter=2,
+                                 on_failure="sequential")
+    with pytest.warns(RuntimeWarning, match="ran the sequential pass instead"):
+        out, _ = lenient(x)
+    torch.testing.assert_close(out, reference(x)[0], rtol=1e-10, atol=1e-12)
+    assert lenient.last["mode"] == "sequential" and "fallback" in lenient.last
+
+
+def test_what_is_not_supported_is_refused_by_name():
+    with pytest.raises(ValueError, match="mode must be one of"):
+        ptorch.GRU(3, 4, mode="fast")
+    with pytest.raises(KeyError, match="no-such-method"):
+        ptorch.GRU(3, 4, method="no-such-method")
+    with pytest.raises(ValueError, match="bidirectional=True"):
+        ptorch.LSTM(3, 4, bidirectional=True)
+    gru = ptorch.GRU(3, 4, num_layers=2, dropout=0.5, dtype=torch.float64)
+    with pytest.raises(ValueError, match="dropout between layers in training mode"):
+        gru(torch.randn(5, 1, 3, dtype=torch.float64))
+    gru.eval()
+    gru(torch.randn(5, 1, 3, dtype=torch.float64))  # eval: dropout off, it runs
+    with pytest.raises(ValueError, match="non-zero initial state"):
+        gru(torch.randn(5, 1, 3, dtype=torch.float64), torch.ones(2, 1, 4, dtype=torch.float64))
+    with pytest.raises(TypeError, match="torch.nn.GRU, LSTM or RNN"):
+        ptorch.from_module(torch.nn.Linear(2, 2))
+    assert np.isfinite(float(gru(torch.randn(5, 1, 3, dtype=torch.float64))[0].detach().sum()))
