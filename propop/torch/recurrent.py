@@ -47,7 +47,13 @@ class _Parallel:
     """What the three modules add to their ``torch.nn`` class: modes, method, the passes."""
 
     cell: type
-    _torch_class: type
+
+    def __init__(self, *args: Any, mode: str = "newton", method: str = "auto",
+                 on_failure: str = "raise", rtol: float | None = None,
+                 maxiter: int | None = None, options: dict | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # the torch.nn module's own constructor
+        self._configure(mode, method, on_failure, rtol, maxiter, options)
 
     def _configure(self, mode: str, method: str, on_failure: str, rtol: float | None,
                    maxiter: int | None, options: dict | None) -> None:
@@ -205,12 +211,6 @@ class GRU(_Parallel, torch.nn.GRU):
 
     cell = gated.GRU
 
-    def __init__(self, *args: Any, mode: str = "newton", method: str = "auto",
-                 on_failure: str = "raise", rtol: float | None = None,
-                 maxiter: int | None = None, options: dict | None = None,
-                 **kwargs: Any) -> None:
-        torch.nn.GRU.__init__(self, *args, **kwargs)
-        self._configure(mode, method, on_failure, rtol, maxiter, options)
 
 
 class RNN(_Parallel, torch.nn.RNN):
@@ -218,12 +218,6 @@ class RNN(_Parallel, torch.nn.RNN):
 
     cell = gated.ElmanRNN
 
-    def __init__(self, *args: Any, mode: str = "newton", method: str = "auto",
-                 on_failure: str = "raise", rtol: float | None = None,
-                 maxiter: int | None = None, options: dict | None = None,
-                 **kwargs: Any) -> None:
-        torch.nn.RNN.__init__(self, *args, **kwargs)
-        self._configure(mode, method, on_failure, rtol, maxiter, options)
 
 
 class LSTM(_Parallel, torch.nn.LSTM):
@@ -231,12 +225,6 @@ class LSTM(_Parallel, torch.nn.LSTM):
 
     cell = gated.LSTM
 
-    def __init__(self, *args: Any, mode: str = "newton", method: str = "auto",
-                 on_failure: str = "raise", rtol: float | None = None,
-                 maxiter: int | None = None, options: dict | None = None,
-                 **kwargs: Any) -> None:
-        torch.nn.LSTM.__init__(self, *args, **kwargs)
-        self._configure(mode, method, on_failure, rtol, maxiter, options)
 
     def _final(self, final: list, batched: bool) -> Any:
         """``(h_n, c_n)`` stacked over layers."""
