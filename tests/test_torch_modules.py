@@ -160,3 +160,21 @@ def test_what_is_not_supported_is_refused_by_name():
     with pytest.raises(TypeError, match="torch.nn.GRU, LSTM or RNN"):
         ptorch.from_module(torch.nn.Linear(2, 2))
     assert np.isfinite(float(gru(torch.randn(5, 1, 3, dtype=torch.float64))[0].detach().sum()))
+
+
+@pytest.mark.parametrize("cls", [torch.nn.RNN, torch.nn.GRU, torch.nn.LSTM])
+def test_backprop_of_an_imported_recurrent_module_names_gradients_as_torch_does(cls):
+    torch.manual_seed(4)
+    module = cls(3, 4, num_layers=2, dtype=torch.float64)
+    xs = np.random.default_rng(5).standard_normal((8, 3, 2))
+    net = pp.from_torch(module)
+    target = np.random.default_rng(6).standard_normal(
+        (8, 4, 2) if cls is torch.nn.RNN else net.outputs(net.forward(xs)).shape)
+    g = pp.backprop(net, xs, target, method="cyclic-reduction")
+    out = module(torch.from_numpy(xs.transpose(0, 2, 1).copy()))[0]
+    (0.5 * ((out - torch.from_numpy(target.transpose(0, 2, 1).copy())) ** 2).sum()).backward()
+    ours = dict(g.named_parameters())
+    assert list(ours) == [name for name, _ in module.named_parameters()]
+    for name, p in module.named_parameters():
+        np.testing.assert_allclose(np.asarray(ours[name]), p.grad.numpy(), rtol=1e-10,
+                                   atol=1e-12, err_msg=name)

@@ -61,6 +61,10 @@ class RecurrenceGradients:
     x: Any
     solution: Any = field(default=None, compare=False)
 
+    def named_parameters(self) -> Any:
+        """``(name, gradient)`` per parameter (PyTorch's names for a GRU or LSTM)."""
+        yield from self.parameters.items()
+
 
 class Recurrence:
     """``h_s = step(theta, h_{s-1}, x_s)`` for ``s = 0..tau-1`` from ``h_{-1} = 0``.

@@ -47,6 +47,15 @@ class RNNGradients:
     x: Any
     solution: Any = field(default=None, compare=False)
 
+    def named_parameters(self) -> Any:
+        """``(name, gradient)`` under ``torch.nn.RNN``'s names, as its ``named_parameters()``.
+
+        propop's one bias ``b`` is ``bias_ih + bias_hh``: both get its gradient.
+        """
+        for k, (dW, dU, db) in enumerate(zip(self.W, self.U, self.b)):
+            yield from ((f"weight_ih_l{k}", dW), (f"weight_hh_l{k}", dU),
+                        (f"bias_ih_l{k}", db), (f"bias_hh_l{k}", db))
+
 
 class RNN:
     """A multi-layer Elman RNN ``z[k,s] = f(W_k z[k-1,s] + U_k z[k,s-1] + b_k)``.
