@@ -84,6 +84,16 @@ def test_demo_runs_every_method_quickly():
     assert drift < 1e-14 and "judged INACCURATE" in unchecked
     assert "solves APPROXIMATE" in unchecked
     assert "raised MemoryBudgetError before allocating" in result.stdout
+    storage = result.stdout.split("One storage:")[1].split("Plan once")[0]
+    assert "| FNN of width 8 | chain (5 blocks) | 1 dense stack(s) | chain, equal-widths, " \
+        "stacked |" in storage and "| time (30 blocks) |" in storage
+    tensors = result.stdout.split("PyTorch tensors, one code path")[1].split("PyTorch in")[0]
+    rows = [row.split("|") for row in tensors.splitlines() if row.startswith("| ") and
+            "torch.Tensor" in row]
+    assert len(rows) == 6 and max(float(row[4]) for row in rows) < 1e-12
+    loop = result.stdout.split("PyTorch in the loop:")[1].split("(the GRU's")[0]
+    rows = [row.split("|") for row in loop.splitlines() if "propop cyclic-reduction" in row]
+    assert len(rows) == 2 and max(float(row[4]) for row in rows) < 1e-12
 
 
 def test_run_an_rnn_reports_what_does_not_apply(capsys):

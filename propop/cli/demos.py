@@ -1,4 +1,7 @@
-"""``propop demo``'s sections after its tables: plans, auto, backends, models, trust, training."""
+"""``propop demo``'s sections after its tables.
+
+One storage, plans, auto, backends, PyTorch in the loop, models, trust, training.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from ..networks.rnn import RNN
 from ..propagation import backprop
 from ..solvers.plan import solve
 from ..solvers.solution import Solution, Status
-from ..systems import TriangularSystem, backward_system
+from ..systems import backward_system
 from .experiments import problem
 
 __all__ = ["after_the_tables", "DEMO_TRAINING"]
@@ -34,32 +37,124 @@ def auto() -> None:
     print()
 
 
+def storage() -> None:
+    """One storage: whatever network made a system, a layout plus stacked coefficients."""
+    from ..networks.graph import Graph
+
+    rng = np.random.default_rng(0)
+    fnn = FNN.random([6, 9, 5, 7], activation="tanh", seed=0)
+    square = FNN.random([8] * 5, activation="tanh", seed=0)
+    rnn = RNN.random([3, 4, 4], activation="tanh", seed=0)
+    graph = Graph.residual_mlp(4, 3, seed=0)
+    systems = {"FNN of widths 6-9-5-7": backward_system(fnn, fnn.forward(
+                   rng.standard_normal((6, 2))), np.ones((7, 2))),
+               "FNN of width 8": backward_system(square, square.forward(
+                   rng.standard_normal((8, 2))), np.ones((8, 2))),
+               "2-layer RNN, 10 steps": backward_system(rnn, rnn.forward(
+                   rng.standard_normal((10, 3, 2))), np.ones((10, 4, 2))),
+               "residual MLP graph": backward_system(graph, graph.forward(np.ones((4, 2))),
+                                                     np.ones((4, 2)))}
+    print("One storage: every system is a layout (which blocks couple) plus couplings in "
+          "dense stacks or a sparse list, and block-indexed stacks of scalings; methods ask "
+          "its tags, computed once, and never see how it was given:\n")
+    print("| system | layout | couplings stored | tags |\n|---|---|---|---|")
+    for name, B in systems.items():
+        op = B.operator_of
+        stored = (f"{len(op.couplings.stacks)} dense stack(s)" if not op.couplings.sparse
+                  else f"sparse list of {len(op.couplings)}")
+        print(f"| {name} | {op.layout.kind} ({op.nblocks} blocks) | {stored} | "
+              f"{', '.join(sorted(B.tags))} |")
+    print()
+
+
 def backends() -> None:
-    """The demo's PyTorch tensors: one stacked chain solved by the same code as NumPy's."""
+    """The demo's PyTorch tensors: every layout, every native method, the same code as NumPy's."""
     try:
         import torch
     except ImportError:
         print("PyTorch tensors: skipped, torch is not installed (pip install propop[torch]).\n")
         return
-    net = FNN.random([32] * 65, activation="tanh", seed=0)
-    x = np.random.default_rng(1).standard_normal((32, 4))
-    trace = net.forward(x)
-    B = backward_system(net, trace, trace.output)
-    T = TriangularSystem(None, None, torch.from_numpy(B.rhs), lower=False, sizes=B.sizes,
-                         coupling_stack=torch.from_numpy(B.coupling_stack),
-                         scale_stack=torch.from_numpy(B.scale_stack))
-    reference = solve(B, "substitution").x
-    print("PyTorch tensors, one code path: a 64-layer backward system (width 32, batch 4) "
-          "as torch tensors (a stacked chain), solved by the methods that declare "
-          "'torch':\n")
-    print("| method | status | returns | max difference from NumPy substitution |\n"
+    from ..networks.gated import GRU
+
+    rng = np.random.default_rng(1)
+    fnn = FNN.random([6, 9, 5, 7], activation="tanh", seed=0)
+    rnn = RNN.random([3, 4, 4], activation="tanh", seed=0)
+    gru = GRU(3, 4, num_layers=2, seed=0)
+    x, xs = rng.standard_normal((6, 3)), rng.standard_normal((12, 3, 3))
+    cases = {"FNN 6-9-5-7": (fnn, x, rng.standard_normal((7, 3)),
+                             lambda: FNN([torch.from_numpy(W) for W in fnn.W],
+                                         [torch.from_numpy(b) for b in fnn.b])),
+             "RNN, 12 steps": (rnn, xs, rng.standard_normal((12, 4, 3)),
+                               lambda: RNN([torch.from_numpy(W) for W in rnn.W],
+                                           [torch.from_numpy(U) for U in rnn.U],
+                                           [torch.from_numpy(b) for b in rnn.b])),
+             "2-layer GRU, 12 steps": (gru, xs, rng.standard_normal((12, 4, 3)),
+                                       lambda: gru.to("torch"))}
+    print("PyTorch tensors, one code path: networks of tensors (any widths, RNNs, GRUs) "
+          "backpropagate with every propop-native method on the same code as NumPy's "
+          "(CuPy and PyTorch CUDA too, not yet run on a GPU; propop solvers says where "
+          "each method has run):\n")
+    print("| network | method | returns | max relative difference from NumPy |\n"
           "|---|---|---|---:|")
-    for name in ("substitution", "cyclic-reduction", "jacobi", "batched-bicgstab"):
-        sol = solve(T, name)
-        difference = float(np.abs(sol.x.numpy() - reference).max())
-        print(f"| {name} | {sol.status.name} | {type(sol.x).__module__}."
-              f"{type(sol.x).__name__} | {difference:.1e} |")
+    for name, (net, inputs, target, moved) in cases.items():
+        reference = backprop(net, inputs, target, method="substitution")
+        ours = moved()
+        for method in ("cyclic-reduction", "batched-gmres"):
+            g = backprop(ours, torch.from_numpy(inputs), torch.from_numpy(target),
+                         method=method)
+            raw = g.W[0] if hasattr(g, "W") else next(iter(g.parameters.values()))
+            mine, theirs = _first_gradient(g), _first_gradient(reference)
+            difference = float(np.abs(mine - theirs).max() / np.abs(theirs).max())
+            print(f"| {name} | {method} | {type(raw).__module__}.{type(raw).__name__} | "
+                  f"{difference:.1e} |")
     print()
+
+
+def _first_gradient(g: Any) -> Any:
+    """The first weight's gradient of any network's gradients, on the host."""
+    from .. import backend
+
+    value = g.W[0] if hasattr(g, "W") else next(iter(g.parameters.values()))
+    return backend.to_host(value)
+
+
+def torch_loop() -> None:
+    """PyTorch in the loop: a drop-in GRU and a parallelized module, trained with Adam."""
+    try:
+        import torch
+    except ImportError:
+        print("PyTorch in the loop: skipped, torch is not installed "
+              "(pip install propop[torch]).\n")
+        return
+    import copy
+
+    from .. import torch as ptorch
+
+    torch.manual_seed(0)
+    plain = torch.nn.GRU(3, 8, num_layers=2, dtype=torch.float64)
+    ours = ptorch.from_module(plain, mode="newton", method="cyclic-reduction")
+    mlp = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(),
+                              torch.nn.Linear(16, 3)).double()
+    reference = copy.deepcopy(mlp)
+    parallel = ptorch.parallelize(mlp, method="cyclic-reduction")
+    xs, x = torch.randn(40, 4, 3, dtype=torch.float64), torch.randn(32, 6, dtype=torch.float64)
+    print("PyTorch in the loop: one line changes (nn.GRU -> propop.torch.GRU, or "
+          "model = propop.torch.parallelize(model)); torch.optim.Adam trains as before:\n")
+    print("| model | forward | backward | max parameter difference after 3 Adam steps |\n"
+          "|---|---|---|---:|")
+    for name, a, b, data, how in (("2-layer GRU, 40 steps", ours, plain, xs, "newton (DEER)"),
+                                  ("MLP 6-16-3", parallel, reference, x, "sequential")):
+        for module in (a, b):
+            optimiser = torch.optim.Adam(module.parameters(), lr=0.01)
+            for _ in range(3):
+                optimiser.zero_grad()
+                out = module(data)
+                ((out[0] if isinstance(out, tuple) else out) ** 2).sum().backward()
+                optimiser.step()
+        worst = max(float((p - q).detach().abs().max())
+                    for p, q in zip(a.parameters(), b.parameters()))
+        print(f"| {name} | {how} | propop cyclic-reduction | {worst:.1e} |")
+    print(f"\n(the GRU's last forward took {ours.last['iterations']} Newton iterations)\n")
 
 
 def models() -> None:
@@ -244,9 +339,11 @@ def plans() -> None:
 
 def after_the_tables() -> None:
     """The demo's sections after its tables, in order."""
+    storage()
     plans()
     auto()
     backends()
+    torch_loop()
     models()
     trust()
     training()
