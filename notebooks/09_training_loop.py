@@ -1,0 +1,133 @@
+# %% [markdown]
+# # propop in your training loop
+#
+# A jupytext `py:percent` notebook. A PyTorch user changes one line: `nn.GRU` becomes
+# `propop.torch.GRU` (its forward is Newton's method on the whole sequence, DEER, and
+# its backward propop's solve of the backward system), or any traceable model is
+# wrapped by `propop.torch.parallelize`. The optimiser, the loss, clipping and hooks
+# stay as they are. Here a small GRU language model and a small CNN are trained both
+# ways, side by side. Needs PyTorch (`pip install "propop[torch]"`).
+
+# %%
+import copy
+
+import matplotlib.pyplot as plt
+import torch
+
+import propop.torch as ptorch
+
+torch.manual_seed(0)
+text = torch.randint(0, 12, (41, 8))  # 41 tokens in each of 8 sequences (time first)
+
+
+class LanguageModel(torch.nn.Module):
+    """Embedding, a 2-layer recurrent module, a linear head: next-token logits."""
+
+    def __init__(self, recurrent):
+        super().__init__()
+        torch.manual_seed(1)
+        self.embed = torch.nn.Embedding(12, 6, dtype=torch.float64)
+        self.recurrent = recurrent
+        self.head = torch.nn.Linear(16, 12, dtype=torch.float64)
+
+    def forward(self, tokens):
+        """Logits of the next token at every step."""
+        return self.head(self.recurrent(self.embed(tokens))[0])
+
+
+def train(model, steps=15):
+    """Adam with clipping on the next-token loss; the loss of every step."""
+    optimiser = torch.optim.Adam(model.parameters(), lr=0.03)
+    losses = []
+    for _ in range(steps):
+        optimiser.zero_grad()
+        logits = model(text[:-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 12), text[1:].reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimiser.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+# %% [markdown]
+# The same weights, trained with `torch.nn.GRU` and with `propop.torch.GRU`
+# (`from_module` copies them); the loss curves coincide.
+
+# %%
+plain_gru = torch.nn.GRU(6, 16, num_layers=2, dtype=torch.float64)
+propop_gru = ptorch.from_module(plain_gru, mode="newton", method="cyclic-reduction")
+plain, ours = LanguageModel(plain_gru), LanguageModel(propop_gru)
+ours.load_state_dict(plain.state_dict())
+plain_losses, our_losses = train(plain), train(ours)
+difference = max(float((p - q).abs().max()) for p, q in zip(ours.parameters(),
+                                                           plain.parameters()))
+print(f"largest parameter difference after 15 Adam steps: {difference:.1e}")
+print("last forward:", propop_gru.last["iterations"], "Newton iterations, residuals",
+      ", ".join(f"{r:.0e}" for r in propop_gru.last["residuals"]))
+print("last backward:", propop_gru.last["backward"])
+
+# %% [markdown]
+# Any traceable model: `parallelize` returns the model itself (parameters, names and
+# `state_dict` shared) whose backward is propop's solve. A residual CNN with bias-free
+# convolutions and BatchNorm in evaluation mode:
+
+
+# %%
+class SmallCNN(torch.nn.Module):
+    """Bias-free convolutions, BatchNorm, a residual block, a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(2)
+        self.conv1 = torch.nn.Conv2d(1, 4, 3, padding=1, bias=False)
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.conv2 = torch.nn.Conv2d(4, 4, 3, padding=1, bias=False)
+        self.head = torch.nn.Linear(4 * 4 * 4, 3)
+
+    def forward(self, x):
+        """Class logits."""
+        h = torch.tanh(self.bn(self.conv1(x)))
+        h = h + torch.tanh(self.conv2(h))
+        return self.head(torch.nn.functional.avg_pool2d(h, 2).flatten(1))
+
+
+images, labels = torch.randn(16, 1, 8, 8, dtype=torch.float64), torch.randint(0, 3, (16,))
+cnn = SmallCNN().double().eval()
+reference = copy.deepcopy(cnn)
+parallel = ptorch.parallelize(cnn, method="substitution", example_input=images)
+
+
+def train_cnn(model, steps=15):
+    """Adam on the classification loss; the loss of every step."""
+    optimiser = torch.optim.Adam(model.parameters(), lr=0.02)
+    losses = []
+    for _ in range(steps):
+        optimiser.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
+        loss.backward()
+        optimiser.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+cnn_plain, cnn_ours = train_cnn(reference), train_cnn(parallel)
+worst = max(float((p - q).abs().max()) for p, q in zip(cnn.parameters(), reference.parameters()))
+print(f"CNN parameter difference after 15 Adam steps: {worst:.1e}")
+print("last backward:", parallel.propop.last["backward"])
+
+# %%
+figure, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+for ax, (title, a, b) in zip(axes, (("2-layer GRU language model", plain_losses, our_losses),
+                                    ("residual CNN", cnn_plain, cnn_ours))):
+    ax.plot(range(1, len(a) + 1), a, "o-", label="torch autograd")
+    ax.plot(range(1, len(b) + 1), b, "x--", label="propop (Newton forward, CR backward)"
+            if "GRU" in title else "propop (substitution backward)")
+    ax.set_title(title)
+    ax.set_xlabel("Adam step")
+    ax.set_ylabel("cross-entropy")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.legend()
+figure.suptitle("The same training, with PyTorch's backward and with propop's")
+figure.tight_layout()
+plt.show()
