@@ -145,3 +145,19 @@ def test_what_cannot_run_is_refused_by_name():
     with pytest.raises(Exception, match="Branchy|control flow|symbolically traced"):
         ptorch.parallelize(Branchy(), input_shape=(3,))
     assert isinstance(pp.torch.parallelize, type(ptorch.parallelize))
+
+
+def test_the_training_step_benchmark_runs_end_to_end(tmp_path, monkeypatch):
+    """``python -m benchmarks.training_step --quick``: every contender takes a step."""
+    import json
+    import sys
+
+    from benchmarks import training_step
+
+    monkeypatch.setenv("PROPOP_RESULTS", str(tmp_path))
+    monkeypatch.setattr(sys, "argv", ["training_step", "--quick"])
+    training_step.main()
+    rows = json.loads((tmp_path / "training_step_quick.json").read_text())["rows"]
+    assert {row["kind"] for row in rows} == {"gru", "mlp"}
+    for row in rows:
+        assert len(row["seconds"]) >= 3 and all(t["median"] > 0 for t in row["seconds"].values())

@@ -1,0 +1,154 @@
+"""A PyTorch training step with propop inside it, against plain autograd: the whole step.
+
+One step is what a training loop repeats: ``zero_grad``, the forward pass, the loss,
+``loss.backward()`` and ``optimizer.step()`` (Adam). Contenders, in float64 on the
+CPU (``--device cuda`` on a GPU machine), on one thread unless ``OMP_NUM_THREADS``
+says otherwise:
+
+- a **2-layer GRU language model**: ``torch.nn.GRU`` (PyTorch's C++ loop and
+  autograd) against ``propop.torch.GRU`` with the sequential forward, and with
+  Newton's forward (DEER) solved by cyclic reduction and by substitution, the
+  backward always propop's solve; ``pararnn-torch``'s ``ParaGRU`` (its eager
+  Newton + scan path) where it is installed, a different cell (diagonal recurrent
+  weights), so its row is for scale only;
+- an **MLP** (``nn.Sequential`` of ``nn.Linear`` and ``nn.Tanh``): plain autograd
+  against ``propop.torch.parallelize`` with substitution and cyclic reduction.
+
+Times are medians over interleaved rounds after a warm-up
+(``benchmarks.common.timings``); ratios are to plain autograd.
+
+Run: ``python -m benchmarks.training_step [--save]`` (a few minutes);
+``--quick`` at tiny sizes.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from collections.abc import Callable
+from typing import Any
+
+from .common import arguments, publish, timings
+
+GRU = [(16, 32, 2, 8, 256)]  # (input, hidden, layers, batch, tau)
+MLP = [(64, 8, 32)]  # (width, layers, batch)
+QUICK = {"gru": [(3, 4, 2, 2, 8)], "mlp": [(4, 3, 2)]}
+REPEATS = 7
+
+
+def _step(model: Any, loss: Callable[[Any], Any]) -> Callable[[], float]:
+    """One training step of ``model`` with Adam: the callable a timing repeats."""
+    import torch
+
+    optimiser = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def step() -> float:
+        optimiser.zero_grad()
+        value = loss(model)
+        value.backward()
+        optimiser.step()
+        return float(value.detach())
+
+    return step
+
+
+def gru_row(device: str, inputs: int, hidden: int, layers: int, batch: int, tau: int) -> dict:
+    """A GRU language model's step: torch.nn.GRU, propop.torch.GRU's modes, pararnn."""
+    import torch
+
+    import propop.torch as ptorch
+
+    torch.manual_seed(0)
+    x = torch.randn(tau, batch, inputs, dtype=torch.float64, device=device)
+    target = torch.randn(tau, batch, hidden, dtype=torch.float64, device=device)
+
+    def loss(model: Any) -> Any:
+        return ((model(x)[0] - target) ** 2).mean()
+
+    plain = torch.nn.GRU(inputs, hidden, num_layers=layers, dtype=torch.float64, device=device)
+    models = {"torch.nn.GRU": plain,
+              "propop sequential": ptorch.from_module(plain, mode="sequential",
+                                                      method="cyclic-reduction"),
+              "propop newton + CR": ptorch.from_module(plain, mode="newton",
+                                                       method="cyclic-reduction"),
+              "propop newton + substitution": ptorch.from_module(plain, mode="newton",
+                                                                 method="substitution")}
+    if importlib.util.find_spec("pararnn") is not None:  # a different cell: for scale only
+        import pararnn
+
+        models["pararnn ParaGRU (eager)"] = pararnn.ParaRNN(pararnn.ParaGRU(
+            inputs, hidden, dtype=torch.float64, device=device), scan_backend="eager")
+    jobs = {name: _step(copy.deepcopy(model), loss) for name, model in models.items()}
+    times = timings(jobs, repeats=REPEATS)
+    return _row("gru", f"in={inputs} H={hidden} layers={layers} batch={batch} tau={tau}",
+                times, "torch.nn.GRU")
+
+
+def mlp_row(device: str, width: int, layers: int, batch: int) -> dict:
+    """An MLP's step: plain autograd against parallelize's backward solves."""
+    import torch
+
+    import propop.torch as ptorch
+
+    torch.manual_seed(0)
+    parts = []
+    for _ in range(layers):
+        parts += [torch.nn.Linear(width, width), torch.nn.Tanh()]
+    plain = torch.nn.Sequential(*parts).to(device=device, dtype=torch.float64)
+    x = torch.randn(batch, width, dtype=torch.float64, device=device)
+
+    def loss(model: Any) -> Any:
+        return (model(x) ** 2).mean()
+
+    models = {"torch autograd": plain}
+    for method in ("substitution", "cyclic-reduction"):
+        models[f"parallelize {method}"] = ptorch.parallelize(copy.deepcopy(plain),
+                                                             method=method)
+    jobs = {name: _step(model if name != "torch autograd" else copy.deepcopy(model), loss)
+            for name, model in models.items()}
+    times = timings(jobs, repeats=REPEATS)
+    return _row("mlp", f"width={width} layers={layers} batch={batch}", times,
+                "torch autograd")
+
+
+def _row(kind: str, case: str, times: dict, base: str) -> dict:
+    reference = times[base]["median"]
+    return {"kind": kind, "case": case, "seconds": dict(times),
+            "vs_plain": {k: v["median"] / reference for k, v in times.items()}}
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown: per case, each contender's median step time and its ratio to plain."""
+    out = []
+    for kind, title in (("gru", "GRU language model"), ("mlp", "MLP")):
+        chosen = [row for row in rows if row["kind"] == kind]
+        if not chosen:
+            continue
+        names = list(chosen[0]["seconds"])
+        out += [f"**One training step, {title}** (Adam, float64): median [ms], / plain "
+                "autograd's", "", "| case | " + " | ".join(names) + " |",
+                "|---|" + "---:|" * len(names)]
+        for row in chosen:
+            out.append(f"| {row['case']} | " + " | ".join(
+                f"{1e3 * row['seconds'][n]['median']:.2f} ({row['vs_plain'][n]:.2f}x)"
+                for n in names) + " |")
+        out.append("")
+    if not any("pararnn" in name for row in rows for name in row["seconds"]):
+        out.append("pararnn-torch is not installed here (it needs triton): no ParaGRU row.")
+    return "\n".join(out)
+
+
+def main() -> None:
+    """Measure, print and save the table."""
+    parser = arguments("training_step")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a check that it runs")
+    parser.add_argument("--device", default="cpu", help="a PyTorch device: cpu or cuda")
+    args = parser.parse_args()
+    grids = QUICK if args.quick else {"gru": GRU, "mlp": MLP}
+    rows = ([gru_row(args.device, *case) for case in grids["gru"]]
+            + [mlp_row(args.device, *case) for case in grids["mlp"]])
+    publish("training_step" + ("_quick" if args.quick else ""), rows, table(rows))
+
+
+if __name__ == "__main__":
+    main()
