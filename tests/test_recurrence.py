@@ -198,3 +198,21 @@ def test_gated_cells_without_biases_and_bad_settings():
         pp.Recurrence(step, {}, state_size=3, input_size=3, backend="jax")
     with pytest.raises(ValueError, match="vjp is for backend='numpy'"):
         pp.Recurrence(step, {}, state_size=3, input_size=3, vjp=lambda *a: None)
+
+
+@pytest.mark.parametrize(("cell", "options"), [
+    ("GRU", {}), ("LSTM", {}), ("ElmanRNN", {}), ("ElmanRNN", {"nonlinearity": "relu"})])
+def test_the_built_in_cells_jacobians_in_closed_form_are_torch_funcs(cell, options):
+    """The closed-form Jacobians (no backward pass) against jacrev, every layer coupled."""
+    from torch.func import jacrev, vmap
+
+    from propop.networks import gated
+
+    net = getattr(gated, cell)(3, 4, num_layers=3, seed=0, **options)
+    generator = torch.Generator().manual_seed(1)
+    states = torch.randn(6, net.state_size, dtype=torch.float64, generator=generator)
+    inputs = torch.randn(6, 3, dtype=torch.float64, generator=generator)
+    ours = vmap(net._jacobian, in_dims=(None, 0, 0))(net.parameters, states, inputs)
+    reference = vmap(jacrev(net._step, argnums=1), in_dims=(None, 0, 0))(net.parameters,
+                                                                         states, inputs)
+    torch.testing.assert_close(ours, reference, rtol=1e-13, atol=1e-14)

@@ -47,7 +47,7 @@ class _Gated(Recurrence):
         super().__init__(self._step, {k: parameters[k] for k in self._names()},
                          state_size=self.num_layers * width, input_size=input_size,
                          output=np.arange(top, top + self.hidden_size), block_size=width,
-                         dtype=dtype)
+                         jacobian=self._jacobian, dtype=dtype)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.input_size}, {self.hidden_size}, "
@@ -108,6 +108,26 @@ class _Gated(Recurrence):
             x = layer[: self.hidden_size]
         return torch.cat(new)
 
+    def _jacobian(self, p: Mapping[str, Any], state: Any, x: Any) -> Any:
+        """``dF/dstate`` of one sample in closed form: block lower triangular over layers.
+
+        Layer ``k``'s new state depends on its own state (``d_own``) and on its
+        input, the new ``h`` of layer ``k - 1`` (``d_x``), whose own dependence on
+        the layers below is the rows above (the chain rule); ``torch.func`` then
+        batches this over every step and sample with no backward pass.
+        """
+        import torch
+
+        width, n, H = self.carries * self.hidden_size, state.shape[0], self.hidden_size
+        rows, below = [], None
+        for k in range(self.num_layers):
+            own = state[k * width: (k + 1) * width]
+            new, d_own, d_x = self._layer_jacobian(p, k, x, own)
+            block = torch.nn.functional.pad(d_own, (k * width, n - (k + 1) * width))
+            rows.append(block if below is None else block + d_x @ below)
+            below, x = rows[-1][:H], new[:H]
+        return torch.cat(rows)
+
 
 class GRU(_Gated):
     """A multi-layer GRU as ``torch.nn.GRU`` (time first, unidirectional), by its Jacobians.
@@ -134,6 +154,26 @@ class GRU(_Gated):
         n = torch.tanh(i_n + r * h_n)
         return (1 - z) * n + z * own
 
+    def _layer_jacobian(self, p: Mapping[str, Any], k: int, x: Any, h: Any) -> tuple:
+        """``(h', dh'/dh, dh'/dx)`` of layer ``k``: the GRU's equations differentiated."""
+        import torch
+
+        W_x, W_h = p[f"weight_ih_l{k}"], p[f"weight_hh_l{k}"]
+        gi, gh = W_x @ x + p[f"bias_ih_l{k}"], W_h @ h + p[f"bias_hh_l{k}"]
+        (i_r, i_z, i_n), (h_r, h_z, h_n) = gi.chunk(3), gh.chunk(3)
+        r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
+        n = torch.tanh(i_n + r * h_n)
+        dr, dz, dn = (r * (1 - r))[:, None], (z * (1 - z))[:, None], (1 - n * n)[:, None]
+
+        def through(W: Any, extra: Any) -> Any:  # dh'/d(input of W): h or x
+            W_r, W_z, W_n = W.chunk(3)
+            d_n = dn * (extra + h_n[:, None] * (dr * W_r))
+            return (1 - z)[:, None] * d_n + (h - n)[:, None] * (dz * W_z)
+
+        W_hn = W_h.chunk(3)[2]
+        d_own = through(W_h, r[:, None] * W_hn) + torch.diag_embed(z)
+        return (1 - z) * n + z * h, d_own, through(W_x, W_x.chunk(3)[2])
+
 
 class LSTM(_Gated):
     """A multi-layer LSTM as ``torch.nn.LSTM`` (time first, unidirectional), by its Jacobians.
@@ -151,6 +191,32 @@ class LSTM(_Gated):
         i, f, g, o = (gi + gh).chunk(4)
         c = torch.sigmoid(f) * own[self.hidden_size:] + torch.sigmoid(i) * torch.tanh(g)
         return torch.cat([torch.sigmoid(o) * torch.tanh(c), c])
+
+    def _layer_jacobian(self, p: Mapping[str, Any], k: int, x: Any, own: Any) -> tuple:
+        """``([h'; c'], d[h'; c']/d[h; c], d[h'; c']/dx)`` of layer ``k``, differentiated."""
+        import torch
+
+        H = self.hidden_size
+        h, c = own[:H], own[H:]
+        W_x, W_h = p[f"weight_ih_l{k}"], p[f"weight_hh_l{k}"]
+        i, f, g, o = (W_x @ x + p[f"bias_ih_l{k}"] + W_h @ h + p[f"bias_hh_l{k}"]).chunk(4)
+        si, sf, tg, so = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
+        c_new = sf * c + si * tg
+        tc = torch.tanh(c_new)
+        slope = [(si * (1 - si))[:, None], (sf * (1 - sf))[:, None], (1 - tg * tg)[:, None],
+                 (so * (1 - so))[:, None]]
+        out = (so * (1 - tc * tc))[:, None]
+
+        def through(W: Any) -> tuple:  # d(h', c')/d(input of W)
+            D_i, D_f, D_g, D_o = (s * part for s, part in zip(slope, W.chunk(4)))
+            d_c = c[:, None] * D_f + tg[:, None] * D_i + si[:, None] * D_g
+            return tc[:, None] * D_o + out * d_c, d_c
+
+        dh_dh, dc_dh = through(W_h)
+        dh_dx, dc_dx = through(W_x)
+        keep = torch.diag_embed(sf)  # dc'/dc
+        d_own = torch.cat([torch.cat([dh_dh, out * keep], 1), torch.cat([dc_dh, keep], 1)])
+        return torch.cat([so * tc, c_new]), d_own, torch.cat([dh_dx, dc_dx])
 
 
 class ElmanRNN(_Gated):
@@ -184,4 +250,12 @@ class ElmanRNN(_Gated):
         import torch
 
         return torch.tanh(gi + gh) if self.nonlinearity == "tanh" else torch.relu(gi + gh)
+
+    def _layer_jacobian(self, p: Mapping[str, Any], k: int, x: Any, h: Any) -> tuple:
+        """``(h', dh'/dh, dh'/dx)`` of layer ``k``: ``f'(a) W``."""
+        W_x, W_h = p[f"weight_ih_l{k}"], p[f"weight_hh_l{k}"]
+        new = self._layer(W_x @ x + p[f"bias_ih_l{k}"], W_h @ h + p[f"bias_hh_l{k}"], h)
+        slope = (1 - new * new if self.nonlinearity == "tanh" else
+                 (new > 0).to(new.dtype))[:, None]
+        return new, slope * W_h, slope * W_x
 
