@@ -67,7 +67,7 @@ def default_maxiter(system: Any) -> int:
 def column_norms(R: Any) -> np.ndarray:
     """Euclidean norm of each column (one entry for a vector), as host floats."""
     xp = backend.namespace(R)
-    squares = xp.vecdot(R, R, axis=-2) if R.ndim == 2 else (R @ R)[None]
+    squares = _squares(xp, R, "ij,ij->j") if R.ndim == 2 else (R @ R)[None]
     return np.sqrt(np.asarray(backend.to_host(squares), dtype=float))
 
 
@@ -85,12 +85,23 @@ def block_squares(system: Any, A: Any) -> np.ndarray:
     xp, sizes = system.backend.xp, system.sizes
     if system.equal_sizes:
         stacked = xp.reshape(A, (len(sizes), sizes[0], A.shape[1]))
-        squares = xp.vecdot(stacked, stacked, axis=-2)
+        squares = _squares(xp, stacked, "knc,knc->kc")
     elif hasattr(xp.add, "reduceat"):
         squares = xp.add.reduceat(A * A, system.block_starts, axis=0)
     else:  # a backend without reduceat: one sum per block
-        squares = xp.stack([xp.vecdot(a, a, axis=-2) for a in system.split(A)])
+        squares = xp.stack([_squares(xp, a, "ij,ij->j") for a in system.split(A)])
     return np.asarray(backend.to_host(squares), dtype=float)
+
+
+def _squares(xp: Any, A: Any, subscripts: str) -> Any:
+    """Sums of squares over the second-last axis of ``A``, with no temporary.
+
+    ``einsum`` where the namespace has it (NumPy's ``vecdot`` over a non-last axis
+    walks the array with a stride, 5x slower); the standard's ``vecdot`` elsewhere.
+    """
+    if hasattr(xp, "einsum"):
+        return xp.einsum(subscripts, A, A)
+    return xp.vecdot(A, A, axis=-2)
 
 
 @dataclass(frozen=True)
