@@ -178,7 +178,8 @@ def _chain_rows(op: Any, xs: Any, cs: Any, nonzero: Any) -> Any:
     up = not op.lower
     outs, sources, rhs = (backend.walk(a, up) for a in (xs, xs, cs))
     if not nonzero.all():  # the zero blocks of the right-hand side are not added: None
-        given = {k: c for k, c in enumerate(backend.walk(cs)) if nonzero[k]}
+        given = {int(k): cs[int(k)] if isinstance(cs, list) else cs[int(k), ...]
+                 for k in np.flatnonzero(nonzero)}
         rhs = map(given.get, backend.walk(range(op.nblocks), up))
     kinds = reversed(op.couplings.kinds) if up else iter(op.couplings.kinds)
     scales = op.scalings.in_order(reverse=up)
