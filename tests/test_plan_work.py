@@ -19,7 +19,7 @@ MATRIX_WORK = [
     ("propop.systems.edge_groups", "EdgeGroups.__init__"),
     ("propop.solvers.reduction.chain", "product"),
     ("propop.solvers.reduction.chain", "Chain.of"),
-    ("propop.solvers.reduction.sparse", "SparseChain.of"),
+    ("propop.solvers.reduction.sparse", "sparse_chain"),
     ("propop.solvers.reduction.over_time", "_LayerChain.chain"),
     ("propop.solvers.reduction.over_groups", "_group_solve"),
     ("propop.solvers.iterative.preconditioners", "preconditioner"),

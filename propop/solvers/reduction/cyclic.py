@@ -35,13 +35,12 @@ import math
 from collections.abc import Callable
 from typing import Any, Literal
 
-import numpy as np
 
 from ... import backend, memory
 from . import footprint
 from . import odd_even
 from .chain import Chain, Counter, in_system_order
-from .sparse import SparseChain, sparse_factor, sparse_substitute
+from .sparse import SparseKernels, sparse_chain
 from .over_groups import OverGroups
 from .over_time import WITHIN, OverTime
 from ..convergence import Tolerance, finish
@@ -135,32 +134,26 @@ def _sparse_factored(dense_threshold: float) -> Callable:
 
     def prepare(system: Any, shared_diagonal: str | None, counter: Counter) -> Callable:
         xp = system.backend.xp
-        chain = SparseChain.of(system, shared_diagonal)
+        chain = sparse_chain(system, shared_diagonal)
         counter.hold(sum(L.nbytes for L in chain.L))
-        factor = sparse_factor(chain, counter, lambda c, k: odd_even.factor(c, k, xp),
-                               dense_threshold, _check_sparse)
+        kernels = SparseKernels(chain, dense_threshold, xp, system.nrhs or 1)
+        levels = odd_even.factor(chain, counter, kernels)
+        info = {"fill_in": kernels.fill_in, "sparse_levels": kernels.levels,
+                "dense_threshold": dense_threshold}
 
         def solve(s: Any, counter: Counter) -> tuple[Any, int, dict]:
             blocks = s.split(s.rhs)  # canonical: the scaled form's rows are the chain's G
             G = [blocks[k] for k in chain.order]
             counter.hold(sum(g.nbytes for g in G))
-            X, levels = sparse_substitute(factor, G, counter,
-                                          lambda f, G, c: odd_even.substitute(f, G, c, xp))
+            X = odd_even.substitute(levels, G, counter)
             x = in_system_order(chain.order, X)
             counter.hold(x.nbytes)
-            return x, levels, dict(factor.info, dense_threshold=dense_threshold,
-                                   peak_bytes=counter.peak_bytes)
+            depth = sum(not isinstance(level, odd_even.Switch) for level in levels)
+            return x, depth, dict(info, peak_bytes=counter.peak_bytes)
 
         return solve
 
     return prepare
-
-
-def _check_sparse(cores: list, level: int, blocks: list) -> None:
-    """Raise :class:`odd_even.ReductionOverflow` if a sparse reduced core is not finite."""
-    for group, (a, b) in zip(cores, blocks):
-        if not all(np.isfinite(core.data).all() for core in group):
-            raise odd_even.ReductionOverflow.between(level, a, b)
 
 
 def _plan(system: Any, factor: Callable, rtol: float | None, atol: float,

@@ -1,10 +1,13 @@
 """Odd-even reduction of a chain, split in two: the matrix's levels, then a right-hand side.
 
-Written for propop. The one loop of each reduction of :mod:`.cyclic`, on the
-padded :class:`~.chain.Chain` ``x_k = diag(L_k) C_k x_{k-1} + G_k`` and its
-kernels :func:`~.chain.product` and :func:`~.chain.apply`, on any array namespace
-``xp``: NumPy, CuPy, PyTorch's, or the shape-only arrays of :mod:`.shapes`, on
-which the memory guard (:mod:`.footprint`) runs these same loops.
+Written for propop. The one loop of each reduction of :mod:`.cyclic`, on the chain
+``x_k = diag(L_k) C_k x_{k-1} + G_k`` through a kernels protocol: :class:`DenseKernels`
+(the padded :class:`~.chain.Chain` and its :func:`~.chain.product` and
+:func:`~.chain.apply`, on any array namespace ``xp``: NumPy, CuPy, PyTorch's, the
+standard's, or the shape-only arrays of :mod:`.shapes`, on which the memory guard
+(:mod:`.footprint`) runs these same loops), or the sparse kernels of :mod:`.sparse`
+(lists of sparse cores), which hand the remaining levels to dense ones once the
+fill-in passes their threshold (a :class:`Switch` among the levels).
 
 - :func:`factor` / :func:`substitute`: odd-even (work-efficient) cyclic
   reduction, eq. def_back_prop2_even's pairing: the cores of every level once,
@@ -18,6 +21,7 @@ A non-finite reduced core (a long product of Jacobians that overflowed) raises
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -25,8 +29,8 @@ import numpy as np
 from ... import backend
 from .chain import Chain, Counter, apply, product
 
-__all__ = ["ReductionOverflow", "factor", "substitute", "parallel_factor",
-           "parallel_substitute"]
+__all__ = ["ReductionOverflow", "DenseKernels", "Switch", "factor", "substitute",
+           "parallel_factor", "parallel_substitute"]
 
 
 class ReductionOverflow(Exception):  # noqa: N818 (a failed solve's reason, reported)
@@ -44,65 +48,146 @@ class ReductionOverflow(Exception):  # noqa: N818 (a failed solve's reason, repo
                    "(it multiplies vectors only) or float64")
 
 
-def _check_finite(xp: Any, cores: Any, level: int, start: int, stride: int, span: int,
-                  chain: Chain) -> None:
-    """Raise :class:`ReductionOverflow` if a reduced core is not finite.
+class DenseKernels:
+    """The kernels of a padded dense chain on namespace ``xp``: stacks, positions first."""
 
-    Core ``i`` couples chain positions ``a = start + i stride`` and ``a - span``.
+    def __init__(self, xp: Any) -> None:
+        self.xp = xp
+
+    @staticmethod
+    def rows(A: Any, positions: slice) -> Any:
+        """The entries of ``positions``."""
+        return A[positions, ...]
+
+    @staticmethod
+    def count(A: Any) -> int:
+        """How many positions ``A`` holds."""
+        return A.shape[0]
+
+    def join(self, first: Any, rest: Any) -> Any:
+        """``first`` then ``rest``, along positions."""
+        return self.xp.concat([first, rest])
+
+    @staticmethod
+    def product(L1: Any, C1: Any, L2: Any, C2: Any, counter: Counter) -> Any:
+        """The cores of ``diag(L1) C1 diag(L2) C2`` (:func:`~.chain.product`)."""
+        return product(L1, C1, L2, C2, counter)
+
+    def apply(self, L: Any, C: Any, X: Any, counter: Counter) -> Any:
+        """``diag(L) C X`` (:func:`~.chain.apply`)."""
+        return apply(L, C, X, counter, self.xp)
+
+    @staticmethod
+    def add(A: Any, B: Any) -> Any:
+        """``A + B``."""
+        return A + B
+
+    def interleave(self, even: Any, odd: Any) -> Any:
+        """Positions ``even[0], odd[0], even[1], ...``."""
+        full = self.xp.empty((even.shape[0] + odd.shape[0],) + tuple(even.shape[1:]),
+                             dtype=even.dtype, device=backend.device(even))
+        full[0::2, ...] = even
+        full[1::2, ...] = odd
+        return full
+
+    def first_nonfinite(self, cores: Any) -> int | None:
+        """The first core with a NaN or Inf entry, or ``None``."""
+        xp = self.xp
+        if cores.shape[0] == 0:
+            return None
+        finite = xp.all(xp.reshape(xp.isfinite(cores), (cores.shape[0], -1)), axis=1)
+        if bool(xp.all(finite)):
+            return None
+        return int(np.argmin(backend.to_host(finite)))  # on the host: an error path
+
+    @staticmethod
+    def densify(L: Any, C: Any, counter: Counter) -> None:
+        """Dense kernels stay dense."""
+        return None
+
+
+class Switch:
+    """A level boundary where the chain changed kernels (sparse to dense, say).
+
+    ``kernels``, ``L`` and ``C`` go on from here; ``down(G)`` takes a right-hand
+    side into the new layout, ``up(X)`` a solution back.
     """
-    if cores.shape[0] == 0:
-        return
-    finite = xp.all(xp.reshape(xp.isfinite(cores), (cores.shape[0], -1)), axis=1)
-    if bool(xp.all(finite)):
-        return
-    a = start + stride * int(np.argmin(backend.to_host(finite)))  # on the host: an error
-    raise ReductionOverflow.between(level, chain.order[a], chain.order[a - span])
+
+    def __init__(self, kernels: Any, L: Any, C: Any, down: Callable, up: Callable) -> None:
+        self.kernels, self.L, self.C, self.down, self.up = kernels, L, C, down, up
 
 
-def factor(chain: Chain, counter: Counter, xp: Any) -> list[tuple]:
+def _kernels(kernels: Any) -> Any:
+    """A kernels object: itself, or the dense kernels of an array namespace."""
+    return kernels if hasattr(kernels, "product") else DenseKernels(kernels)
+
+
+def factor(chain: Chain, counter: Counter, kernels: Any) -> list:
     """The matrix half of odd-even reduction: every level's blocks, right-hand sides aside.
 
-    Level ``t`` keeps ``(L, C)`` of its chain, ``C`` the cores of positions
-    ``1..m-1`` (position 0 has none), and reduces to the chain of the even
-    positions, ``A_k A_{k-1}`` for even ``k`` (eq. def_back_prop2_even's pairing).
+    Level ``t`` keeps ``(kernels, L, C)`` of its chain, ``C`` the cores of
+    positions ``1..m-1`` (position 0 has none), and reduces to the chain of the
+    even positions, ``A_k A_{k-1}`` for even ``k`` (eq. def_back_prop2_even's
+    pairing). ``kernels`` is a kernels object or an array namespace (dense).
     """
+    kernels = _kernels(kernels)
     L, C = chain.L, chain.C
-    levels: list[tuple] = []
-    while C.shape[0] > 0:
-        pairs = C.shape[0] // 2  # even positions 2..2 pairs, each with the one before
-        levels.append((L, C))
+    levels: list = []
+    while kernels.count(C) > 0:
+        switch = kernels.densify(L, C, counter)
+        if switch is not None:
+            levels.append(switch)
+            kernels, L, C = switch.kernels, switch.L, switch.C
+            continue
+        pairs = kernels.count(C) // 2  # even positions 2..2 pairs, each with the one before
+        levels.append((kernels, L, C))
+        rows = kernels.rows
         even, odd = slice(2, 2 * pairs + 1, 2), slice(1, 2 * pairs, 2)
-        cores = product(L[even, ...], C[odd, ...], L[odd, ...], C[0: 2 * pairs - 1: 2, ...],
-                        counter)
-        _check_finite(xp, cores, len(levels), 2 ** len(levels), 2 ** len(levels),
-                      2 ** len(levels), chain)
-        L, C = xp.concat([L[:1, ...], L[even, ...]]), cores
+        cores = kernels.product(rows(L, even), rows(C, odd), rows(L, odd),
+                                rows(C, slice(0, 2 * pairs - 1, 2)), counter)
+        bad = kernels.first_nonfinite(cores)
+        if bad is not None:
+            level = sum(not isinstance(done, Switch) for done in levels)
+            span = 2 ** level
+            a = span * (bad + 1)  # core ``bad`` couples chain positions a and a - span
+            raise ReductionOverflow.between(level, chain.order[a], chain.order[a - span])
+        L, C = kernels.join(rows(L, slice(0, 1)), rows(L, even)), cores
     return levels
 
 
-def substitute(levels: list[tuple], G: Any, counter: Counter, xp: Any) -> Any:
+def substitute(levels: list, G: Any, counter: Counter, kernels: Any = None) -> Any:
     """The right-hand-side half: reduce ``G`` level by level, then back-substitute.
 
     ``x_k = A_k x_{k-1} + G_k``: the even positions' right-hand sides gather
     their odd neighbours' going down, the odd unknowns follow from their even
-    neighbours coming back up (one whole-level operation each way).
+    neighbours coming back up (one whole-level operation each way). The levels
+    carry their kernels; a :class:`Switch` takes ``G`` into its layout going
+    down and the solution back coming up.
     """
-    eliminated = []
-    for L, C in levels:
-        pairs = C.shape[0] // 2
+    eliminated: list = []
+    for level in levels:
+        if isinstance(level, Switch):
+            G = level.down(G)
+            eliminated.append(None)
+            continue
+        kernels, L, C = level
+        rows, pairs = kernels.rows, kernels.count(C) // 2
         even, before = slice(2, 2 * pairs + 1, 2), slice(1, 2 * pairs, 2)
-        rhs = apply(L[even, ...], C[before, ...], G[before, ...], counter, xp) + G[even, ...]
-        eliminated.append(G[1::2, ...])
-        G = xp.concat([G[:1, ...], rhs])
+        rhs = kernels.add(kernels.apply(rows(L, even), rows(C, before), rows(G, before),
+                                        counter), rows(G, even))
+        eliminated.append(rows(G, slice(1, None, 2)))
+        G = kernels.join(rows(G, slice(0, 1)), rhs)
         del rhs
     X = G
-    for (L, C), G_odd in zip(reversed(levels), reversed(eliminated)):
-        full = xp.empty((X.shape[0] + G_odd.shape[0],) + tuple(X.shape[1:]), dtype=X.dtype,
-                        device=backend.device(X))
-        full[0::2, ...] = X
-        full[1::2, ...] = apply(L[1::2, ...], C[0::2, ...], X[: G_odd.shape[0], ...], counter,
-                                xp) + G_odd
-        X = full
+    for level, G_odd in zip(reversed(levels), reversed(eliminated)):
+        if isinstance(level, Switch):
+            X = level.up(X)
+            continue
+        kernels, L, C = level
+        rows, odd = kernels.rows, kernels.count(G_odd)
+        X = kernels.interleave(X, kernels.add(kernels.apply(
+            rows(L, slice(1, None, 2)), rows(C, slice(0, None, 2)), rows(X, slice(0, odd)),
+            counter), G_odd))
     return X
 
 
@@ -116,13 +201,18 @@ def parallel_factor(chain: Chain, counter: Counter, xp: Any) -> list[tuple]:
     """
     L, C, first = chain.L, chain.C, 1
     m, shift, levels = chain.L.shape[0], 1, []
+    kernels = DenseKernels(xp)
     while shift < m:
         levels.append((L, C, first))
         if 2 * shift < m:
             cores = product(L[2 * shift:, ...], C[2 * shift - first:, ...],
                             L[shift: m - shift, ...], C[shift - first: m - shift - first, ...],
                             counter)
-            _check_finite(xp, cores, len(levels), 2 * shift, 1, 2 * shift, chain)
+            bad = kernels.first_nonfinite(cores)
+            if bad is not None:  # core ``bad`` couples positions a and a - 2 shift
+                a = 2 * shift + bad
+                raise ReductionOverflow.between(len(levels), chain.order[a],
+                                                chain.order[a - 2 * shift])
             C, first = cores, 2 * shift
         shift *= 2
     return levels
