@@ -11,6 +11,22 @@ import numpy as np
 
 import propop as pp
 
+# Shadow residual r0 (the library's BiCG family): breakdown on systems whose right-hand side
+# lives in one block, as backward systems' does (DESIGN section 1); they must say so.
+BREAK_DOWN = frozenset({"scipy.bicgstab", "scipy.cgs", "scipy.tfqmr", "scipy.qmr", "scipy.bicg",
+                        "pyamg.bicgstab"})
+# The normal equations (LSQR, LSMR: the condition number squared) may reach maxiter, and must
+# say so.
+SLOW = frozenset({"scipy.lsqr", "scipy.lsmr"})
+
+
+def excused(method: str, solution: pp.Solution) -> bool:
+    """Whether ``solution`` failed as ``method`` may fail here: said, with its status."""
+    allowed = (pp.Status.BREAKDOWN, pp.Status.MAX_ITER) if method in BREAK_DOWN else \
+        (pp.Status.MAX_ITER,) if method in SLOW else ()
+    return not solution.converged and solution.status in allowed and bool(solution.message)
+
+
 ACTIVATIONS = ("identity", "relu", "leaky_relu", "tanh", "sigmoid", "softplus", "elu", "gelu",
                "gelu_erf", "silu")  # hidden-layer activations; "exp" (a softmax's) overflows
 

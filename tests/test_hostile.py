@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 
 import propop as pp
 from propop import layers as L
+from cases import excused
 from reference import dense, torch, torch_gradients
 
 METHODS = [s.name for s in pp.solvers.available() if s.available]
-BREAK_DOWN = {"scipy.bicgstab", "scipy.cgs", "scipy.tfqmr", "pyamg.bicgstab"}
 # Block BiCGStab cannot deflate: dependent right-hand sides, or a block Krylov space that
 # loses rank (a layer of width 1, say), are a breakdown it reports.
 NO_DEFLATION = "block BiCGStab breakdown"
@@ -43,9 +43,11 @@ def check_every_method(system, reference_blocks, names=None):
         if not info.applies_to(system):
             continue
         solution = pp.solve(system, method)
-        if not solution.converged and (method in BREAK_DOWN or (
-                method == "block-bicgstab" and NO_DEFLATION in solution.message)):
-            assert solution.status is pp.Status.BREAKDOWN and solution.message
+        if excused(method, solution):
+            continue
+        if not solution.converged and method == "block-bicgstab" and \
+                NO_DEFLATION in solution.message:
+            assert solution.status is pp.Status.BREAKDOWN
             continue
         assert solution.converged, (method, solution.message)
         limit = 1e-12 if info.exact else 1e-8

@@ -13,6 +13,7 @@ from cases import Case
 
 EXPECTED = {"substitution", "scipy.spsolve_triangular", "jacobi", "richardson", "bicgstab",
             "scipy.gmres", "scipy.lgmres", "scipy.bicgstab", "scipy.cgs", "scipy.tfqmr",
+            "scipy.gcrotmk", "scipy.qmr", "scipy.bicg", "scipy.lsqr", "scipy.lsmr",
             "pyamg.gmres", "pyamg.fgmres", "pyamg.bicgstab"}
 
 

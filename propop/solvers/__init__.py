@@ -15,6 +15,7 @@ _WHERE = {
                      "KINDS", "BUILTIN"), "propop.solvers.registry"),
     **dict.fromkeys(("solve", "prepare", "Plan", "get"), "propop.solvers.plan"),
     "Method": "propop.solvers.method",
+    "adapt": "propop.solvers.iterative.adapters",
     **dict.fromkeys(("Solution", "Status", "ConvergenceError"), "propop.solvers.solution"),
     "PRECONDITIONERS": "propop.solvers.options",
     **dict.fromkeys(("Decay", "Dominance", "diagonal_dominance", "explain", "jacobian_decay",
@@ -22,7 +23,7 @@ _WHERE = {
 }
 
 __all__ = [
-    "register", "unregister", "get", "info", "available", "solve", "prepare", "Plan",
+    "register", "unregister", "adapt", "get", "info", "available", "solve", "prepare", "Plan",
     "SolverInfo", "KINDS", "Method",
     "Solution", "Status", "ConvergenceError", "Dominance", "diagonal_dominance",
     "nilpotency_index", "Decay", "jacobian_decay", "explain", "PRECONDITIONERS",

@@ -150,8 +150,9 @@ def prepare(system: Any, method: str | Callable[..., Solution] | Method = "subst
                              ".to('numpy')")
         name, runner, guard = method, solver.method, solver.guard
     else:
-        runner = as_method(method)
-        name = getattr(method, "__name__", None) or type(runner).__name__
+        runner = _runner(method)
+        name = getattr(runner, "name", None) or getattr(method, "__name__", None) or \
+            type(runner).__name__
     start = time.perf_counter()
     own = {k: v for k, v in options.items() if k not in COMPUTE_OPTIONS}
 
@@ -170,6 +171,21 @@ def prepare(system: Any, method: str | Callable[..., Solution] | Method = "subst
     except OptionError as error:
         raise OptionError(f"{name}: {error}") from None
     return Plan(system, name, dict(options), time.perf_counter() - start, runner, state, guard)
+
+
+def _runner(method: Any) -> Method:
+    """A :class:`~.method.Method` for ``method``; a SciPy, CuPy or PyAMG solver adapted.
+
+    ``method=scipy.sparse.linalg.gcrotmk`` works as ``method="scipy.gcrotmk"``
+    (:func:`~.iterative.adapters.adapt`); the libraries are imported only then.
+    """
+    module = (getattr(method, "__module__", None) or "").split(".")[0]
+    if callable(method) and not isinstance(method, (Method, type)) and \
+            module in ("scipy", "cupyx", "pyamg"):
+        from .iterative.adapters import adapt
+
+        return adapt(method)
+    return as_method(method)
 
 
 def get(name: str) -> Callable[..., Solution]:

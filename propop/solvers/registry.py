@@ -25,8 +25,8 @@ from typing import Any
 
 from .method import Method, as_method
 
-__all__ = ["SolverInfo", "KINDS", "BUILTIN", "register", "unregister", "info", "names",
-           "available"]
+__all__ = ["SolverInfo", "KINDS", "BUILTIN", "register", "unregister", "refuse", "info",
+           "names", "available"]
 
 KINDS = ("direct", "iterative", "krylov", "block", "hybrid")
 REQUIREMENTS = ("chain", "time_structure", "reducible", "shared_matrix")
@@ -49,14 +49,17 @@ BUILTIN = {
     "bicgstab": f"{_ITERATIVE}.bicgstab", "batched-gmres": f"{_ITERATIVE}.batched",
     "batched-bicgstab": f"{_ITERATIVE}.batched", "block-gmres": f"{_ITERATIVE}.block",
     "block-bicgstab": f"{_ITERATIVE}.block", "hybrid": f"{_ITERATIVE}.hybrid",
-    **{f"scipy.{m}": f"{_ITERATIVE}.adapters" for m in ("gmres", "lgmres", "bicgstab", "cgs",
-                                                         "tfqmr")},
+    **{f"scipy.{m}": f"{_ITERATIVE}.adapters" for m in (
+        "gmres", "lgmres", "gcrotmk", "bicgstab", "bicg", "qmr", "cgs", "tfqmr", "lsqr", "lsmr")},
     **{f"pyamg.{m}": f"{_ITERATIVE}.adapters" for m in ("gmres", "fgmres", "bicgstab")},
     "auto": "propop.solvers.selection.auto",
     "mpi.substitution": f"{_MPI}.solvers", "mpi.cyclic-reduction": f"{_MPI}.solvers",
     "mpi.jacobi": f"{_MPI}.solvers", "mpi.gmres": f"{_MPI}.krylov",
     "mpi.bicgstab": f"{_MPI}.krylov",
 }
+# Other names under a library's prefix ("scipy.cg"): its adapters' module may refuse them.
+LIBRARY_PREFIXES = {"scipy": f"{_ITERATIVE}.adapters", "pyamg": f"{_ITERATIVE}.adapters",
+                    "cupyx": f"{_ITERATIVE}.adapters"}
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,7 @@ class SolverInfo:
 
 
 _REGISTRY: dict[str, SolverInfo] = {}
+_REFUSED: dict[str, str] = {}  # name -> why it is not offered
 _ENTRY_POINTS_LOADED = False
 
 
@@ -221,6 +225,11 @@ def unregister(name: str) -> None:
     del _REGISTRY[name]
 
 
+def refuse(name: str, reason: str) -> None:
+    """Make a look-up of ``name`` raise ``ValueError`` with ``reason`` (``"scipy.cg"``: why not)."""
+    _REFUSED[name] = reason
+
+
 def _load(name: str | None = None) -> None:
     """Import what registers ``name`` (a built-in's module), or everything for ``None``.
 
@@ -231,7 +240,8 @@ def _load(name: str | None = None) -> None:
         _ENTRY_POINTS_LOADED = True
         for point in entry_points(group=ENTRY_POINT_GROUP):
             point.load()  # importing the module runs its @register decorators
-    wanted = set(BUILTIN.values()) if name is None else {BUILTIN.get(name)} - {None}
+    wanted = set(BUILTIN.values()) if name is None else {
+        BUILTIN.get(name) or LIBRARY_PREFIXES.get(name.split(".")[0])} - {None}
     for module in sorted(wanted):
         importlib.import_module(module)
 
@@ -243,9 +253,13 @@ def info(name: str) -> SolverInfo:
     ------
     KeyError
         For an unknown name; the message lists the known ones.
+    ValueError
+        For a name that is refused, with the reason (``"scipy.cg"``: it needs symmetry).
     """
     if isinstance(name, str) and name not in _REGISTRY:
         _load(name)
+        if name in _REFUSED:
+            raise ValueError(f"solver {name!r} is not offered: {_REFUSED[name]}")
     try:
         return _REGISTRY[name]
     except (KeyError, TypeError):

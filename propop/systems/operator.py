@@ -497,13 +497,15 @@ class Operator:
                                       for k in range(period)]
         return self._periodic[period]
 
-    def ready(self) -> Operator:
+    def ready(self, transpose: bool = False) -> Operator:
         """Build what :meth:`apply` needs (its edge groups), once: a plan's solves then don't.
 
-        Returns the operator.
+        ``transpose``: what ``apply(x, transpose=True)`` needs too. Returns the operator.
         """
         if self.layout.kind != "time" and not self._applies_stacked:
             self._forward_groups  # noqa: B018 (a cached property, built here)
+            if transpose:
+                self._transposed_groups  # noqa: B018
         return self
 
     @property
