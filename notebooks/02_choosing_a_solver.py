@@ -57,6 +57,20 @@ print(pp.solve(B, "scipy.bicgstab").message)
 print(pp.solve(B, "bicgstab", shadow="residual").message)
 
 # %% [markdown]
+# Any Krylov solver of `scipy.sparse.linalg` is a method, by name or as the function
+# itself (`pp.solvers.adapt` wraps one explicitly); one that needs a symmetric matrix
+# is refused with the reason.
+
+# %%
+import scipy.sparse.linalg
+
+print(pp.solve(B, scipy.sparse.linalg.gcrotmk))
+try:
+    pp.solve(B, "scipy.cg")
+except ValueError as error:
+    print(error)
+
+# %% [markdown]
 # The batch is eight matrices (the per-sample `f'(y)` differ): the batched methods run
 # eight recurrences in lock-step. Block methods are for one matrix with several
 # right-hand sides; here the batch-mean matrix, an approximation they report.
@@ -95,5 +109,5 @@ except ImportError:
 else:
     from propop import plot
 
-    plot.plot_convergence(list(histories.values()))
+    plot.plot_convergence(histories)  # labelled by its keys
     print("plotted the residual histories and the levels")

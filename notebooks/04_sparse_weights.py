@@ -8,8 +8,6 @@
 # patterns come from `propop.sparsity`; notebook 7 trains pruned networks.
 
 # %%
-import time
-
 import numpy as np
 
 import propop as pp
@@ -67,19 +65,19 @@ for name, W in patterns.items():
 # and with structured patterns; on a CPU it loses at every density here.
 
 # %%
-densities, timed = (0.005, 0.02, 0.1), {"substitution": [], "cyclic-reduction": []}
+densities, repeats = (0.005, 0.02, 0.1), 5
+timed = {"substitution": [], "cyclic-reduction": []}  # per density: ms of each repeat
 for density in densities:
     B = backward(random_sparse(density))
-    times = {}
-    for method in ("substitution", "cyclic-reduction"):
-        start = time.perf_counter()
-        pp.solve(B, method, check=True)
-        times[method] = time.perf_counter() - start
-    print(f"density {density:5.3f}: substitution {1e3 * times['substitution']:7.1f} ms, "
-          f"cyclic reduction {1e3 * times['cyclic-reduction']:7.1f} ms "
-          f"({times['cyclic-reduction'] / times['substitution']:.0f}x), CONVERGED")
-    for method, seconds in times.items():
-        timed[method].append(1e3 * seconds)
+    runs = {method: [] for method in timed}
+    for _ in range(repeats + 1):  # the methods interleaved; the first round warms up
+        for method in timed:
+            runs[method].append(1e3 * pp.solve(B, method, check=True).time)
+    for method, ms in runs.items():
+        timed[method].append(np.array(ms[1:]))
+    sub, cr = (np.median(runs[m][1:]) for m in timed)
+    print(f"density {density:5.3f}: substitution {sub:7.2f} ms, cyclic reduction {cr:7.2f} ms "
+          f"({cr / sub:.0f}x; medians of {repeats} after a warm-up), CONVERGED")
 
 # %%
 try:
@@ -89,10 +87,15 @@ except ImportError:
 else:
     fig, ax = plt.subplots()
     for (method, ms), (marker, line) in zip(timed.items(), [("o", "-"), ("s", "--")]):
-        ax.loglog(densities, ms, marker=marker, linestyle=line, label=method)
+        median = np.array([np.median(m) for m in ms])
+        spread = [median - [m.min() for m in ms], [m.max() for m in ms] - median]
+        ax.errorbar(densities, median, yerr=spread, marker=marker, linestyle=line,
+                    capsize=3, label=f"{method} (median, min-max of {repeats})")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
     ax.set_xticks(densities, [f"{d:g}" for d in densities])
     ax.set_xlabel("weight density")
     ax.set_ylabel("solve time [ms]")
-    ax.set_title("Random sparse weights: time against density (this CPU)")
+    ax.set_title("Random sparse weights: time against density (this CPU, warmed up)")
     ax.legend()
-    print("plotted:", [line.get_label() for line in ax.lines])
+    print("plotted:", [t.get_text() for t in ax.get_legend().get_texts()])

@@ -89,11 +89,19 @@ def _load(name: str) -> Backend:
 _CACHE: dict[str, Backend] = {}
 
 
+# The extra that installs each backend's package.
+EXTRAS = {"cupy": "gpu", "torch": "torch", "array_api_strict": "test"}
+
+
 def _named(name: str) -> Backend:
-    """The backend called ``name``, loaded once."""
+    """The backend called ``name``, loaded once; a missing package names its extra."""
     loaded = _CACHE.get(name)
     if loaded is None:
-        loaded = _CACHE[name] = _load(name)
+        try:
+            loaded = _CACHE[name] = _load(name)
+        except ModuleNotFoundError as error:
+            raise ModuleNotFoundError(f"the {name} backend needs {error.name}: pip install "
+                                      f'"propop[{EXTRAS[name]}]"', name=error.name) from None
     return loaded
 
 
@@ -377,10 +385,8 @@ def convert(array: Any, kind: str, device: Any = None) -> Any:
     if kind == "array_api_strict":
         return _named(kind).xp.asarray(host)
     if kind == "cupy":
-        return importlib.import_module("cupy").asarray(host)
-    import torch
-
-    return torch.as_tensor(host, device=device)
+        return _named("cupy").xp.asarray(host)
+    return _named("torch").xp.asarray(host, device=device)
 
 
 def dense(array: Any) -> Any:

@@ -76,23 +76,56 @@ def _unique(labels: Sequence[str]) -> list[str]:
     return out
 
 
-def _semilogy_histories(ax: Any, histories: Sequence[Any], labels: Sequence[str]) -> None:
-    """Residual histories on a log axis; an exact zero drawn at the floor, not as a drop."""
+def _semilogy_histories(ax: Any, histories: Sequence[Any], labels: Sequence[str],
+                        steps: Sequence[Any] | None = None) -> None:
+    """Residual histories on a log axis; an exact zero drawn at the floor, not as a drop.
+
+    ``steps`` are each history's x values (default: ``0, 1, 2, ...``).
+    """
     floor = min((float(v) for h in histories for v in h if v > 0), default=1e-16) / 10
-    for history, label, (marker, line) in zip(histories, _unique(labels),
+    steps = steps or [np.arange(len(h)) for h in histories]
+    for history, x, label, (marker, line) in zip(histories, steps, _unique(labels),
                                                  _styles(len(histories))):
         history = np.maximum(np.asarray(history, dtype=float), floor)
-        ax.semilogy(np.arange(history.size), history, marker=marker, linestyle=line,
-                    label=label)
+        ax.semilogy(x, history, marker=marker, linestyle=line, label=label)
     ax.xaxis.get_major_locator().set_params(integer=True)
 
 
-def plot_convergence(solutions: Sequence[Any], ax: Any = None, relative: bool = True,
-                     title: str = "Residual histories") -> Any:
-    """Residual histories (semilogy), one line per solution, labelled by method.
+def applications(solution: Any) -> np.ndarray:
+    """The x of each entry of ``solution.residuals``: operator applications so far.
 
-    With ``relative``, each history is divided by its initial residual.
+    ``solution.levels`` counts them (one per Jacobi sweep or GMRES step, two per
+    BiCGStab iteration, the library's products for SciPy's and PyAMG's solvers;
+    the parallel steps of a direct method), spread evenly over the history.
     """
+    n = len(solution.residuals)
+    return np.linspace(0, solution.levels, n) if n > 1 else np.zeros(n)
+
+
+def plot_convergence(solutions: Sequence[Any] | Mapping[str, Any], ax: Any = None,
+                     relative: bool = True, title: str = "Residual histories",
+                     labels: Sequence[str] | None = None) -> Any:
+    """Residual histories (semilogy) against operator applications, one line per solution.
+
+    Parameters
+    ----------
+    solutions : sequence of Solution, or dict label -> Solution
+        A dict's keys are the labels.
+    relative : bool
+        Divide each history by its initial residual.
+    labels : sequence of str, optional
+        One per solution; default ``"method (status)"``, repeats numbered.
+
+    Every method on one x unit: operator applications (:func:`applications`),
+    so two BiCGStab iterations and four GMRES steps sit at the same x.
+    """
+    if isinstance(solutions, Mapping):
+        if labels is not None:
+            raise ValueError("labels: a dict of solutions is labelled by its keys already")
+        labels, solutions = list(solutions), list(solutions.values())
+    solutions = list(solutions)
+    if labels is not None and len(labels) != len(solutions):
+        raise ValueError(f"labels: {len(labels)} given for {len(solutions)} solutions")
     ax = _axes(ax)
     histories = []
     for solution in solutions:
@@ -100,9 +133,10 @@ def plot_convergence(solutions: Sequence[Any], ax: Any = None, relative: bool = 
         if relative and history.size and history[0] > 0:
             history = history / history[0]
         histories.append(history)
-    _semilogy_histories(ax, histories, [f"{s.method} ({s.status.name.lower()})"
-                                        for s in solutions])
-    ax.set_xlabel("iteration")
+    _semilogy_histories(ax, histories, list(labels) if labels is not None else [
+        f"{s.method} ({s.status.name.lower()})" for s in solutions],
+        [applications(s) for s in solutions])
+    ax.set_xlabel("operator applications (parallel steps of a direct method)")
     ax.set_ylabel("relative residual" if relative else "residual")
     ax.set_title(title)
     ax.legend()

@@ -188,10 +188,11 @@ def test_sparse_overflow_and_bad_options():
 
 def test_sparse_path_is_the_default_only_for_wide_sparse_layers():
     narrow, _ = system_pair((10,) * 5, 1, density=0.2)
-    assert "fill_in" not in pp.solve(narrow, "cyclic-reduction").info
+    said = pp.solve(narrow, "cyclic-reduction").info["fill_in"]  # dense: says so, and the fix
+    assert isinstance(said, str) and "not followed" in said and "sparse=True" in said
     wide = Case((256, 256, 256), r=None, density=0.01).problem()
     sol = pp.solve(pp.backward_system(*wide[:3]), "cyclic-reduction")
-    assert "fill_in" in sol.info
+    assert all(f > 0 for f in sol.info["fill_in"])
     assert relative_error(sol.x, np.concatenate(wide[3])) < 1e-12
 
 

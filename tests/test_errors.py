@@ -127,3 +127,38 @@ def test_overflow_in_long_jacobian_products_is_reported_not_returned():
     assert "first in v[1]" in sol.message and "overflowed" in sol.message
     with pytest.raises(pp.ConvergenceError, match="non-finite"):
         pp.backprop(net, trace_x, np.zeros(3))
+
+
+def test_displays_name_the_fix():
+    """A plan given more columns names .shared(); a missing backend its extra; repr's residual."""
+    net = pp.FNN.random([4, 8, 3], activation="tanh", seed=0)
+    B = pp.backward_system(net, net.forward(np.ones((4, 2))), np.ones((3, 2)))
+    with pytest.raises(ValueError, match=r"expected \(15, 2\).*\.shared\(\)"):
+        pp.prepare(B, "substitution").solve(np.ones((15, 5)))
+    assert pp.prepare(B.shared(), "substitution").solve(np.ones((15, 5))).converged
+    solution = pp.solve(B, "substitution")
+    stacked = B.matrix @ solution.x.T.reshape(-1) - B.rhs.T.reshape(-1)  # samples stacked
+    final = np.linalg.norm(stacked.reshape(2, 15), axis=1).max()
+    assert f"residual={solution.residuals[-1]:.2e}" in repr(solution)
+    assert solution.residuals[-1] == pytest.approx(final, abs=1e-15)
+    empty = pp.Solution(x=solution.x, status=pp.Status.CONVERGED, message="", residuals=())
+    assert "residual=not computed" in repr(empty)
+
+
+def test_a_missing_backend_names_its_extra(monkeypatch):
+    import builtins
+
+    from propop import backend
+
+    real = builtins.__import__
+
+    def no_cupy(name, *args, **kwargs):
+        if name.split(".")[0] in ("cupy", "cupyx") or name == "array_api_compat.cupy":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name.split(".")[0])
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_cupy)
+    monkeypatch.setattr(backend, "_CACHE", {})
+    net = pp.FNN.random([4, 3], seed=0)
+    with pytest.raises(ModuleNotFoundError, match=r'pip install "propop\[gpu\]"'):
+        pp.backward_system(net, net.forward(np.ones(4)), np.ones(3)).to("cupy")

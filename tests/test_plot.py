@@ -53,6 +53,29 @@ def test_convergence_lines_are_the_residual_histories():
     assert len({(line.get_marker(), line.get_linestyle()) for line in ax.lines}) == 4
 
 
+def test_convergence_takes_labels_or_a_dict_and_puts_every_method_on_applications():
+    B = backward((5,) * 7)
+    solutions = {"J": pp.solve(B, "jacobi"), "B": pp.solve(B, "bicgstab"),
+                 "G": pp.solve(B, "scipy.gmres")}
+    ax = plot.plot_convergence(solutions)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["J", "B", "G"]
+    assert ax.get_xlabel().startswith("operator applications")
+    for line, sol in zip(ax.lines, solutions.values()):
+        x = line.get_xdata()
+        assert x[0] == 0 and x[-1] == pytest.approx(sol.levels) and len(x) == len(sol.residuals)
+    bicgstab = solutions["B"]  # two products an iteration: its x runs twice as fast
+    assert ax.lines[1].get_xdata()[-1] == pytest.approx(2 * bicgstab.iterations)
+    sweeps = solutions["J"]
+    assert ax.lines[0].get_xdata()[-1] == pytest.approx(sweeps.iterations)
+    assert [t.get_text() for t in plot.plot_convergence(
+        list(solutions.values()), labels=["a", "b", "c"]).get_legend().get_texts()] == [
+        "a", "b", "c"]
+    with pytest.raises(ValueError, match="labels: 2 given for 3 solutions"):
+        plot.plot_convergence(list(solutions.values()), labels=["a", "b"])
+    with pytest.raises(ValueError, match="labelled by its keys"):
+        plot.plot_convergence(solutions, labels=["a", "b", "c"])
+
+
 def test_levels_follow_depth_and_log_depth():
     depths = [1, 2, 3, 8, 31]
     ax = plot.plot_levels(depths)

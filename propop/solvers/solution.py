@@ -85,10 +85,11 @@ class Solution:
         return iter((self.x, self.exit_code))
 
     def __repr__(self) -> str:
+        """The final residual (the true one), or "not computed" where none was."""
+        residual = f"{self.residuals[-1]:.2e}" if self.residuals else "not computed"
         return (f"Solution(method={self.method!r}, status={self.status.name}, "
                 f"iterations={self.iterations}, levels={self.levels}, "
-                f"residual={self.residuals[-1] if self.residuals else float('nan'):.2e}, "
-                f"time={self.time:.3g}s)")
+                f"residual={residual}, time={self.time:.3g}s)")
 
 
 class ConvergenceError(RuntimeError):

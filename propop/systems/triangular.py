@@ -188,7 +188,11 @@ class TriangularSystem:
         rhs = xp.asarray(rhs, dtype=self.dtype)
         if rhs.ndim != self._scaled_rhs.ndim or rhs.shape[0] != self.size or (
                 rhs.ndim == 2 and rhs.shape[1] != self.nrhs and not self._scaled_once):
-            raise ValueError(f"rhs has shape {rhs.shape}, expected {self.rhs.shape}")
+            more = (" (another number of columns needs one matrix for all samples: a system "
+                    "made with .shared(), e.g. B.shared() or B.shared('mean'))"
+                    if rhs.ndim == 2 and rhs.shape[0] == self.size else "")
+            raise ValueError(f"rhs has shape {tuple(rhs.shape)}, expected "
+                             f"{tuple(self.rhs.shape)}{more}")
         require_finite(rhs, "rhs")
         return TriangularSystem.of(self._op, self._op.from_form(rhs))
 

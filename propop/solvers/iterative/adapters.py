@@ -41,7 +41,8 @@ block meets the contract, ``maxiter`` iterations are spent, or a round stops
 improving. Each round resolves blocks down to ``rtol`` of the current residual,
 so the small blocks of a network with vanishing gradients take a round or two
 more. The final status is decided on the true residual; ``info["products"]``
-counts the products with ``A`` (and ``A^T``) each sample's solves made. ``M`` is
+counts the products with ``A`` (and ``A^T``) each column's solves made, and
+``levels`` is the largest (operator applications, as for propop's Krylov methods). ``M`` is
 propop's spec (:mod:`.preconditioners`), handed to the library as a
 ``LinearOperator``; the library's own options (``restart``, ``inner_m``,
 ``orthog``, ``M1``/``M2`` for ``qmr``, ...) pass through.
@@ -320,13 +321,11 @@ class LibraryMethod(Method):
         tol, maxiter = Tolerance.of(system, state["rtol"], state["atol"]), state["maxiter"]
         x = initial_guess(system, x0)
         samples = state["samples"]
-        for sample in samples:
-            sample.products = 0
-        infos, histories, iterations, stalled = [], [], [], []
+        infos, histories, iterations, stalled, products = [], [], [], [], []
         for j in range(x.shape[1]):
             sample = samples[min(j, len(samples) - 1)]
             one = sample.system(system.rhs[:, j])
-            column = x[:, j].copy()
+            column, before = x[:, j].copy(), sample.products
             info, history, its, stopped = _refine(
                 self.call, state["function"], one, sample, column,
                 Tolerance.of(one, tol.rtol, tol.atol), maxiter, state["options"])
@@ -335,6 +334,7 @@ class LibraryMethod(Method):
             histories.append(history)
             iterations.append(its)
             stalled.append(stopped)
+            products.append(sample.products - before)
             if callback is not None:
                 callback(x)
         breakdown = next((f"{self.name} reported breakdown (info={i}) in sample {s}; try "
@@ -345,11 +345,10 @@ class LibraryMethod(Method):
             for s, stop in enumerate(stalled) if stop), "")
         initial = float(column_norms(system.residual(initial_guess(system, x0))).max())
         solution = finish(system, x, tol=tol, iterations=max(iterations),
-                          levels=max(iterations), history=[initial] + _merge(histories),
+                          levels=max(products), history=[initial] + _merge(histories),
                           maxiter=maxiter, breakdown=breakdown, estimates=True,
                           info={"library_info": infos, "sample_iterations": iterations,
-                                "sample_histories": histories,
-                                "products": [s.products for s in samples]})
+                                "sample_histories": histories, "products": products})
         return _advised(solution, state, system.nblocks)
 
     @property

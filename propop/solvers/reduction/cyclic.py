@@ -59,6 +59,11 @@ __all__ = ["CyclicReduction", "ParallelCyclicReduction"]
 SPARSE_MIN_WIDTH = 256
 
 
+# info["fill_in"] of a dense reduction: its reduced blocks are dense arrays, nothing followed.
+DENSE_FILL_IN = ("not followed: the blocks were reduced as dense arrays; sparse=True follows "
+                 "the non-zeros of each level")
+
+
 def _factored(factor: Callable, substitute: Callable) -> Callable:
     """A reduction of the padded dense chain split in two: ``factor`` here, once.
 
@@ -73,7 +78,8 @@ def _factored(factor: Callable, substitute: Callable) -> Callable:
 
         def solve(s: Any, counter: Counter) -> tuple[Any, int, dict]:
             X = substitute(levels, chain.rhs_of(s), counter, xp)
-            return chain.solution(X, s), len(levels), {"width": chain.G.shape[2]}
+            return chain.solution(X, s), len(levels), {"width": chain.G.shape[2],
+                                                       "fill_in": DENSE_FILL_IN}
 
         return solve
 
@@ -264,7 +270,8 @@ class CyclicReduction(Method):
         Chains: reduce with sparse products. Default: where the couplings are
         ``scipy.sparse`` and some block is at least ``SPARSE_MIN_WIDTH`` (256)
         wide; narrower blocks are faster dense. ``info["fill_in"]`` then lists,
-        per level, the non-zeros of a reduced block relative to an original one.
+        per level, the non-zeros of a reduced block relative to an original one
+        (a dense reduction says there that it did not follow them).
     dense_threshold : float, optional
         Chains: density of the reduced blocks beyond which the remaining levels
         run dense (padded stacks, one batched ``matmul`` a level); default 0.25.
