@@ -9,9 +9,12 @@ import propop as pp
 from propop import cli
 
 
+HANG = 1800  # seconds: a guard against a hung process, not a speed check
+
+
 def run(*args):
     return subprocess.run([sys.executable, "-m", "propop", *args], capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=HANG)
 
 
 def test_solvers_lists_the_registry(capsys):
@@ -55,27 +58,32 @@ def test_bad_arguments_give_one_line_and_exit_2(args, message):
     assert len(lines) == 1 and message in lines[0]
 
 
-def test_demo_runs_every_method_quickly():
+def test_demo_announces_each_section_and_reads_each_table():
     result = run("demo")
     assert result.returncode == 0, result.stderr
-    for s in pp.solvers.available():
-        assert f"| {s.name} |" in result.stdout
-    assert "| substitution | yes | CONVERGED |" in result.stdout
-    assert "tanh RNN over 50 time steps" in result.stdout
-    assert "| hybrid | no | CONVERGED |" in result.stdout
-    training = [line.split("|") for line in
-                result.stdout.split("Training a 6-layer")[1].splitlines()
-                if line.startswith("| ") and line.split("|")[2].strip() in
-                ("exact", "1", "3", "6")]
-    assert len(training) == len(cli.demos.DEMO_TRAINING)
-    accuracy = {(r[1].strip(), r[2].strip(), r[3].strip()): float(r[4]) for r in training}
-    error = {(r[1].strip(), r[2].strip(), r[3].strip()): float(r[5]) for r in training}
-    assert accuracy["substitution", "exact", "1.00"] > 0.85
-    assert accuracy["cyclic-reduction", "exact", "1.00"] == accuracy[
-        "substitution", "exact", "1.00"]
-    assert error["jacobi", "6", "1.00"] < 1e-12 < 0.5 < error["jacobi", "1", "1.00"]
-    assert ("substitution", "exact", "0.10") in accuracy
-    vanishing = result.stdout.split("Vanishing gradients:")[1].split("Memory guard")[0]
+    out = result.stdout
+    titles = [title for title, _ in cli.demos.sections()]
+    for k, title in enumerate(titles, start=1):
+        start = out.index(f"[{k}/{len(titles)}] {title}\n")
+        assert out.index(f"[{k}/{len(titles)}] done in ", start) > start
+    for table in cli.tables.QUICK:
+        shown = out.split(table.title)[1].split("done in")[0]
+        for method in table.settings["methods"]:
+            assert f"| {method} | " in shown and f"| {method} | " + \
+                ("yes" if pp.solvers.info(method).exact else "no") + " | CONVERGED |" in shown
+        assert "\nWhy: " in shown
+    depth = out.split(cli.tables.QUICK[0].title)[1].split("Why:")[1]
+    assert "cyclic reduction takes 11 levels where substitution takes 1025" in depth
+    assert "propop demo --full runs every registered method" in out
+    training = [line.split("|") for line in out.split("Training a 6-layer")[1].splitlines()
+                if line.startswith("| ") and line.split("|")[2].strip() in ("exact", "1", "6")]
+    assert len(training) == len(cli.demos.QUICK_TRAINING)
+    accuracy = {(r[1].strip(), r[2].strip()): float(r[4]) for r in training}
+    error = {(r[1].strip(), r[2].strip()): float(r[5]) for r in training}
+    assert accuracy["substitution", "exact"] > 0.85
+    assert accuracy["cyclic-reduction", "exact"] == accuracy["substitution", "exact"]
+    assert error["jacobi", "6"] < 1e-12 < 0.5 < error["jacobi", "1"]
+    vanishing = out.split("Vanishing gradients:")[1].split("Memory guard")[0]
     for method in ("jacobi", "bicgstab", "batched-gmres", "scipy.gmres",
                    "scipy.sparse.linalg.gcrotmk (the function)"):
         assert f"| {method} | CONVERGED |" in vanishing
@@ -84,17 +92,48 @@ def test_demo_runs_every_method_quickly():
     drift = float(unchecked.split("fresh network's to ")[1].split(";")[0])
     assert drift < 1e-14 and "judged INACCURATE" in unchecked
     assert "solves APPROXIMATE" in unchecked
-    assert "raised MemoryBudgetError before allocating" in result.stdout
-    storage = result.stdout.split("One storage:")[1].split("Plan once")[0]
+    assert "raised MemoryBudgetError before allocating" in out
+    storage = out.split("One storage:")[1].split("Plan once")[0]
     assert "| FNN of width 8 | chain (5 blocks) | 1 dense stack(s) | chain, equal-widths, " \
         "stacked |" in storage and "| time (30 blocks) |" in storage
-    tensors = result.stdout.split("PyTorch tensors, one code path")[1].split("PyTorch in")[0]
+    tensors = out.split("PyTorch tensors, one code path:")[1].split("PyTorch in")[0]
     rows = [row.split("|") for row in tensors.splitlines() if row.startswith("| ") and
             "torch.Tensor" in row]
     assert len(rows) == 6 and max(float(row[4]) for row in rows) < 1e-12
-    loop = result.stdout.split("PyTorch in the loop:")[1].split("(the GRU's")[0]
+    loop = out.split("PyTorch in the loop:")[1].split("(the GRU's")[0]
     rows = [row.split("|") for row in loop.splitlines() if "propop cyclic-reduction" in row]
     assert len(rows) == 2 and max(float(row[4]) for row in rows) < 1e-12
+
+
+def test_demo_full_runs_every_method_on_four_networks(monkeypatch, capsys):
+    reported, trained = [], []
+    monkeypatch.setattr(cli.demos, "report", lambda settings: reported.append(settings) or [])
+    monkeypatch.setattr(cli.demos, "training", lambda *args: trained.append(args))
+    for name in ("storage", "plans", "auto", "backends", "torch_loop", "models", "trust"):
+        monkeypatch.setattr(cli.demos, name, lambda: None)
+    assert cli.main(["demo", "--full"]) == 0
+    assert [s["network"] for s in reported] == ["fnn", "rnn", "fnn", "graph"]
+    assert all(s["methods"] is None for s in reported)  # every registered method
+    assert (reported[0]["layers"], reported[0]["width"], reported[0]["batch"]) == (6, 256, 32)
+    assert trained == [(cli.demos.DEMO_TRAINING, 4)]
+    out = capsys.readouterr().out
+    assert "[12/12] Training on the digits" in out and "propop demo --full: 12 sections" in out
+
+
+def test_demo_full_training_table_prunes_and_truncates(capsys):
+    cli.demos.training()
+    out = capsys.readouterr().out
+    training = [line.split("|") for line in out.splitlines() if line.startswith("| ") and
+                line.split("|")[2].strip() in ("exact", "1", "3", "6")]
+    assert len(training) == len(cli.demos.DEMO_TRAINING)
+    accuracy = {(r[1].strip(), r[2].strip(), r[3].strip()): float(r[4]) for r in training}
+    error = {(r[1].strip(), r[2].strip(), r[3].strip()): float(r[5]) for r in training}
+    assert accuracy["substitution", "exact", "1.00"] > 0.85
+    assert error["jacobi", "6", "1.00"] < 1e-12 < 0.5 < error["jacobi", "1", "1.00"]
+    assert 0 < error["jacobi", "3", "1.00"] < error["jacobi", "1", "1.00"]
+    assert accuracy["substitution", "exact", "0.10"] > 0.5
+    assert accuracy["cyclic-reduction", "exact", "0.10"] == accuracy[
+        "substitution", "exact", "0.10"]
 
 
 def test_run_an_rnn_reports_what_does_not_apply(capsys):
@@ -155,7 +194,7 @@ def test_version_help_defaults_and_tolerances(capsys):
     assert capsys.readouterr().out.strip() == f"propop {pp.__version__}"
     with pytest.raises(SystemExit):
         cli.main(["demo", "--help"])
-    assert "every method on an FNN" in capsys.readouterr().out
+    assert "--full" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         cli.main(["run", "--help"])
     text = capsys.readouterr().out

@@ -2,7 +2,8 @@
 
 The build executes every notebook (jupytext py:percent files) in a Jupyter kernel
 through myst-nb, an error in any cell failing it: the one execution of the
-notebooks per test run, checked here for their figures and results.
+notebooks per test run (none when the cache of ``docs/conf.py`` holds this code's
+outputs), checked here for their figures and results.
 """
 
 import pathlib
@@ -16,6 +17,7 @@ import propop as pp
 ROOT = pathlib.Path(__file__).parents[1]
 
 
+@pytest.mark.slow  # a minute and more: .ci/run runs it after the README's test command
 def test_docs_build_without_warnings(tmp_path):
     pytest.importorskip("sphinx")
     result = subprocess.run([sys.executable, "-m", "sphinx", "-W", "-q", "-b", "html",
@@ -30,6 +32,12 @@ def test_docs_build_without_warnings(tmp_path):
     assert "propop.solvers.iterative.block.BlockGMRES" in api
     math = (tmp_path / "math.html").read_text()
     assert math.count('class="math notranslate nohighlight"') >= 47  # rendered by MathJax
+    assert 'src="_static/mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full"' in math
+    assert "cdn" not in math.lower()  # offline: MathJax is bundled, not fetched
+    assert '"webFont": "STIX-Web"' in math  # the fonts it bundles
+    for part in ("MathJax.js", "config/TeX-AMS-MML_HTMLorMML-full.js",
+                 "jax/output/HTML-CSS/fonts/STIX-Web/fontdata.js"):
+        assert (tmp_path / "_static" / "mathjax" / part).is_file(), part
     assert "the forward system, Jacobian form" in math and "forw_prop_sys_jacobian" in math
     for number in range(1, 48):  # every numbered equation of the paper has its section
         assert f'id="eq-{number}"' in math, number

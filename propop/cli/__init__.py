@@ -17,6 +17,7 @@ from ..solvers.solution import ConvergenceError
 from ..systems import backward_system
 from . import demos
 from .experiments import problem, report, solvers_table
+from .tables import BASE
 from .parser import check_problem, check_training, message, parser, tolerances, widths
 
 __all__ = ["main"]
@@ -108,22 +109,13 @@ def _command(args: argparse.Namespace) -> int:
         return 0
     if args.command in ("explain", "calibrate", "train"):
         return {"explain": _explain, "calibrate": _calibrate, "train": _train}[args.command](args)
-    base = dict(layers=6, width=256, batch=32, activation="tanh", density=1.0,
-                methods=None, dtype="float64", seed=0, repeats=5, network="fnn", tau=100,
-                progress="auto")
     if args.command == "demo":
-        runs = [base, dict(base, network="rnn", layers=2, width=16, batch=8, tau=50),
-                dict(base, activation="identity", width=64),  # one matrix: block methods
-                dict(base, network="graph", layers=4, width=64)]
-    else:
-        check_problem(args)
-        runs = [dict(base, layers=args.layers, width=args.width, batch=args.batch,
-                     activation=args.activation, density=args.density, dtype=args.dtype,
-                     seed=args.seed, repeats=args.repeats, network=args.network,
-                     tau=args.tau, methods=args.method.split(",") if args.method else None,
-                     distributed=args.distributed, options=tolerances(args))]
-    for settings in runs:
-        report(settings)
-    if args.command == "demo":
-        demos.after_the_tables()
+        demos.run(full=args.full)
+        return 0
+    check_problem(args)
+    report(dict(BASE, layers=args.layers, width=args.width, batch=args.batch,
+                activation=args.activation, density=args.density, dtype=args.dtype,
+                seed=args.seed, repeats=args.repeats, network=args.network, tau=args.tau,
+                methods=args.method.split(",") if args.method else None,
+                distributed=args.distributed, options=tolerances(args)))
     return 0

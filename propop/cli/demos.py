@@ -1,11 +1,14 @@
-"""``propop demo``'s sections after its tables.
+"""``propop demo``'s sections, and :func:`run`, which prints each as it starts and ends.
 
-One storage, plans, auto, backends, PyTorch in the loop, models, trust, training.
+The opening tables (:mod:`.tables`), then one storage, plans, auto, backends,
+PyTorch in the loop, models, trust, training.
 """
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,9 +21,10 @@ from ..propagation import backprop
 from ..solvers.plan import solve
 from ..solvers.solution import Solution, Status
 from ..systems import backward_system
-from .experiments import problem
+from .experiments import problem, report
+from .tables import FULL, QUICK, Table
 
-__all__ = ["after_the_tables", "DEMO_TRAINING"]
+__all__ = ["run", "sections", "DEMO_TRAINING", "QUICK_TRAINING"]
 
 
 def auto() -> None:
@@ -264,10 +268,16 @@ DEMO_TRAINING = (("substitution", None, 1.0), ("cyclic-reduction", None, 1.0),
                  ("jacobi", 1, 1.0), ("jacobi", 3, 1.0), ("jacobi", 6, 1.0),
                  ("batched-gmres", 3, 1.0), ("substitution", None, 0.1),
                  ("cyclic-reduction", None, 0.1))
+QUICK_TRAINING = (("substitution", None, 1.0), ("cyclic-reduction", None, 1.0),
+                  ("jacobi", 1, 1.0), ("jacobi", 6, 1.0))
 
 
-def training() -> None:
-    """The demo's training table: exact, truncated and pruned runs on the digits."""
+def training(runs: Sequence[tuple] = DEMO_TRAINING, epochs: int = 4) -> None:
+    """The demo's training table: exact, truncated and pruned runs on the digits.
+
+    ``runs`` holds ``(method, maxiter, density)``: ``maxiter=None`` solves exactly,
+    ``density < 1`` prunes by magnitude in ``epochs`` stages of one epoch.
+    """
     from ..data import digits
     from ..sparsity import density_of, prune_gradually
     from ..training import train
@@ -279,21 +289,23 @@ def training() -> None:
         return
     base = FNN.random([64] + [32] * 5 + [10], activation="tanh", seed=0)
     net = FNN(base.W, base.b, activation=["tanh"] * 5 + ["identity"])
-    print("Training a 6-layer tanh MLP (64-32x5-10) on the digits, 4 epochs of SGD (lr 0.2, "
-          "batch 32) with each backward method; density 0.1: magnitude pruning in 4 stages "
-          "of one epoch (cubic schedule); seconds: the whole run, with the exact reference "
-          "solves that measure a truncated run's gradient error.\n")
+    print(f"Training a 6-layer tanh MLP (64-32x5-10) on the digits, {epochs} epochs of SGD "
+          f"(lr 0.2, batch 32) with each backward method"
+          + (f"; density 0.1: magnitude pruning in {epochs} stages of one epoch (cubic "
+             "schedule)" if any(d < 1 for _, _, d in runs) else "")
+          + "; seconds: the whole run, with the exact reference solves that measure a "
+          "truncated run's gradient error.\n")
     print("| backward method | maxiter | density | test accuracy | mean gradient error "
           "| seconds |\n|---|---:|---:|---:|---:|---:|")
-    for method, maxiter, density in DEMO_TRAINING:
+    for method, maxiter, density in runs:
         options = dict(batch_size=32, lr=0.2, method=method, x_test=xte, y_test=yte,
                        solver_options={} if maxiter is None else {"maxiter": maxiter},
-                       gradient_error=maxiter is not None, progress=False)
+                       gradient_error=maxiter is not None, progress="auto")
         start = time.perf_counter()
         if density < 1:
-            model, histories = prune_gradually(net, xtr, ytr, density, 4, 1, **options)
+            model, histories = prune_gradually(net, xtr, ytr, density, epochs, 1, **options)
         else:
-            model, histories = train(net, xtr, ytr, epochs=4, **options)
+            model, histories = train(net, xtr, ytr, epochs=epochs, **options)
             histories = [histories]
         errors = [s["gradient_error"] for h in histories for s in h.steps
                   if "gradient_error" in s] or [0.0]
@@ -340,13 +352,41 @@ def plans() -> None:
           "for one; a method's state, the reduced blocks for one, is the plan's.)\n")
 
 
-def after_the_tables() -> None:
-    """The demo's sections after its tables, in order."""
-    storage()
-    plans()
-    auto()
-    backends()
-    torch_loop()
-    models()
-    trust()
-    training()
+def _table(table: Table) -> None:
+    """One opening table, then the sentence that reads it."""
+    rows = report(table.settings)
+    why = table.why({row.method: row for row in rows})
+    if why:
+        print(f"{why}\n")
+
+
+def sections(full: bool = False) -> list[tuple[str, Callable[[], None]]]:
+    """The demo's sections in order, ``(title, function)``; ``full`` runs the long tables."""
+    tables = [(t.title, functools.partial(_table, t)) for t in (FULL if full else QUICK)]
+    learn = functools.partial(training, DEMO_TRAINING, 4) if full else functools.partial(
+        training, QUICK_TRAINING, 2)
+    return tables + [
+        ("One storage for every network", storage),
+        ("Plan once, solve many", plans),
+        ("method='auto'", auto),
+        ("PyTorch tensors, one code path", backends),
+        ("PyTorch in the loop", torch_loop),
+        ("Your own models, and the Newton family", models),
+        ("What CONVERGED means, and why nothing slips by", trust),
+        ("Training on the digits", learn),
+    ]
+
+
+def run(full: bool = False) -> None:
+    """``propop demo``: each section announced as it starts and timed as it ends."""
+    chosen = sections(full)
+    start = time.perf_counter()
+    for k, (title, show) in enumerate(chosen, start=1):
+        print(f"[{k}/{len(chosen)}] {title}\n", flush=True)
+        began = time.perf_counter()
+        show()
+        print(f"[{k}/{len(chosen)}] done in {time.perf_counter() - began:.1f} s\n", flush=True)
+    print(f"propop demo{' --full' if full else ''}: {len(chosen)} sections in "
+          f"{time.perf_counter() - start:.1f} s"
+          + ("" if full else "; propop demo --full runs every registered method on four "
+             "networks (minutes)") + ".")

@@ -214,8 +214,11 @@ def _require_abort_on_failure() -> None:
               "instead of aborting the job", file=sys.stderr)
 
 
-def report(settings: dict) -> None:
-    """Run :func:`experiment` with ``settings`` and print its table, the machine and the time."""
+def report(settings: dict) -> list[Row]:
+    """Run :func:`experiment` with ``settings``, print its table, the machine and the time.
+
+    Returns the rows (on the ranks that do not print, too).
+    """
     start = time.perf_counter()
     if settings.get("distributed"):
         _require_abort_on_failure()
@@ -224,7 +227,7 @@ def report(settings: dict) -> None:
         from ..distributed.system import world
 
         if world().Get_rank() != 0:  # rank 0 prints the table
-            return
+            return rows
         print(f"Distributed over {world().Get_size()} MPI ranks; times are the slowest "
               "rank's, then every rank's.")
     kind = {"fnn": "an FNN", "rnn": f"a tanh RNN over {settings['tau']} time steps",
@@ -241,3 +244,4 @@ def report(settings: dict) -> None:
     if settings.get("methods") is None and unavailable_note():
         print(f"\n{unavailable_note()}")
     print(f"\n{machine()}; total {time.perf_counter() - start:.1f} s\n")
+    return rows
