@@ -43,7 +43,7 @@ def _newton(hidden: int, tau: int, method: str) -> Callable[[], Any]:
     return lambda: pp.forward(rnn, xs, method=method)
 
 
-# (the target it misses, the job): DESIGN section 7, against the tight loop
+# (the target it misses, the job): docs/measurements.md, against the tight loop
 CASES: dict[str, tuple[str, Callable[[], Callable[[], Any]]]] = {
     "MLP l=1024 n=8 r=1, cyclic-reduction": (
         "cyclic reduction <= 0.6x the tight loop", lambda: _mlp(1024, 8, 1, "cyclic-reduction")),

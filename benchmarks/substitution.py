@@ -1,6 +1,7 @@
 """Sequential ``substitution`` through propop against a hand-written NumPy loop.
 
-DESIGN section 7 target: <= 1.0x the tight loop. The loop is ``v = f'(y) * (W^T v)``
+The target (issue 28, docs/measurements.md): <= 1.0x the tight loop. The loop is
+``v = f'(y) * (W^T v)``
 (eq. def_back_prop2) written tight (:class:`benchmarks.baselines.TightBackward`:
 preallocated blocks, transposes made once, ``np.dot(..., out=)``).
 Two comparisons with the same inputs on both sides: the solve on a built system

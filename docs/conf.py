@@ -43,6 +43,10 @@ myst_heading_anchors = 3
 myst_enable_extensions = ["dollarmath", "amsmath"]
 mathjax_path = "mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full"
 mathjax2_config = {"TeX": {"Macros": {"bm": ["\\boldsymbol{#1}", 1]}},
+                   # MyST marks pages ignored and their math "math": MathJax 2's names
+                   "tex2jax": {"ignoreClass": "tex2jax_ignore|mathjax_ignore",
+                               "processClass": "tex2jax_process|mathjax_process|math"
+                                               "|output_area"},
                    # the fonts the package bundles (as Jupyter's own configuration)
                    "HTML-CSS": {"availableFonts": [], "imageFont": None,
                                 "preferredFont": None, "webFont": "STIX-Web"}}

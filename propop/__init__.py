@@ -1,7 +1,7 @@
 """propop: forward and backward propagation as block bi-diagonal triangular solves.
 
 After M. Naumov, "Parallel Complexity of Forward and Backward Propagation".
-The public API is DESIGN section 6. Names are resolved on first use (PEP 562),
+The public API is the one docs/api.md lists. Names are resolved on first use (PEP 562),
 so ``import propop`` loads no solver, no PyAMG and no ``scipy.sparse.linalg``:
 each is imported when a method asks for it.
 """

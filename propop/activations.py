@@ -2,7 +2,7 @@
 
 An :class:`Activation` knows ``f`` and ``f'``. From these it derives the two
 elementwise linearisations ``f(y) ~= a * y + beta`` that the forward systems use
-(DESIGN section 1):
+(docs/math.md, eqs. (20) and (27)):
 
 - ``secant`` (the paper's ``d = y / f(y)``, stored as its reciprocal
   ``a = f(y) / y``), with the limits at ``y = 0`` that make it exact at the

@@ -1,6 +1,7 @@
 """NumPy/SciPy, CuPy/cupyx and PyTorch dispatch: the only module that imports CuPy.
 
-Arrays decide the backend (DESIGN section 4): NumPy arrays and ``scipy.sparse``
+Arrays decide the backend (docs/index.md, "Backends: NumPy, PyTorch, CuPy, one code
+path"): NumPy arrays and ``scipy.sparse``
 arrays run on the CPU, CuPy arrays and ``cupyx.scipy.sparse`` arrays on the GPU,
 PyTorch tensors (dense, on any device) through ``array_api_compat.torch``, the
 array API namespace that array-api-compat gives them; all through the same code.

@@ -12,7 +12,7 @@ import numpy as np
 import propop as pp
 
 # Shadow residual r0 (the library's BiCG family): breakdown on systems whose right-hand side
-# lives in one block, as backward systems' does (DESIGN section 1); they must say so.
+# lives in one block, as backward systems' does (docs/index.md, "Solving"); they must say so.
 BREAK_DOWN = frozenset({"scipy.bicgstab", "scipy.cgs", "scipy.tfqmr", "scipy.qmr", "scipy.bicg",
                         "pyamg.bicgstab"})
 # The normal equations (LSQR, LSMR: the condition number squared) may reach maxiter, and must

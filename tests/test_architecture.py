@@ -1,4 +1,4 @@
-"""The house rules (DESIGN section 2): no import cycle, floors respected, a lazy front door.
+"""The house rules (docs/architecture.md): no import cycle, floors respected, a lazy front door.
 
 The import graph is read from the source with ``ast``: every ``import`` and
 ``from ... import`` anywhere in a module, function-level ones included, so that

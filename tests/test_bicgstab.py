@@ -1,4 +1,7 @@
-"""SciPy's BiCGStab breaks down on the backward system; propop's converges (DESIGN section 1)."""
+"""SciPy's BiCGStab breaks down on the backward system; propop's converges.
+
+As docs/index.md, "Solving", says.
+"""
 
 import numpy as np
 import scipy.sparse.linalg as spla

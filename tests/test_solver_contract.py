@@ -10,7 +10,7 @@ import propop as pp
 from cases import BREAK_DOWN, CASES, SLOW, Case, excused, relative_error, tolerance
 
 METHODS = [s.name for s in pp.solvers.available()]
-# Shadow residual r0: breakdown on systems whose rhs lives in one block (DESIGN section 1).
+# Shadow residual r0: breakdown on systems whose rhs lives in one block (docs/index.md, "Solving").
 # They may fail there, but must then say so.
 MAY_BREAK_DOWN = BREAK_DOWN
 

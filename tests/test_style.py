@@ -18,3 +18,20 @@ def test_ruff_passes():
                              "benchmarks", "notebooks"], cwd=ROOT, capture_output=True,
                             text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_documents_cited_are_in_the_repository():
+    """Docstrings and docs point to files of this repository, never to one beside it."""
+    import re
+
+    sources = [p for folder in ("propop", "tests", "benchmarks", "notebooks", "docs")
+               for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".md")
+               and "_build" not in p.parts and p.name != "test_style.py"]
+    cited = set()
+    for path in sources:
+        text = path.read_text()
+        assert "DESIGN section" not in text, path  # ../shared/DESIGN.md is not shipped
+        cited |= set(re.findall(r"\bdocs/[a-z_]+\.md\b", text))
+    assert cited  # the docstrings do cite the docs
+    for document in cited:
+        assert (ROOT / document).is_file(), document

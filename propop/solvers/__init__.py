@@ -1,4 +1,4 @@
-"""The solvers: a registry of methods by name, plans, and the stopping rule (DESIGN section 3).
+"""The solvers: a registry of methods by name, plans, and the stopping rule (docs/architecture.md).
 
 Methods live in ``direct/``, ``reduction/``, ``iterative/`` and ``selection/``; the
 registry imports a method's module when the method is first asked for. The names

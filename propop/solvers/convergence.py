@@ -1,4 +1,6 @@
-"""The accuracy contract: one stopping rule for every method, block by block (DESIGN section 3).
+"""The accuracy contract: one stopping rule for every method, block by block.
+
+The user's side of it: docs/index.md, "What CONVERGED promises".
 
 A column (sample) of ``x`` has converged when every block row of the
 unit-diagonal system holds to relative accuracy ``rtol``::

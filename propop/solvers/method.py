@@ -1,6 +1,6 @@
 """What a method is: ``init(operator, **options) -> state``, ``compute(state, system, ...)``.
 
-As lineax's ``AbstractLinearSolver`` (DESIGN section 3): ``init`` does everything
+As lineax's ``AbstractLinearSolver`` (docs/architecture.md): ``init`` does everything
 that depends on the matrix alone (factorisations, reduced blocks, preconditioners,
 partitions, the operators handed to SciPy) and returns it as the method's state;
 ``compute`` does only what depends on the right-hand side. :func:`propop.prepare`

@@ -1,4 +1,4 @@
-"""Options checked once, at the registry's front door (DESIGN section 3).
+"""Options checked once, at the registry's front door (docs/architecture.md, "Adding a method").
 
 :func:`validate` runs before any method does: every option must be a parameter
 of the method's function (no method takes ``**ignored``), of the type its

@@ -1,6 +1,6 @@
 """Plan once, solve many: a method's ``init`` on the matrix, its ``compute`` per right-hand side.
 
-As lineax's ``init``/``compute`` split (DESIGN section 3): :func:`prepare` checks
+As lineax's ``init``/``compute`` split (docs/architecture.md): :func:`prepare` checks
 the options once and runs the method's :meth:`~.method.Method.init` on the
 system's operator, everything that depends on the matrix alone (cyclic reduction
 reduces its blocks, Krylov methods build their preconditioners);
@@ -232,7 +232,9 @@ def _as_solution(method: str, solution: Any) -> Solution:
 
 
 def judged(system: Any, exact: Any, solution: Solution, options: dict) -> Solution:
-    """Every CONVERGED checked against the true residual, once (DESIGN section 3).
+    """Every CONVERGED checked against the true residual, once.
+
+    As docs/index.md, "What CONVERGED promises", says.
 
     A method that judged its own result by :func:`~.convergence.finish` (every
     method of propop's) is taken as it is; a user's method claiming convergence

@@ -1,7 +1,7 @@
 """The layout of a block triangular system: its blocks, and which couplings join them.
 
 Every system propop builds has one of three layouts, the segments its solvers
-iterate (DESIGN section 2):
+iterate (docs/architecture.md, "Kernels and layouts"):
 
 - :class:`ChainLayout`, block bi-diagonal (eqs. forw_prop_sys, back_prop_sys):
   coupling ``j`` joins blocks ``j + 1`` and ``j``, read by block ``j + 1`` (lower)

@@ -21,7 +21,7 @@ for ``r`` right-hand sides. As lineax's operators, it never holds a vector: a
 system of one operator shares what the operator derived once (its blocks, edge
 groups, explicit matrices), the work a :class:`~propop.Plan` does not repeat.
 
-An operator is three things (DESIGN section 3): a :mod:`.layout` (a chain, a
+An operator is three things (docs/architecture.md): a :mod:`.layout` (a chain, a
 time structure, a graph), its couplings in one of the two storages of
 :mod:`.coefficients` (dense stacks, or a sparse list), and its scalings,
 block-indexed stacks. The tags that methods ask about (:attr:`tags`) are

@@ -5,7 +5,7 @@
 function object passed as ``method=`` is adapted on the way in, and on CuPy
 arrays a ``scipy.*`` name runs the ``cupyx.scipy.sparse.linalg`` function of
 the same name. Each adapter translates propop's options explicitly
-(DESIGN section 3):
+(docs/architecture.md):
 
 - SciPy and CuPy take ``rtol``/``atol`` with the same rule as propop. Iterations
   are counted in inner steps, never more than ``maxiter``: ``gmres`` counts

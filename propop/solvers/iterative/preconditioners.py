@@ -1,7 +1,7 @@
 """Preconditioners for the Krylov methods: ``M=`` (paper section 3.2, scaling as preconditioning).
 
 A preconditioner is built once per operator, by a method's ``init``, from a
-spec (DESIGN section 3): a name, a ``(name, {options})`` tuple, or a function
+spec (docs/index.md, "Solving"): a name, a ``(name, {options})`` tuple, or a function
 ``R -> M^{-1} R`` on ``(N, k)`` arrays. The methods apply it on the right, so
 the residuals they watch are the true ones.
 

@@ -12,7 +12,7 @@ per-sample blocks. Both methods work on the :class:`~propop.solvers.reduction.ch
   at every level, ``x_k = A_k x_{k-2^t} + G_k``, until all chains reach a solved
   unknown; no back-substitution, ``log2`` more work.
 
-Mini-batch cost, honestly (DESIGN section 1): the reduced blocks
+Mini-batch cost, honestly (docs/index.md, "Cyclic reduction"): the reduced blocks
 ``diag(L_k) C_k diag(L_{k-1}) C_{k-1}`` depend on the sample through
 ``L_{k-1}``, so a batch of ``r`` costs ``r`` block products per pair,
 ``O(r l n^3)`` work, not the paper's ``O(l n^3)``. ``shared_diagonal="mean"``

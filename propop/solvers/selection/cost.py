@@ -10,7 +10,7 @@ way propop's solvers do (``2 n^3`` per block product), for comparison with
 
 The correction: the paper's reduced blocks ``B`` and ``C`` are per *sample* in a
 mini-batch, because they contain the sample's diagonal ``E^{-1}`` (or ``D^{-1}``)
-between two weight matrices (DESIGN section 1). The paper's ``O(l n^3 log l +
+between two weight matrices (docs/index.md, "The cost model"). The paper's ``O(l n^3 log l +
 l n^2 r)`` for the direct method becomes ``O(r l n^3)`` work for a batch.
 """
 
