@@ -2,8 +2,9 @@
 
 The build executes every notebook (jupytext py:percent files) in a Jupyter kernel
 through myst-nb, an error in any cell failing it: the one execution of the
-notebooks per test run (none when the cache of ``docs/conf.py`` holds this code's
-outputs), checked here for their figures and results.
+notebooks per test run, none where the cache of ``docs/conf.py`` holds this code's
+outputs (``tests/test_notebooks.py``, run first by ``.ci/run``, fills it), checked
+here for their figures and results.
 """
 
 import pathlib
@@ -22,7 +23,7 @@ def test_docs_build_without_warnings(tmp_path):
     pytest.importorskip("sphinx")
     result = subprocess.run([sys.executable, "-m", "sphinx", "-W", "-q", "-b", "html",
                              str(ROOT / "docs"), str(tmp_path)],
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=1800)  # a hang guard
     assert result.returncode == 0, result.stderr
     catalogue = (tmp_path / "solvers.html").read_text()
     for s in pp.solvers.available():
