@@ -100,6 +100,10 @@ def test_demo_announces_each_section_and_reads_each_table():
     rows = [row.split("|") for row in tensors.splitlines() if row.startswith("| ") and
             "torch.Tensor" in row]
     assert len(rows) == 6 and max(float(row[4]) for row in rows) < 1e-12
+    own = out.split("Your own models.")[1].split("\n")[0]
+    assert "pre-norm SwiGLU unit (LayerNorm, a product of two tensors)" in own
+    differences = own.split("largest difference: ")[1].rstrip(".").split(", ")
+    assert len(differences) == 2 and max(float(d.split()[1]) for d in differences) < 1e-12
     loop = out.split("PyTorch in the loop:")[1].split("(the GRU's")[0]
     rows = [row.split("|") for row in loop.splitlines() if "propop cyclic-reduction" in row]
     assert len(rows) == 2 and max(float(row[4]) for row in rows) < 1e-12

@@ -107,6 +107,23 @@ def test_five_adam_steps_of_a_cnn_equal_plain_autograds():
         torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12, msg=name)
 
 
+def test_five_adam_steps_of_a_pre_norm_swiglu_block_equal_plain_autograds():
+    """A transformer's MLP half (LayerNorm, SwiGLU, residual) trained through propop."""
+    from test_torch_trace import PreNormSwiGLU
+
+    torch.manual_seed(5)
+    module = torch.nn.Sequential(PreNormSwiGLU(6, 8), torch.nn.Linear(6, 4)).double()
+    plain = copy.deepcopy(module)
+    x = torch.randn(5, 6, dtype=torch.float64)
+    target = torch.randint(0, 4, (5,), generator=torch.Generator().manual_seed(5))
+    ours = ptorch.parallelize(module, method="level-scheduled")
+    seen_ours, seen_plain = train(ours, x, target), train(plain, x, target)
+    torch.testing.assert_close(torch.stack(seen_ours), torch.stack(seen_plain), rtol=1e-10,
+                               atol=1e-12)
+    for (name, p), (_, q) in zip(module.named_parameters(), plain.named_parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12, msg=name)
+
+
 def test_float32_modules_stay_float32():
     module = mlp(torch.float32)
     reference = copy.deepcopy(module)

@@ -175,10 +175,15 @@ def models() -> None:
         def __init__(self) -> None:
             super().__init__()
             self.fc1, self.fc2 = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+            self.ln, self.gate, self.up = (torch.nn.LayerNorm(8), torch.nn.Linear(8, 16),
+                                           torch.nn.Linear(8, 16))
+            self.down = torch.nn.Linear(16, 8, bias=False)
             self.norm, self.head = torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 3)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             h = x + self.fc2(torch.nn.functional.silu(self.fc1(x)))  # a residual, as written
+            y = self.ln(h)  # a pre-norm SwiGLU unit, a transformer's MLP half
+            h = h + self.down(torch.nn.functional.silu(self.gate(y)) * self.up(y))
             return torch.softmax(self.head(self.norm(h)), dim=-1)
 
     torch.manual_seed(0)
@@ -187,11 +192,17 @@ def models() -> None:
     X = torch.tensor(x.T, requires_grad=True)
     (0.5 * (module(X) ** 2).sum()).backward()
     graph = from_torch(module)
-    errors = {m: float(np.abs(backprop(graph, x, np.zeros((3, 5)), method=m).x
-                              - X.grad.numpy().T).max()) for m in ("substitution", "jacobi")}
-    print(f"Your own models. A module whose forward() writes a residual sum, SiLU, "
-          f"BatchNorm (eval) and a softmax, traced by torch.fx into {len(graph.order) - 1} "
-          f"nodes ({', '.join(graph.order[1:])}); dE/dx against autograd: "
+    errors = {}
+    for method in ("substitution", "jacobi"):
+        g = backprop(graph, x, np.zeros((3, 5)), method=method)
+        theirs = dict(module.named_parameters())
+        errors[method] = max([float(np.abs(g.x - X.grad.numpy().T).max())] + [
+            float(np.abs(value - theirs[name].grad.numpy()).max())
+            for name, value in g.named_parameters()])
+    print(f"Your own models. A module whose forward() writes a residual sum, SiLU, a "
+          f"pre-norm SwiGLU unit (LayerNorm, a product of two tensors), BatchNorm (eval) and "
+          f"a softmax, traced by torch.fx into {len(graph.order) - 1} nodes; dE/dx and every "
+          "parameter's gradient against autograd, largest difference: "
           + ", ".join(f"{m} {e:.0e}" for m, e in errors.items()) + ".\n")
     gru = from_torch(torch.nn.GRU(4, 8, num_layers=2).double())
     xs = np.random.default_rng(3).standard_normal((200, 4, 4))

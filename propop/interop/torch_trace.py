@@ -8,10 +8,15 @@ Each operation becomes zero or more :mod:`~propop.layers` nodes of a
 - modules: ``Linear``; ``Conv1d``/``Conv2d`` (stride, padding, dilation, groups);
   ``AvgPool1d/2d``, ``MaxPool1d/2d`` (overlapping windows too, :func:`~propop.layers.max_pool`),
   ``AdaptiveAvgPool2d`` (output sizes dividing the input); ``BatchNorm1d/2d`` in
-  evaluation mode (an affine map); ``Dropout`` in evaluation mode, ``Identity``,
+  evaluation mode (an affine map); ``LayerNorm``
+  (:func:`~propop.layers.layer_norm_over`: exact, its Jacobian per sample built from
+  products); ``Dropout`` in evaluation mode, ``Identity``,
   ``Flatten``, ``Unflatten`` (nothing to compute); the activations below, as modules;
-- functions and methods: ``+``, ``-`` (of two tensors, or with a constant), ``*`` and
-  ``/`` by a constant, negation, ``torch.cat``, ``flatten``/``reshape``/``view``/
+- functions and methods: ``+``, ``-``, ``*``, ``/`` of two tensors (broadcast as
+  PyTorch does; a product is a :class:`~propop.layers.Multiply`) or with a constant,
+  negation, powers by a number (``**``, ``pow``, ``sqrt``, ``rsqrt``), ``sum`` and
+  ``mean`` over feature dimensions, ``F.layer_norm``, ``torch.cat``,
+  ``flatten``/``reshape``/``view``/
   ``squeeze``/``unsqueeze``/``contiguous`` (keeping the batch dimension), ``F.linear``
   with the module's own parameters, ``F.dropout`` in evaluation mode,
   ``F.avg_pool2d``/``F.max_pool2d``;
@@ -171,6 +176,10 @@ class _Translator:
             return self._softmax(node, log=name == "log_softmax")
         if name in ("add", "sub", "mul", "div"):
             return self._arithmetic(node, _OPERATORS[name])
+        if name in ("sum", "mean"):
+            return self._reduction(node, mean=name == "mean")
+        if name in _POWERS:
+            return self._power(node, _POWERS[name])
         raise _UnsupportedError(f"unsupported method .{name}()")
 
     def _outputs(self, node: fx.Node) -> list[str]:
@@ -240,16 +249,12 @@ class _Translator:
         numbers = [a for a in args if isinstance(a, (int, float))]
         name = self._name(node.name, node)
         shape = _shape(node)
-        if len(tensors) == 2 and op in ("add", "sub"):
-            if tensors[0].shape != tensors[1].shape:
-                raise _UnsupportedError(f"{op} of shapes {tensors[0].shape} and {tensors[1].shape} "
-                                   "(broadcasting is not supported)")
-            sign = alpha if op == "add" else -alpha
-            return self._add(name, L.Add(None if sign == 1 else (1, sign)), tensors, shape)
+        if len(tensors) == 2 and len(args) == 2:
+            return self._of_two(name, op, alpha, tensors, shape)
         if len(tensors) != 1 or len(numbers) != len(args) - 1:
             raise _UnsupportedError(f"{op} of {len(tensors)} tensors and {len(numbers)} constants; "
-                               "supported: a sum or difference of two tensors of one shape, "
-                               "or one tensor with constants")
+                               "supported: +, -, *, / of two tensors (broadcast as PyTorch "
+                               "does), or one tensor with constants")
         (x,), c = tensors, (numbers[0] if numbers else 0.0)
         first = isinstance(args[0], Value)
         slope, shift = {"add": (1.0, alpha * c), "sub": ((1.0, -alpha * c) if first else
@@ -262,6 +267,61 @@ class _Translator:
         layer = L.LinearMap([float(slope) * sp.eye_array(x.size, format="csr")], bias,
                             name=f"Constant{op.title()}")
         return self._add(name, layer, [x], shape)
+
+    def _of_two(self, name: str, op: str, alpha: float, tensors: list, shape: tuple) -> Value:
+        """``a + b``, ``a - b``, ``a * b``, ``a / b`` of two tensors, broadcast to ``shape``."""
+        a, b = (self._broadcast(f"{name}.{side}", t, shape) for side, t in zip("ab", tensors))
+        if op in ("add", "sub"):
+            sign = alpha if op == "add" else -alpha
+            return self._add(name, L.Add(None if sign == 1 else (1, sign)), [a, b], shape)
+        if op == "div":  # a * b^-1
+            b = self._add(f"{name}.reciprocal", L.Power(-1.0), [b], shape)
+        made = {"a": a, "b": b}
+        for suffix, layer, reads in L.product_of("a", "b"):
+            made[suffix] = self._add(name + suffix, layer, [made[r] for r in reads], shape)
+        return made[""]
+
+    def _broadcast(self, name: str, x: Value, shape: tuple) -> Value:
+        """``x`` copied to ``shape`` as PyTorch broadcasts (itself where it has that shape)."""
+        if x.shape == tuple(shape):
+            return x
+        return self._add(name, L.broadcast_to(x.shape, shape), [x], shape)
+
+    def _power(self, node: fx.Node, exponent: float | None = None) -> Value:
+        """``x ** p``, ``torch.pow(x, p)``, ``torch.sqrt``, ``torch.rsqrt`` (``p`` a number)."""
+        (x,) = self._tensors(node.args[:1])
+        if exponent is None:
+            exponent = node.args[1] if len(node.args) > 1 else node.kwargs.get("exponent")
+        if not isinstance(exponent, (int, float)):
+            raise _UnsupportedError("a power whose exponent is not a number")
+        return self._add(self._name(node.name, node), L.Power(exponent), [x], x.shape)
+
+    def _reduction(self, node: fx.Node, mean: bool) -> Value:
+        """``x.sum(dim)``, ``x.mean(dim)`` over feature dimensions (``keepdim`` or not)."""
+        (x,) = self._tensors(node.args[:1])
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        if dim is None:
+            raise _UnsupportedError(f"{'mean' if mean else 'sum'} over every dimension, the "
+                                    "batch's included: propop keeps samples apart; give dim")
+        dims = sorted(_feature_dim(d, x) for d in (dim if isinstance(dim, (tuple, list))
+                                                   else (dim,)))
+        return self._add(self._name(node.name, node), L.reduction_over(x.shape, dims, mean),
+                         [x], _shape(node))
+
+    def _layer_norm(self, name: str, x: Value, shape: Sequence[int], eps: float,
+                    weight: Any, bias: Any, node: fx.Node) -> Value:
+        """``F.layer_norm`` over the last ``len(shape)`` dimensions (:func:`layer_norm_over`)."""
+        shape = tuple(int(n) for n in shape)
+        if x.shape[len(x.shape) - len(shape):] != shape:
+            raise _UnsupportedError(f"layer_norm over {shape} of a sample of shape {x.shape}")
+        W = None if weight is None else self.array(weight)
+        W = W if W is None or W.ndim == 1 else W.reshape(-1)  # one array: ties stay ties
+        b = None if bias is None else self.array(bias)
+        b = b if b is None or b.ndim == 1 else b.reshape(-1)
+        if W is None and b is not None:  # a bias alone: the weight is one
+            W = np.ones_like(b)
+        parts = L.layer_norm_over(x.shape, len(shape), eps, W, b)
+        return self._expand(name, x, parts, x.shape)
 
     def _softmax(self, node: fx.Node, log: bool) -> Value:
         (x,) = self._tensors(node.args[:1])
@@ -449,6 +509,15 @@ def _softmax_module(self: _Translator, module: Any, x: Value, name: str, node: f
                         x.shape)
 
 
+def _layer_norm_module(self: _Translator, module: nn.LayerNorm, x: Value, name: str,
+                       node: fx.Node) -> Value:
+    if module.elementwise_affine:
+        self.origins[name] = (node.target, {"weight": "weight"} | (
+            {} if module.bias is None else {"bias": "bias"}))
+    return self._layer_norm(name, x, module.normalized_shape, module.eps, module.weight,
+                            module.bias, node)
+
+
 _MODULES: list[tuple[Any, Callable]] = [
     (nn.Linear, _linear), (nn.Conv1d | nn.Conv2d, _convolution),
     (nn.AvgPool1d | nn.AvgPool2d | nn.MaxPool1d | nn.MaxPool2d, _pooling),
@@ -456,14 +525,14 @@ _MODULES: list[tuple[Any, Callable]] = [
     (nn.BatchNorm1d | nn.BatchNorm2d, _batch_norm),
     (nn.Dropout | nn.Dropout1d | nn.Dropout2d, _dropout),
     (_IDENTITY_MODULES, _identity), (tuple(ACTIVATIONS), _activation_module),
-    (nn.Softmax | nn.LogSoftmax, _softmax_module),
+    (nn.Softmax | nn.LogSoftmax, _softmax_module), (nn.LayerNorm, _layer_norm_module),
 ]
 
 
 def _supported() -> str:
     names = ["Linear", "Conv1d", "Conv2d", "AvgPool1d", "AvgPool2d", "MaxPool1d", "MaxPool2d",
              "AdaptiveAvgPool2d", "BatchNorm1d", "BatchNorm2d (eval)", "Dropout (eval)",
-             "Identity", "Flatten", "Unflatten", "Softmax", "LogSoftmax"]
+             "Identity", "Flatten", "Unflatten", "Softmax", "LogSoftmax", "LayerNorm"]
     return ", ".join(names + [k.__name__ for k in ACTIVATIONS])
 
 
@@ -515,6 +584,26 @@ def _f_pool(maximum: bool) -> Callable:
     return convert
 
 
+def _f_layer_norm(self: _Translator, node: fx.Node) -> Value:
+    (x,) = self._tensors(node.args[:1])
+    names = ("normalized_shape", "weight", "bias", "eps")
+    given = dict(zip(names, node.args[1:])) | dict(node.kwargs)
+    tensors = [self.values.get(given.get(k)) if isinstance(given.get(k), fx.Node) else
+               given.get(k) for k in ("weight", "bias")]
+    if not all(t is None or isinstance(t, _Parameter) for t in tensors):
+        raise _UnsupportedError("F.layer_norm with a weight or bias that is not a module's "
+                                "parameter")
+    name = self._name(node.name, node)
+    weight, bias = (None if t is None else t.tensor for t in tensors)
+    if weight is not None:
+        path = tensors[0].target.rpartition(".")[0]
+        self.origins[name] = (path, {k: t.target.rpartition(".")[2]
+                                     for k, t in zip(("weight", "bias"), tensors)
+                                     if t is not None})
+    return self._layer_norm(name, x, given["normalized_shape"], given.get("eps", 1e-5),
+                            weight, bias, node)
+
+
 def _softmax_function(log: bool) -> Callable:
     return lambda self, node: self._softmax(node, log)
 
@@ -535,8 +624,14 @@ _FUNCTION_HANDLERS: dict[Any, Callable] = {
     F.max_pool2d: _f_pool(True), F.avg_pool2d: _f_pool(False),
     F.softmax: _softmax_function(False), torch.softmax: _softmax_function(False),
     F.log_softmax: _softmax_function(True), torch.log_softmax: _softmax_function(True),
-    operator.getitem: _Translator._index,
+    operator.getitem: _Translator._index, F.layer_norm: _f_layer_norm,
+    torch.sum: lambda self, node: self._reduction(node, mean=False),
+    torch.mean: lambda self, node: self._reduction(node, mean=True),
+    operator.pow: _Translator._power, torch.pow: _Translator._power,
+    torch.sqrt: lambda self, node: self._power(node, 0.5),
+    torch.rsqrt: lambda self, node: self._power(node, -0.5),
 }
+_POWERS = {"pow": None, "sqrt": 0.5, "rsqrt": -0.5}
 
 
 

@@ -15,6 +15,9 @@ one of two kinds, which decide how it enters a triangular system:
   window, ``d`` marks its maximum) and :class:`LogSumExp` (``A`` sums each group,
   ``d`` is the softmax). Their blocks hold the input-side quantity, so the per-sample part is
   the row scaling of the paper's scaled form and no per-sample matrix is ever built.
+  :class:`Multiply` (``A`` sums the two halves of ``[a; b]``, ``d = [b; a]``) and
+  :class:`Power` are diagonal too: products of two values (gates, LayerNorm,
+  :func:`layer_norm_over`) enter with exact Jacobians and no per-sample matrix.
 
 :meth:`Layer.jacobian` returns the full Jacobian for one sample (a ``scipy.sparse``
 array) for checks and experiments. Convolutions and pooling build their sparse
@@ -23,8 +26,12 @@ Jacobians once, from index arrays.
 
 from .base import Diagonal, Layer, Linear
 from .dense import Activation, Add, BatchNorm, Concat, Dense, LinearMap, LogSumExp, softmax_over
+from .products import (ElementwiseAffine, Multiply, Power, broadcast_to, layer_norm_over,
+                       product_of, reduction_over)
 from .spatial import AvgPool2d, Conv1d, Conv2d, MaxPool2d, WindowMaximum, Windows, max_pool
 
 __all__ = ["Layer", "Linear", "Diagonal", "Dense", "Conv1d", "Conv2d", "AvgPool2d",
            "MaxPool2d", "WindowMaximum", "Windows", "max_pool", "Add", "Concat", "LinearMap",
-           "BatchNorm", "LogSumExp", "softmax_over", "Activation"]
+           "BatchNorm", "LogSumExp", "softmax_over", "Activation", "Multiply", "Power",
+           "ElementwiseAffine", "reduction_over", "broadcast_to", "layer_norm_over",
+           "product_of"]

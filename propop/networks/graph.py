@@ -270,6 +270,10 @@ class Graph:
         z = {INPUT: self.check_input(x)}
         for name in self._order[1:]:
             z[name] = self.layers[name].forward([z[p] for p in self.inputs[name]])
+            if not np.all(np.isfinite(z[name])):  # from finite inputs: this node's doing
+                raise ValueError(f"node {name!r} ({self.layers[name]!r}) gives non-finite "
+                                 f"values from finite inputs ({_nonfinite(z[name])}): a "
+                                 "power of a negative number, or an overflow")
         return self._trace(z)
 
     def _trace(self, z: dict) -> Trace:
@@ -376,6 +380,12 @@ class Graph:
                 a, beta = self.layers[name].linearize(trace.y[k], "secant")
                 blocks.append(a * trace.y[k] + beta)
         return blocks
+
+
+def _nonfinite(z: Any) -> str:
+    """``"2 of 12 entries, first at row 3"`` of an array with non-finite entries."""
+    bad = ~np.isfinite(z)
+    return f"{int(bad.sum())} of {bad.size} entries, first at row {int(np.argwhere(bad)[0][0])}"
 
 
 def _like(z: Any, size: int) -> Any:

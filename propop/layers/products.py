@@ -1,0 +1,241 @@
+"""Products of two traced values, powers, reductions over features, and LayerNorm from them.
+
+A product ``z = a * b`` of two nodes (a gate, a GLU/SwiGLU unit, a normalisation)
+is not linear, and its Jacobian ``[diag(b), diag(a)]`` reads both factors. It
+enters a graph as a :class:`Multiply` node on the concatenation ``y = [a; b]``:
+a diagonal layer with slope ``d(y) = [b; a]`` and the shared ``A = [I I]``, so that
+``dz = A diag(d) dy = b da + a db``, exact, with the per-sample part a row scaling
+as every other diagonal layer's. Its input-side block holds ``[a * b; 0]`` at the
+point where it is linearised, which ``A`` sums to ``z``.
+
+:class:`Power` is ``(x + shift)^p`` elementwise (a square, ``rsqrt(v + eps)``),
+:func:`reduction_over` the sum or mean over dimensions of a sample,
+:func:`broadcast_to` the copy of a value over dimensions of size one, and
+:func:`layer_norm_over` ``torch.nn.functional.layer_norm`` built from these:
+``x - mean``, its square, the mean of that, ``rsqrt(. + eps)`` copied back, the
+product, and :class:`ElementwiseAffine` (``weight * . + bias``): every step's
+Jacobian exact, so the whole is LayerNorm's.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from .base import Diagonal, Linear, _one_input, _weight
+from .dense import Concat, LinearMap
+
+__all__ = ["Multiply", "Power", "ElementwiseAffine", "reduction_over", "broadcast_to",
+           "layer_norm_over", "product_of"]
+
+
+class Multiply(Diagonal):
+    """``z = a * b`` of the two halves of its input ``y = [a; b]`` (see the module docstring)."""
+
+    def __repr__(self) -> str:
+        return "Multiply()"
+
+    def output_size(self, sizes: Sequence[int]) -> int:
+        """Half the input's size; ``ValueError`` if the input cannot be two halves."""
+        _one_input(self, sizes)
+        if sizes[0] % 2:
+            raise ValueError(f"{self!r} takes the concatenation of two factors of one size, "
+                             f"got an input of odd size {sizes[0]}")
+        return sizes[0] // 2
+
+    def selection(self, size: int) -> Any:
+        """``A = [I I]``: the two halves summed."""
+        return _halves(size)
+
+    @staticmethod
+    def _factors(y: Any) -> tuple[Any, Any]:
+        half = y.shape[0] // 2
+        return y[:half], y[half:]
+
+    def forward(self, inputs: Sequence[Any]) -> Any:
+        """``a * b``."""
+        a, b = self._factors(inputs[0])
+        return a * b
+
+    def slope(self, x: Any) -> Any:
+        """``d(y) = [b; a]``: each factor's derivative is the other factor."""
+        a, b = self._factors(x)
+        return np.concatenate([b, a])
+
+    def linearize(self, x: Any, linearization: str) -> tuple[Any, Any]:
+        """The tangent, exact at ``x``: ``a = [b; a]``, ``beta = [0; -a * b]``.
+
+        ``A (a * y + beta) = b a' + a b' - a b``: the product's linearisation at
+        ``(a, b)``, equal to ``a * b`` there (both linearisations are this one).
+        """
+        a, b = self._factors(x)
+        return np.concatenate([b, a]), np.concatenate([np.zeros_like(a), -a * b])
+
+
+@functools.lru_cache(maxsize=64)
+def _halves(size: int) -> Any:
+    half = size // 2
+    eye = sp.eye_array(half, format="csr")
+    return sp.hstack([eye, eye], format="csr")
+
+
+class Power(Diagonal):
+    """``z = (x + shift)^p`` elementwise: a square (``p = 2``), ``rsqrt(x + eps)`` (``-0.5``).
+
+    Where ``x + shift <= 0`` a power that is not an integer has no real value: NaN
+    there, as PyTorch gives, which :meth:`~propop.Graph.forward` names by its node
+    and a Newton iterate that strays there reports as non-finite.
+    """
+
+    def __init__(self, p: float, shift: float = 0.0) -> None:
+        self.p, self.shift = float(p), float(shift)
+
+    def __repr__(self) -> str:
+        return f"Power({self.p:g}" + (f", shift={self.shift:g})" if self.shift else ")")
+
+    def output_size(self, sizes: Sequence[int]) -> int:
+        """The input's size."""
+        _one_input(self, sizes)
+        return sizes[0]
+
+    def _power(self, x: Any, p: float) -> Any:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (x + self.shift) ** p
+
+    def forward(self, inputs: Sequence[Any]) -> Any:
+        """``(x + shift)^p``."""
+        return self._power(inputs[0], self.p)
+
+    def slope(self, x: Any) -> Any:
+        """``p (x + shift)^(p - 1)``."""
+        return self.p * self._power(x, self.p - 1)
+
+    def linearize(self, x: Any, linearization: str) -> tuple[Any, Any]:
+        """The tangent, exact at ``x``."""
+        a = self.slope(x)
+        return a, self.forward([x]) - a * x
+
+
+class ElementwiseAffine(Linear):
+    """``z = weight * x + bias`` with ``weight``, ``bias`` of a sample's last dimensions.
+
+    LayerNorm's affine part: the parameters (``None``: not there) repeat over the
+    sample's leading dimensions (``repeats`` copies).
+    """
+
+    def __init__(self, weight: Any, bias: Any = None, repeats: int = 1) -> None:
+        self.weight = _weight(weight, "ElementwiseAffine: weight", 1)
+        self.b = None if bias is None else _weight(bias, "ElementwiseAffine: bias", 1)
+        self.repeats = int(repeats)
+
+    def __repr__(self) -> str:
+        return f"ElementwiseAffine({self.weight.size} x {self.repeats})"
+
+    @property
+    def bias(self) -> Any:
+        """The offset of every entry."""
+        return None if self.b is None else np.tile(self.b, self.repeats)
+
+    def output_size(self, sizes: Sequence[int]) -> int:
+        """The input's size; ``ValueError`` if it does not fit."""
+        _one_input(self, sizes, self.weight.size * self.repeats)
+        return sizes[0]
+
+    def jacobians(self, sizes: Sequence[int]) -> list:
+        """``diag(weight)``, repeated."""
+        return [sp.diags_array(np.tile(self.weight, self.repeats), format="csr")]
+
+    def parameters(self) -> dict:
+        """``weight`` and ``bias`` (as PyTorch's)."""
+        return {"weight": self.weight} | ({} if self.b is None else {"bias": self.b})
+
+    def set_parameter(self, name: str, value: Any) -> None:
+        """Replace ``weight`` or ``bias``."""
+        if name not in self.parameters():
+            super().set_parameter(name, value)
+        setattr(self, "weight" if name == "weight" else "b",
+                _weight(value, f"ElementwiseAffine: {name}", 1))
+
+    def gradients(self, inputs: Sequence[Any], grad: Any) -> dict:
+        """``dE/dweight = sum grad * x``, ``dE/dbias = sum grad``, over samples and repeats."""
+        x = inputs[0] if inputs[0].ndim == 2 else inputs[0][:, None]
+        g = grad if grad.ndim == 2 else grad[:, None]
+        parts = (self.repeats, self.weight.size, -1)
+        out = {"weight": (g * x).reshape(parts).sum(axis=(0, 2))}
+        return out | ({} if self.b is None else {"bias": g.reshape(parts).sum(axis=(0, 2))})
+
+
+def _groups(shape: Sequence[int], dims: Sequence[int]) -> tuple[Any, int]:
+    """Each entry's group when ``dims`` of a sample of ``shape`` are reduced; the group count."""
+    index = np.indices(shape).reshape(len(shape), -1)
+    kept = [d for d in range(len(shape)) if d not in dims]
+    if not kept:
+        return np.zeros(index.shape[1], dtype=np.int64), 1
+    rest = [shape[d] for d in kept]
+    return np.ravel_multi_index(tuple(index[kept]), rest), int(np.prod(rest))
+
+
+def _group_sums(shape: Sequence[int], dims: Sequence[int]) -> Any:
+    """The ``(groups, entries)`` matrix summing ``dims`` of a sample of ``shape``."""
+    groups, count = _groups(shape, dims)
+    return sp.csr_array((np.ones(groups.size), (groups, np.arange(groups.size))),
+                        shape=(count, groups.size))
+
+
+def reduction_over(shape: Sequence[int], dims: Sequence[int], mean: bool) -> LinearMap:
+    """``x.sum(dims)`` (``mean``: ``x.mean(dims)``) of a sample of ``shape``, a linear map."""
+    S = _group_sums(shape, dims)
+    size = int(np.prod([shape[d] for d in dims])) if dims else 1
+    return LinearMap([S / size if mean else S], name="Mean" if mean else "Sum")
+
+
+def broadcast_to(shape: Sequence[int], out: Sequence[int]) -> LinearMap:
+    """A sample of ``shape`` copied to ``out`` as NumPy's and PyTorch's broadcasting does."""
+    shape, out = tuple(shape), tuple(out)
+    padded = (1,) * (len(out) - len(shape)) + shape
+    source = np.broadcast_to(np.arange(int(np.prod(shape))).reshape(padded), out).reshape(-1)
+    P = sp.csr_array((np.ones(source.size), (np.arange(source.size), source)),
+                     shape=(source.size, int(np.prod(shape))))
+    return LinearMap([P], name="Broadcast")
+
+
+def product_of(first: str | None, second: str | None, suffix: str = ""
+               ) -> list[tuple[str, Any, list]]:
+    """The nodes of ``first * second`` (two values of one size), for a graph builder.
+
+    ``[(suffix, layer, reads)]`` as :func:`~propop.layers.softmax_over`'s: the
+    concatenation ``suffix + ".factors"`` and the :class:`Multiply` (``suffix``).
+    """
+    return [(suffix + ".factors", Concat(), [first, second]),
+            (suffix, Multiply(), [suffix + ".factors"])]
+
+
+def layer_norm_over(shape: Sequence[int], dims: int, eps: float, weight: Any = None,
+                    bias: Any = None) -> list[tuple[str, Any, list]]:
+    """The layers of ``F.layer_norm`` over the last ``dims`` dimensions of a sample's ``shape``.
+
+    ``[(suffix, layer, reads)]`` (``None`` reads the input): ``.centred`` (``x -
+    mean``), ``.square``, ``.variance`` (their mean), ``.scale`` (``rsqrt(var +
+    eps)``), ``.spread`` (copied back over the normalised entries), the product
+    (``.normalised``, with its ``.factors``) and, with ``weight``, the affine
+    ``weight * . + bias`` (suffix ``""``; without, the product is suffix ``""``).
+    """
+    shape = tuple(int(n) for n in shape)
+    reduced = list(range(len(shape) - dims, len(shape)))
+    S = _group_sums(shape, reduced)
+    n = int(np.prod(shape[-dims:]))
+    centre = LinearMap([sp.eye_array(S.shape[1], format="csr") - (S.T @ S) / n],
+                       name="Centre")
+    last = "" if weight is None else ".normalised"
+    layers = [(".centred", centre, [None]), (".square", Power(2.0), [".centred"]),
+              (".variance", LinearMap([S / n], name="Mean"), [".square"]),
+              (".scale", Power(-0.5, eps), [".variance"]),
+              (".spread", LinearMap([S.T.tocsr()], name="Broadcast"), [".scale"])]
+    layers += product_of(".centred", ".spread", last)
+    if weight is not None:
+        layers.append(("", ElementwiseAffine(weight, bias, S.shape[0]), [last]))
+    return layers
