@@ -56,6 +56,58 @@ def test_outputs_states_and_every_gradient_are_torch_nns(kind, mode, method):
         assert ours.last["converged"] and ours.last["iterations"] <= 15
 
 
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize(("mode", "batched"), [("sequential", True), ("newton", True),
+                                               ("damped", True), ("newton", False)])
+def test_a_given_initial_state_and_its_gradient_are_torch_nns(kind, mode, batched):
+    """``module(x, h0)``: outputs, final states, and dE/dh0 as torch.nn computes them."""
+    reference, ours = pair(kind, mode)
+    shape = (15, 2, 3) if batched else (15, 3)
+    x = torch.randn(*shape, dtype=torch.float64)
+    state = (2, 2, 4) if batched else (2, 4)
+    h0 = [torch.randn(*state, dtype=torch.float64) for _ in range(2 if kind == "lstm" else 1)]
+    results = []
+    for module in (reference, ours):
+        hx = [h.clone().requires_grad_(True) for h in h0]
+        xs = x.clone().requires_grad_(True)
+        out, final = module(xs, tuple(hx) if kind == "lstm" else hx[0])
+        finals = final if isinstance(final, tuple) else (final,)
+        ((out.sin() ** 2).sum() + sum((f * f.cos()).sum() for f in finals)).backward()
+        results.append((out, finals, xs.grad, [h.grad for h in hx],
+                        [p.grad for p in module.parameters()]))
+    (out_ref, finals_ref, dx_ref, dh_ref, dp_ref), (out, finals, dx, dh, dp) = results
+    torch.testing.assert_close(out, out_ref, rtol=1e-10, atol=1e-12)
+    for a, b in zip(list(finals) + [dx] + dh + dp, list(finals_ref) + [dx_ref] + dh_ref
+                    + dp_ref):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    assert all(h.abs().max() > 0 for h in dh)  # h0 matters
+
+
+def test_a_recurrence_started_from_a_state_backpropagates_to_it():
+    """pp.GRU(...).starting_from(h): dE/dh_{-1} against finite differences."""
+    gru = pp.GRU(2, 3, num_layers=2, seed=0)
+    rng = np.random.default_rng(0)
+    xs, h = rng.standard_normal((6, 2, 2)), rng.standard_normal((6, 2))
+    target = rng.standard_normal((6, 3, 2))
+
+    def loss(start):
+        net = gru.starting_from(start)
+        return 0.5 * float(np.sum((net.outputs(net.forward(xs)) - target) ** 2))
+
+    g = pp.backprop(gru.starting_from(h), xs, target, method="cyclic-reduction")
+    assert g.initial.shape == h.shape and gru.forward(xs).z[1].shape == (6, 6, 2)
+    step = 1e-6
+    for i, j in [(0, 0), (4, 1), (5, 0)]:
+        e = np.zeros_like(h)
+        e[i, j] = step
+        fd = (loss(h + e) - loss(h - e)) / (2 * step)
+        assert abs(g.initial[i, j] - fd) < 1e-7 * max(1.0, abs(fd)), (i, j)
+    with pytest.raises(ValueError, match=r"the initial state has shape \(5,\), expected \(6,\)"):
+        gru.starting_from(np.zeros(5))
+    with pytest.raises(ValueError, match="the initial state holds 3 samples, the sequence 2"):
+        gru.starting_from(np.zeros((6, 3))).forward(xs)
+
+
 def test_the_modules_keep_torch_nns_conventions():
     reference, ours = pair("gru", "newton", batch_first=True, bias=False)
     assert isinstance(ours, torch.nn.GRU) and ours.batch_first and not ours.bias
@@ -155,8 +207,12 @@ def test_what_is_not_supported_is_refused_by_name():
         gru(torch.randn(5, 1, 3, dtype=torch.float64))
     gru.eval()
     gru(torch.randn(5, 1, 3, dtype=torch.float64))  # eval: dropout off, it runs
-    with pytest.raises(ValueError, match="non-zero initial state"):
-        gru(torch.randn(5, 1, 3, dtype=torch.float64), torch.ones(2, 1, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"an initial state of shape \(2, 3, 4\), expected "
+                                         r"\(2, 1, 4\) \(layers, batch, hidden\)"):
+        gru(torch.randn(5, 1, 3, dtype=torch.float64), torch.ones(2, 3, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"takes \(h0, c0\) as its initial state, got 1"):
+        ptorch.LSTM(3, 4, dtype=torch.float64)(torch.randn(5, 1, 3, dtype=torch.float64),
+                                               (torch.zeros(1, 1, 4, dtype=torch.float64),))
     with pytest.raises(TypeError, match="torch.nn.GRU, LSTM or RNN"):
         ptorch.from_module(torch.nn.Linear(2, 2))
     assert np.isfinite(float(gru(torch.randn(5, 1, 3, dtype=torch.float64))[0].detach().sum()))

@@ -55,11 +55,15 @@ class RecurrenceGradients:
     x : array
         ``dE/dx``, shaped like the input sequence.
     solution : Solution or None
+    initial : array or None
+        ``dE/dh_{-1}`` of a recurrence started from a given state
+        (:meth:`Recurrence.starting_from`), shaped like it; ``None`` otherwise.
     """
 
     parameters: dict
     x: Any
     solution: Any = field(default=None, compare=False)
+    initial: Any = field(default=None, compare=False)
 
     def named_parameters(self) -> Any:
         """``(name, gradient)`` per parameter (PyTorch's names for a GRU or LSTM)."""
@@ -68,6 +72,8 @@ class RecurrenceGradients:
 
 class Recurrence:
     """``h_s = step(theta, h_{s-1}, x_s)`` for ``s = 0..tau-1`` from ``h_{-1} = 0``.
+
+    :meth:`starting_from` gives the same recurrence from another ``h_{-1}``.
 
     Parameters
     ----------
@@ -120,6 +126,38 @@ class Recurrence:
     # The input is no block of a recurrence's systems: Newton makes one more state exact
     # per iteration from h_{-1} = 0, tau iterations in all (an FNN's x is block 0: l).
     input_blocks = 0
+    initial: Any = None  # h_{-1}: None is zero (see starting_from)
+
+    def starting_from(self, h: Any) -> Recurrence:
+        """The same recurrence started from ``h_{-1} = h`` instead of zero.
+
+        ``h`` is ``(state_size,)`` for sequences of one sample or ``(state_size, r)``
+        for ``r`` samples, on the recurrence's backend. The sequential pass, the
+        Newton family and the systems all start there, and :meth:`gradients` adds
+        ``dE/dh_{-1}`` (``.initial``). ``None`` starts from zero again.
+        """
+        started = copy.copy(self)
+        if h is None:
+            started.initial = None
+            return started
+        h = real_array(h, "the initial state", self.dtype)
+        if h.ndim not in (1, 2) or h.shape[0] != self.state_size:
+            raise ValueError(f"the initial state has shape {tuple(h.shape)}, expected "
+                             f"({self.state_size},) or ({self.state_size}, r)")
+        require_finite(h, "the initial state")
+        started.initial = h
+        return started
+
+    def _first(self, like: Any) -> Any:
+        """``h_{-1}`` as ``(1, r, n)`` like the samples-first states ``like`` (zeros by default)."""
+        xp = self._xp()
+        if self.initial is None:
+            return xp.zeros_like(like[:1, ...])
+        first = _samples_first(self.initial[None, ...], self.dtype)
+        if tuple(first.shape[1:]) != tuple(like.shape[1:]):
+            raise ValueError(f"the initial state holds {first.shape[1]} samples, the sequence "
+                             f"{like.shape[1]}: give one state per sample")
+        return first
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(input {self.input_size}, state {self.state_size}, "
@@ -162,7 +200,7 @@ class Recurrence:
         xp = self._xp()
         X, H = _samples_first(xs, self.dtype), _samples_first(states, self.dtype)
         tau, r = X.shape[:2]
-        previous = xp.concat([xp.zeros_like(H[:1, ...]), H[:-1, ...]])
+        previous = xp.concat([self._first(H), H[:-1, ...]])
         return xp.reshape(previous, (tau * r, -1)), xp.reshape(X, (tau * r, -1)), r
 
     # -- the sequential reference -----------------------------------------------------------
@@ -184,7 +222,7 @@ class Recurrence:
         device = backend.device(X)
         states = xp.empty(tuple(X.shape[:2]) + (self.state_size,), dtype=self.dtype,
                           device=device)
-        h = xp.zeros(tuple(states.shape[1:]), dtype=self.dtype, device=device)
+        h = self._first(states)[0, ...]
         for s in range(X.shape[0]):
             h = self.cell(h, X[s, ...])
             states[s, ...] = h
@@ -221,10 +259,15 @@ class Recurrence:
         (V,) = v
         xp = self._xp()
         previous, X, r = self._rows(trace.x, trace.z[1])
-        d_parameters, d_input = self.cell.pullback(
-            previous, X, xp.reshape(_samples_first(V, self.dtype), tuple(previous.shape)))
+        V = xp.reshape(_samples_first(V, self.dtype), tuple(previous.shape))
+        d_parameters, d_input = self.cell.pullback(previous, X, V)
         dx = _samples_last(xp.reshape(d_input, (trace.x.shape[0], r, -1)), trace.x)
-        return RecurrenceGradients(d_parameters, dx)
+        if self.initial is None:
+            return RecurrenceGradients(d_parameters, dx)
+        first = self.cell.jacobians(previous[:r, ...], X[:r, ...])  # dh_0/dh_{-1}, (r, n, n)
+        d_initial = (xp.matrix_transpose(first) @ V[:r, :, None])[..., 0]  # (r, n)
+        d_initial = _samples_last(d_initial[None, ...], self.initial[None, ...])[0, ...]
+        return RecurrenceGradients(d_parameters, dx, initial=d_initial)
 
     # -- systems and Newton -----------------------------------------------------------------
     def state_shapes(self, xs: Any) -> tuple[list, list]:
@@ -316,6 +359,7 @@ class Recurrence:
             block = np.arange(self.state_size) // size
             J = J * xp.astype(backend.like(block[:, None] == block[None, :], J), J.dtype)
         c = F - (J @ previous[..., None])[..., 0]
+        c = xp.concat([F[:r, ...], c[r:, ...]])  # step 0: h_{-1} is given, no unknown
         tau = trace.x.shape[0]
         return (xp.reshape(J, (tau, r, self.state_size, -1)), xp.reshape(c, (tau, r, -1)))
 

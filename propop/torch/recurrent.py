@@ -2,8 +2,9 @@
 
 Each module *is* its ``torch.nn`` class (a subclass): the same constructor
 arguments, parameter names, ``state_dict``, initialisation and call signature
-``output, h_n = module(x, h0)`` (``(h_n, c_n)`` for an LSTM), ``batch_first``
-included. What changes is how the passes run:
+``output, h_n = module(x, h0)`` (``(h_n, c_n)`` for an LSTM; ``h0`` any state, its
+gradient returned when it requires one), ``batch_first`` included. What changes is
+how the passes run:
 
 - the **forward** is ``mode``: ``"sequential"`` (step by step), or a member of
   the Newton family of parallel forward passes (``"newton"``, DEER;
@@ -103,9 +104,10 @@ class _Parallel:
         batched = input.dim() == 3
         x = input if batched else input.unsqueeze(1 if not self.batch_first else 0)
         x = x.transpose(0, 1) if self.batch_first else x  # (tau, batch, features)
-        _require_zero_state(hx, type(self).__name__)
+        initial = self._initial(hx, x)
         names = [name for name, _ in self.named_parameters()]
-        states = _Passes.apply(self, names, x, *[p for _, p in self.named_parameters()])
+        states = _Passes.apply(self, names, x, initial,
+                               *[p for _, p in self.named_parameters()])
         output, final = self._split(states)  # (tau, batch, H), per layer (batch, width)
         if self.batch_first:
             output = output.transpose(0, 1)
@@ -113,6 +115,29 @@ class _Parallel:
             output = output.squeeze(1 if not self.batch_first else 0)
             final = [f.squeeze(0) for f in final]
         return output, self._final(final, batched)
+
+    def _initial(self, hx: Any, x: Any) -> Any:
+        """``h_{-1}`` as ``(batch, state)`` (every layer's ``[h; c]`` stacked), or ``None``.
+
+        ``hx`` is ``torch.nn``'s ``h0`` (``(h0, c0)`` for an LSTM), ``(layers,
+        batch, hidden)`` or unbatched ``(layers, hidden)``; ``None`` is zero.
+        """
+        if hx is None:
+            return None
+        parts = hx if isinstance(hx, (tuple, list)) else (hx,)
+        if len(parts) != self.cell.carries:
+            raise ValueError(f"propop.torch.{type(self).__name__} takes "
+                             f"{'(h0, c0)' if self.cell.carries == 2 else 'h0'} as its "
+                             f"initial state, got {len(parts)} tensor(s)")
+        wanted = (self.num_layers, x.shape[1], self.hidden_size)
+        parts = [h if h.dim() == 3 else h.unsqueeze(1) for h in parts]
+        for h in parts:
+            if tuple(h.shape) != wanted:
+                raise ValueError(f"propop.torch.{type(self).__name__}: an initial state of "
+                                 f"shape {tuple(h.shape)}, expected {wanted} (layers, batch, "
+                                 "hidden)")
+        layers = [torch.cat([h[k] for h in parts], dim=-1) for k in range(self.num_layers)]
+        return torch.cat(layers, dim=-1)
 
     def _split(self, states: Any) -> tuple[Any, list]:
         """The top layer's ``h`` over time and every layer's last state, from all states."""
@@ -131,8 +156,11 @@ class _Passes(torch.autograd.Function):
     """All states of the recurrence by the module's forward mode; the backward by propop."""
 
     @staticmethod
-    def forward(ctx: Any, module: Any, names: list, x: Any, *parameters: Any) -> Any:
+    def forward(ctx: Any, module: Any, names: list, x: Any, initial: Any, *parameters: Any
+                ) -> Any:
         net = module.recurrence({n: p.detach() for n, p in zip(names, parameters)})
+        if initial is not None:  # (batch, state) -> propop's (state, batch)
+            net = net.starting_from(initial.detach().T.contiguous())
         xs = x.detach().permute(0, 2, 1)  # (tau, features, batch): propop's sequences
         trace = _forward(module, net, xs)
         ctx.module, ctx.names, ctx.net, ctx.trace = module, names, net, trace
@@ -147,7 +175,8 @@ class _Passes(torch.autograd.Function):
         gradients = net.gradients(trace, net.unstack(system, solution.x))
         module.last["backward"] = solution
         dx = gradients.x.permute(0, 2, 1)  # (tau, batch, features)
-        return (None, None, dx, *[gradients.parameters[n] for n in ctx.names])
+        initial = None if gradients.initial is None else gradients.initial.T
+        return (None, None, dx, initial, *[gradients.parameters[n] for n in ctx.names])
 
 
 def _forward(module: Any, net: Any, xs: Any) -> Any:
@@ -173,15 +202,6 @@ def _forward(module: Any, net: Any, xs: Any) -> Any:
                    "converged": trace.info["converged"],
                    "lyapunov": trace.info.get("lyapunov")}
     return trace
-
-
-def _require_zero_state(hx: Any, name: str) -> None:
-    """Parallel and sequential passes here start from zero states: ``hx`` must be zero."""
-    states = hx if isinstance(hx, (tuple, list)) else (hx,)
-    if any(h is not None and bool(torch.any(h != 0)) for h in states):
-        raise ValueError(f"propop.torch.{name} starts every sequence from zero states; a "
-                         "non-zero initial state (h0) is not supported yet: pass None (or "
-                         "zeros), or use torch.nn's module for this call")
 
 
 class GRU(_Parallel, torch.nn.GRU):
