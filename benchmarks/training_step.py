@@ -8,9 +8,11 @@ says otherwise:
 - a **2-layer GRU language model**: ``torch.nn.GRU`` (PyTorch's C++ loop and
   autograd) against ``propop.torch.GRU`` with the sequential forward, and with
   Newton's forward (DEER) solved by cyclic reduction and by substitution, the
-  backward always propop's solve; ``pararnn-torch``'s ``ParaGRU`` (its eager
-  Newton + scan path) where it is installed, a different cell (diagonal recurrent
-  weights), so its row is for scale only;
+  backward always propop's solve; ``pararnn-torch``'s ``ParaGRU`` (its Newton +
+  eager scan, its defaults: at most 3 Newton iterations, a residual gate at 1e-5)
+  where it is installed, a different cell (diagonal recurrent weights, so each
+  Newton step is a diagonal scan, ``O(tau H)`` against the dense GRU's
+  ``O(tau H^3)`` reduction), so its row is for scale only;
 - an **MLP** (``nn.Sequential`` of ``nn.Linear`` and ``nn.Tanh``): plain autograd
   against ``propop.torch.parallelize`` with substitution and cyclic reduction.
 
@@ -76,8 +78,10 @@ def gru_row(device: str, inputs: int, hidden: int, layers: int, batch: int, tau:
     if importlib.util.find_spec("pararnn") is not None:  # a different cell: for scale only
         import pararnn
 
-        models["pararnn ParaGRU (eager)"] = pararnn.ParaRNN(pararnn.ParaGRU(
-            inputs, hidden, dtype=torch.float64, device=device), scan_backend="eager")
+        models["pararnn ParaGRU (Newton, eager scan)"] = pararnn.ParaRNN(
+            pararnn.ParaGRU(inputs, hidden, dtype=torch.float64, device=device),
+            num_layers=layers, solver="newton", batch_first=False, return_hidden=True,
+            config=pararnn.NewtonConfig(scan_backend="eager"), dtype=torch.float64)
     jobs = {name: _step(copy.deepcopy(model), loss) for name, model in models.items()}
     times = timings(jobs, repeats=REPEATS)
     return _row("gru", f"in={inputs} H={hidden} layers={layers} batch={batch} tau={tau}",
@@ -134,7 +138,8 @@ def table(rows: list[dict]) -> str:
                 for n in names) + " |")
         out.append("")
     if not any("pararnn" in name for row in rows for name in row["seconds"]):
-        out.append("pararnn-torch is not installed here (it needs triton): no ParaGRU row.")
+        out.append("pararnn-torch is not installed here (pip install pararnn-torch; it needs "
+                   "triton on Linux): no ParaGRU row.")
     return "\n".join(out)
 
 

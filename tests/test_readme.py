@@ -30,3 +30,20 @@ def test_readme_is_short_and_self_contained():
     root = README.parent
     for target in re.findall(r"\]\(([^)#]+)\)", text):  # every link and image exists
         assert (root / target).exists(), target
+
+
+def test_readme_pytorch_example_trains_as_torch_nn_alone(capsys):
+    """The ``py`` block (the torch extra), and the same script without propop's two lines."""
+    pytest = __import__("pytest")
+    pytest.importorskip("torch")
+    code = re.search(r"```py\n(.*?)```", README.read_text(), re.S).group(1)
+    exec(compile(code, "README.md", "exec"), {})
+    ours = capsys.readouterr().out.splitlines()
+    iterations, status = ours[1].split()
+    assert 1 <= int(iterations) <= 50 and status == "CONVERGED"
+    plain = re.sub(r"ptorch\.parallelize\(model, [^)]*\)", "model", code)
+    plain = re.sub(r"ptorch\.GRU\(([^)]*), mode=\"newton\", ", r"torch.nn.GRU(\1, ", plain)
+    assert "ptorch." not in plain.replace("import propop.torch as ptorch", "")
+    exec(compile(plain.rsplit("print(rnn.last", 1)[0], "README.md", "exec"), {})
+    theirs = capsys.readouterr().out.splitlines()
+    assert abs(float(ours[0]) - float(theirs[0])) <= 1e-10 * abs(float(theirs[0]))
