@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import memory
+from .. import backend, memory
 from .recurrence import Recurrence
 
 __all__ = ["GRU", "LSTM", "ElmanRNN"]
@@ -47,7 +47,7 @@ class _Gated(Recurrence):
         super().__init__(self._step, {k: parameters[k] for k in self._names()},
                          state_size=self.num_layers * width, input_size=input_size,
                          output=np.arange(top, top + self.hidden_size), block_size=width,
-                         jacobian=self._jacobian, dtype=dtype)
+                         jacobian=self._jacobian, dtype=dtype, batched=True)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.input_size}, {self.hidden_size}, "
@@ -95,18 +95,51 @@ class _Gated(Recurrence):
         return out
 
     def _step(self, p: Mapping[str, Any], state: Any, x: Any) -> Any:
-        """All layers at one time step: each reads the output of the one below."""
+        """All layers at one time step: each reads the output of the one below.
+
+        ``state`` and ``x`` are one sample's vectors or a batch's rows (``(r, n)``):
+        the step is written on the last axis, so a batch needs no ``vmap``.
+        """
         import torch
 
         width, new = self.carries * self.hidden_size, []
         for k in range(self.num_layers):
-            own = state[k * width: (k + 1) * width]
-            gi = p[f"weight_ih_l{k}"] @ x + p[f"bias_ih_l{k}"]
-            gh = p[f"weight_hh_l{k}"] @ own[: self.hidden_size] + p[f"bias_hh_l{k}"]
+            own = state[..., k * width: (k + 1) * width]
+            gi = x @ p[f"weight_ih_l{k}"].T + p[f"bias_ih_l{k}"]
+            gh = own[..., : self.hidden_size] @ p[f"weight_hh_l{k}"].T + p[f"bias_hh_l{k}"]
             layer = self._layer(gi, gh, own)
             new.append(layer)
-            x = layer[: self.hidden_size]
-        return torch.cat(new)
+            x = layer[..., : self.hidden_size]
+        return torch.cat(new, dim=-1)
+
+    def _states(self, X: Any) -> Any:
+        """The sequential pass layer by layer, as ``torch.nn.GRU``/``LSTM`` computes it.
+
+        A layer's input projection ``W_ih x + b_ih`` for every step and sample is one
+        product; only ``W_hh h`` and the gates run step by step. The same arithmetic
+        as :meth:`_step` at every step, in another order (layers outermost).
+        """
+        import torch
+
+        cell, (tau, r) = self.cell, tuple(X.shape[:2])
+        p, width, H = cell.parameters, self.carries * self.hidden_size, self.hidden_size
+        inputs = cell._tensor(X)
+        shape = (1, r, self.state_size)  # h_{-1}: zeros, or the initial state
+        start = cell._tensor(self._first(self._xp().empty(shape, dtype=self.dtype,
+                                                          device=backend.device(X))))[0]
+        layers = []
+        with torch.no_grad():
+            for k in range(self.num_layers):
+                gi = inputs @ p[f"weight_ih_l{k}"].T + p[f"bias_ih_l{k}"]  # every step at once
+                W_hh, b_hh = p[f"weight_hh_l{k}"].T, p[f"bias_hh_l{k}"]
+                own = start[:, k * width: (k + 1) * width]
+                out = inputs.new_empty((tau, r, width))
+                for s in range(tau):
+                    own = self._layer(gi[s], torch.addmm(b_hh, own[:, :H], W_hh), own)
+                    out[s] = own
+                layers.append(out)
+                inputs = out[..., :H]
+        return cell._out(torch.cat(layers, dim=-1))
 
     def _jacobian(self, p: Mapping[str, Any], state: Any, x: Any) -> Any:
         """``dF/dstate`` of one sample in closed form: block lower triangular over layers.
@@ -148,11 +181,11 @@ class GRU(_Gated):
     def _layer(self, gi: Any, gh: Any, own: Any) -> Any:
         import torch
 
-        i_r, i_z, i_n = gi.chunk(3)
-        h_r, h_z, h_n = gh.chunk(3)
+        i_r, i_z, i_n = gi.chunk(3, dim=-1)
+        h_r, h_z, h_n = gh.chunk(3, dim=-1)
         r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
         n = torch.tanh(i_n + r * h_n)
-        return (1 - z) * n + z * own
+        return torch.lerp(n, own, z)  # (1 - z) n + z h
 
     def _layer_jacobian(self, p: Mapping[str, Any], k: int, x: Any, h: Any) -> tuple:
         """``(h', dh'/dh, dh'/dx)`` of layer ``k``: the GRU's equations differentiated."""
@@ -188,9 +221,9 @@ class LSTM(_Gated):
     def _layer(self, gi: Any, gh: Any, own: Any) -> Any:
         import torch
 
-        i, f, g, o = (gi + gh).chunk(4)
-        c = torch.sigmoid(f) * own[self.hidden_size:] + torch.sigmoid(i) * torch.tanh(g)
-        return torch.cat([torch.sigmoid(o) * torch.tanh(c), c])
+        i, f, g, o = (gi + gh).chunk(4, dim=-1)
+        c = torch.sigmoid(f) * own[..., self.hidden_size:] + torch.sigmoid(i) * torch.tanh(g)
+        return torch.cat([torch.sigmoid(o) * torch.tanh(c), c], dim=-1)
 
     def _layer_jacobian(self, p: Mapping[str, Any], k: int, x: Any, own: Any) -> tuple:
         """``([h'; c'], d[h'; c']/d[h; c], d[h'; c']/dx)`` of layer ``k``, differentiated."""

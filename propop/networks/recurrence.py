@@ -102,19 +102,25 @@ class Recurrence:
         Where ``step`` runs.
     dtype : {"float64", "float32"}
         Of the parameters, states and systems; tolerances follow it.
+    batched : bool
+        ``backend="torch"``: ``step`` takes a batch of states and inputs as rows
+        (``(r, n)``, ``(r, m)``) as it is, so no ``vmap`` wraps it (the built-in
+        cells are written so); ``False`` (default): ``step`` is written for one
+        sample and ``torch.func.vmap`` batches it. A NumPy step always takes batches.
     """
 
     def __init__(self, step: Callable, parameters: Mapping[str, Any], *, state_size: int,
                  input_size: int, output: Sequence[int] | None = None,
                  jacobian: Callable | None = None, vjp: Callable | None = None,
-                 block_size: int = 1, backend: str = "torch", dtype: Any = "float64") -> None:
+                 block_size: int = 1, backend: str = "torch", dtype: Any = "float64",
+                 batched: bool = False) -> None:
         if backend not in CELLS:
             raise ValueError(f"backend must be one of {tuple(CELLS)}, got {backend!r}")
         self._dtype = np.dtype(dtype)
         if self._dtype not in (np.float32, np.float64):
             raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
         self.step = step
-        self.cell = CELLS[backend](step, parameters, jacobian, vjp, self._dtype)
+        self.cell = CELLS[backend](step, parameters, jacobian, vjp, self._dtype, batched)
         self.state_size, self.input_size = int(state_size), int(input_size)
         self.output = np.arange(self.state_size) if output is None else _rows(output,
                                                                                self.state_size)
@@ -219,13 +225,7 @@ class Recurrence:
         xp = self._xp()
         xs = self.check_input(xs)
         X = _samples_first(xs, self.dtype)
-        device = backend.device(X)
-        states = xp.empty(tuple(X.shape[:2]) + (self.state_size,), dtype=self.dtype,
-                          device=device)
-        h = self._first(states)[0, ...]
-        for s in range(X.shape[0]):
-            h = self.cell(h, X[s, ...])
-            states[s, ...] = h
+        states = self._states(X)
         if not bool(xp.all(xp.isfinite(states))):  # inputs and parameters are finite: the step
             bad = ~np.isfinite(backend.to_host(states))
             s, i = (int(k) for k in np.argwhere(bad)[0][:2])
@@ -233,6 +233,17 @@ class Recurrence:
                              "finite states, inputs and parameters: it overflows or leaves "
                              "its domain there")
         return self.trace_from_states(xs, [None, _samples_last(states, xs)])
+
+    def _states(self, X: Any) -> Any:
+        """Every step's state ``(tau, r, n)`` from inputs ``X`` ``(tau, r, m)``, step by step."""
+        xp = self._xp()
+        states = xp.empty(tuple(X.shape[:2]) + (self.state_size,), dtype=self.dtype,
+                          device=backend.device(X))
+        h = self._first(states)[0, ...]
+        for s in range(X.shape[0]):
+            h = self.cell(h, X[s, ...])
+            states[s, ...] = h
+        return states
 
     def outputs(self, trace: Trace) -> Any:
         """The output rows of the states, ``(tau, len(output)[, r])``."""
@@ -388,7 +399,7 @@ class _TorchCell:
     """
 
     def __init__(self, step: Callable, parameters: Mapping[str, Any], jacobian: Any,
-                 vjp: Any, dtype: Any) -> None:
+                 vjp: Any, dtype: Any, batched: bool = False) -> None:
         import torch
         from torch.func import jacrev, vmap
 
@@ -406,7 +417,7 @@ class _TorchCell:
                              ": move them to one")
         self.device = devices.pop() if devices else self.device
         self.step = step
-        self._batched = vmap(step, in_dims=(None, 0, 0))
+        self._batched = step if batched else vmap(step, in_dims=(None, 0, 0))
         self._jacobian = vmap(jacobian or jacrev(step, argnums=1), in_dims=(None, 0, 0))
 
     @property
@@ -470,7 +481,7 @@ class _NumpyCell:
     """A step on NumPy batches with the user's Jacobian (and vector-Jacobian product)."""
 
     def __init__(self, step: Callable, parameters: Mapping[str, Any], jacobian: Any,
-                 vjp: Any, dtype: Any) -> None:
+                 vjp: Any, dtype: Any, batched: bool = True) -> None:
         if jacobian is None:
             raise ValueError("backend='numpy' needs jacobian(parameters, h, x) -> (b, n, n): "
                              "nothing differentiates a NumPy step (or write the step in "
