@@ -181,13 +181,16 @@ def test_conv1d_net_with_interleaving_cat_and_channel_softmax_matches_torch():
     check_node_by_node(module, x, (2, 9), methods=["substitution"])
 
 
-def test_a_torch_module_round_trips_through_state_dict():
+@pytest.mark.parametrize(("make", "shape", "buffers"), [
+    (ConvNet, (2, 9, 9), {"bn1.running_mean", "bn1.running_var"}),
+    (lambda: PreNormSwiGLU(), (6,), set())], ids=["conv", "swiglu"])
+def test_a_torch_module_round_trips_through_state_dict(make, shape, buffers):
     torch.manual_seed(4)
-    module = randomised(ConvNet()).double()
-    graph = pp.from_torch(module, (2, 9, 9))
+    module = randomised(make()).double()
+    graph = pp.from_torch(module, shape if len(shape) > 1 else None)
     before = {k: v.clone() for k, v in module.state_dict().items()}
     loaded = module.load_state_dict(pp.state_dict(graph), strict=False)
-    assert set(loaded.missing_keys) == {"bn1.running_mean", "bn1.running_var"}  # buffers
+    assert set(loaded.missing_keys) == buffers and not loaded.unexpected_keys
     for name, value in module.state_dict().items():
         assert torch.equal(value, before[name]), name  # unchanged weights come back exactly
     rng = np.random.default_rng(5)
@@ -196,7 +199,7 @@ def test_a_torch_module_round_trips_through_state_dict():
             value = graph.layers[node].parameters()[ours]
             graph.layers[node].set_parameter(ours, rng.standard_normal(np.shape(value)))
     module.load_state_dict(pp.state_dict(graph), strict=False)
-    x = rng.standard_normal((2, 2, 9, 9))
+    x = rng.standard_normal((2,) + shape)
     ours = graph.output_values(graph.forward(x.reshape(2, -1).T))[0]
     with torch.no_grad():
         theirs = module(torch.tensor(x)).numpy().T
