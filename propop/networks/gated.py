@@ -145,7 +145,8 @@ class _Gated(Recurrence):
         """``dF/dstate`` of one sample in closed form: block lower triangular over layers.
 
         Layer ``k``'s new state depends on its own state (``d_own``) and on its
-        input, the new ``h`` of layer ``k - 1`` (``d_x``), whose own dependence on
+        input, the new ``h`` of layer ``k - 1`` (``d_x``; the first layer's input is no
+        state, so its ``d_x`` is not formed), whose own dependence on
         the layers below is the rows above (the chain rule); ``torch.func`` then
         batches this over every step and sample with no backward pass.
         """
@@ -205,7 +206,7 @@ class GRU(_Gated):
 
         W_hn = W_h.chunk(3)[2]
         d_own = through(W_h, r[:, None] * W_hn) + torch.diag_embed(z)
-        return (1 - z) * n + z * h, d_own, through(W_x, W_x.chunk(3)[2])
+        return (1 - z) * n + z * h, d_own, through(W_x, W_x.chunk(3)[2]) if k else None
 
 
 class LSTM(_Gated):
@@ -246,10 +247,9 @@ class LSTM(_Gated):
             return tc[:, None] * D_o + out * d_c, d_c
 
         dh_dh, dc_dh = through(W_h)
-        dh_dx, dc_dx = through(W_x)
         keep = torch.diag_embed(sf)  # dc'/dc
         d_own = torch.cat([torch.cat([dh_dh, out * keep], 1), torch.cat([dc_dh, keep], 1)])
-        return torch.cat([so * tc, c_new]), d_own, torch.cat([dh_dx, dc_dx])
+        return torch.cat([so * tc, c_new]), d_own, torch.cat(through(W_x)) if k else None
 
 
 class ElmanRNN(_Gated):
@@ -290,5 +290,5 @@ class ElmanRNN(_Gated):
         new = self._layer(W_x @ x + p[f"bias_ih_l{k}"], W_h @ h + p[f"bias_hh_l{k}"], h)
         slope = (1 - new * new if self.nonlinearity == "tanh" else
                  (new > 0).to(new.dtype))[:, None]
-        return new, slope * W_h, slope * W_x
+        return new, slope * W_h, slope * W_x if k else None
 
