@@ -10,6 +10,7 @@ constants measured on the development machine, and says so in ``source``.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import math
 import os
@@ -77,11 +78,21 @@ def machine() -> dict:
 
 def path() -> pathlib.Path:
     """Where :func:`calibrate` stores and :func:`load` reads the constants."""
-    given = os.environ.get("PROPOP_CALIBRATION")
+    return _path(os.environ.get("PROPOP_CALIBRATION"), os.environ.get("XDG_CONFIG_HOME"),
+                 os.environ.get("HOME"))
+
+
+@functools.lru_cache(maxsize=8)
+def _path(given: str | None, config: str | None, home: str | None) -> pathlib.Path:
+    """:func:`path` for these environment variables, built once for each.
+
+    ``method="auto"`` asks for the path at every solve; building it was most of the
+    choice's overhead.
+    """
     if given:
         return pathlib.Path(given).expanduser()
-    config = os.environ.get("XDG_CONFIG_HOME") or pathlib.Path.home() / ".config"
-    return pathlib.Path(config) / "propop" / "calibration.json"
+    base = config or pathlib.Path.home() / ".config"
+    return pathlib.Path(base) / "propop" / "calibration.json"
 
 
 # Measured by ``propop calibrate`` on the development machine (2-core x86_64 VM,
