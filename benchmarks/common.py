@@ -175,3 +175,15 @@ def each(items: Iterable[Any], description: str) -> Iterator[Any]:
         for item in items:
             yield item
             shown.update()
+
+
+def by_kind(rows: list[dict[str, Any]], titles: Iterable[tuple[str, str]]
+            ) -> Iterator[tuple[str, list[dict[str, Any]], list[str]]]:
+    """``(title, rows, contenders)`` for each ``(kind, title)`` with rows, in that order.
+
+    The rows are those of that ``kind``; the contenders the keys of their ``seconds``.
+    """
+    for kind, title in titles:
+        chosen = [row for row in rows if row["kind"] == kind]
+        if chosen:
+            yield title, chosen, list(chosen[0]["seconds"])

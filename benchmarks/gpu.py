@@ -36,7 +36,7 @@ import numpy as np
 
 import propop as pp
 
-from .common import arguments, publish, timings
+from .common import arguments, by_kind, publish, timings
 
 MLP = [(256, 8, 1), (1024, 8, 1), (4096, 8, 1), (1024, 32, 1), (1024, 64, 32),
        (4096, 16, 256)]  # (layers, width, samples)
@@ -186,12 +186,8 @@ def _row(kind: str, case: str, times: dict, peaks: dict, deviation: dict) -> dic
 def table(rows: list[dict], device: str, dtype: str) -> str:
     """Markdown: per case, each contender's median time, its ratio to autograd, deviation."""
     out = []
-    for kind, title in (("mlp", "MLP backprop"), ("rnn", "RNN backprop"),
-                        ("newton", "Elman RNN Newton forward")):
-        chosen = [row for row in rows if row["kind"] == kind]
-        if not chosen:
-            continue
-        names = list(chosen[0]["seconds"])
+    for title, chosen, names in by_kind(rows, (("mlp", "MLP backprop"), ("rnn", "RNN backprop"),
+                        ("newton", "Elman RNN Newton forward"))):
         out += [f"**{title}** on {device}, {dtype}: median time [ms], / PyTorch's, "
                 "(max relative deviation from float64 NumPy)", "",
                 "| case | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]

@@ -30,7 +30,7 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any
 
-from .common import arguments, publish, timings
+from .common import arguments, by_kind, publish, timings
 
 GRU = [(16, 32, 2, 8, 256)]  # (input, hidden, layers, batch, tau)
 MLP = [(64, 8, 32)]  # (width, layers, batch)
@@ -124,11 +124,7 @@ def _row(kind: str, case: str, times: dict, base: str) -> dict:
 def table(rows: list[dict]) -> str:
     """Markdown: per case, each contender's median step time and its ratio to plain."""
     out = []
-    for kind, title in (("gru", "GRU language model"), ("mlp", "MLP")):
-        chosen = [row for row in rows if row["kind"] == kind]
-        if not chosen:
-            continue
-        names = list(chosen[0]["seconds"])
+    for title, chosen, names in by_kind(rows, (("gru", "GRU language model"), ("mlp", "MLP"))):
         out += [f"**One training step, {title}** (Adam, float64): median [ms], / plain "
                 "autograd's", "", "| case | " + " | ".join(names) + " |",
                 "|---|" + "---:|" * len(names)]

@@ -133,3 +133,24 @@ def test_the_lyapunov_estimate_reuses_the_last_newton_jacobians_faithfully():
     recomputed = net.lyapunov(f)  # at the final trajectory itself
     # the last step linearised at the iterate before: an estimate's worth apart, no more
     assert f.info["lyapunov"] == pytest.approx(recomputed, abs=1e-6)
+
+
+def test_the_newton_benchmark_runs_end_to_end_and_says_what_it_lacks(tmp_path, monkeypatch):
+    """``python -m benchmarks.newton --quick``: DEER's code not given, named in the table."""
+    import json
+    import sys
+
+    pytest.importorskip("torch")
+    from benchmarks import newton
+
+    monkeypatch.setenv("PROPOP_RESULTS", str(tmp_path))
+    monkeypatch.delenv("PROPOP_DEER", raising=False)
+    monkeypatch.setattr(sys, "argv", ["newton", "--quick"])
+    newton.main()
+    rows = json.loads((tmp_path / "newton_quick.json").read_text())["rows"]
+    assert {row["kind"] for row in rows} == {"elman", "gru"}
+    for row in rows:
+        assert "propop newton + CR" in row["seconds"]
+        assert max(row["deviation"].values()) < 1e-8  # every contender's states are right
+    text = (tmp_path / "newton_quick.md").read_text()
+    assert "DEER's code not given (--deer PATH or $PROPOP_DEER)" in text
