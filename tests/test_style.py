@@ -35,3 +35,9 @@ def test_documents_cited_are_in_the_repository():
     assert cited  # the docstrings do cite the docs
     for document in cited:
         assert (ROOT / document).is_file(), document
+    pages = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "notebooks").glob("*.py")]
+    named = {path for page in pages if page.name != "benchmarks.md"  # past runs' profiles
+             for path in re.findall(r"\bpropop/[a-z_/]+\.py\b", page.read_text())}
+    assert named  # the guide names modules by path
+    for module in named:
+        assert (ROOT / module).is_file(), module  # a module moved: the page says where
