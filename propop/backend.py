@@ -302,8 +302,9 @@ def subtract_rows(out: Any, index: Any, values: Any) -> Any:
     return out
 
 
+@functools.lru_cache(maxsize=64)
 def eps(dtype: Any) -> float:
-    """The machine epsilon of a floating ``dtype`` (NumPy, CuPy or PyTorch)."""
+    """The machine epsilon of a floating ``dtype`` (NumPy, CuPy or PyTorch), looked up once."""
     if getattr(dtype, "is_floating_point", None) is not None:  # a torch.dtype
         return float(importlib.import_module("torch").finfo(dtype).eps)
     return float(importlib.import_module("numpy").finfo(_numpy_dtype(dtype)).eps)

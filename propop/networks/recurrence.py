@@ -560,7 +560,8 @@ def _checked(out: Any, shape: tuple, dtype: Any, what: str) -> Any:
         raise ValueError(f"{what} returned shape {got[1:] if got[:1] == shape[:1] else got} for "
                          f"one sample, expected {tuple(shape[1:])} (a state of size "
                          f"{shape[1]})")
-    if backend.kind(out.dtype) != "f" or backend.eps(out.dtype) != backend.eps(dtype):
+    if out.dtype != dtype and (backend.kind(out.dtype) != "f"
+                               or backend.eps(out.dtype) != backend.eps(dtype)):
         raise TypeError(f"{what} returned {out.dtype} values in a {dtype} recurrence: compute "
                         "in the parameters' floating type")
     return out
