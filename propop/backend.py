@@ -302,9 +302,22 @@ def subtract_rows(out: Any, index: Any, values: Any) -> Any:
     return out
 
 
-@functools.lru_cache(maxsize=64)
+_EPS: dict[tuple[str, str], float] = {}
+
+
 def eps(dtype: Any) -> float:
-    """The machine epsilon of a floating ``dtype`` (NumPy, CuPy or PyTorch), looked up once."""
+    """The machine epsilon of a floating ``dtype`` (NumPy, CuPy or PyTorch), looked up once.
+
+    Remembered by the dtype's library and name: dtypes of two libraries are never
+    compared (the strict namespace warns where they are).
+    """
+    key = (type(dtype).__module__, str(dtype))
+    if key not in _EPS:
+        _EPS[key] = _finfo_eps(dtype)
+    return _EPS[key]
+
+
+def _finfo_eps(dtype: Any) -> float:
     if getattr(dtype, "is_floating_point", None) is not None:  # a torch.dtype
         return float(importlib.import_module("torch").finfo(dtype).eps)
     return float(importlib.import_module("numpy").finfo(_numpy_dtype(dtype)).eps)
