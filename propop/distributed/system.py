@@ -212,7 +212,7 @@ def _share(system: Any, rank: int, size: int) -> dict:
     return {"rank": rank, "size": size, "ranges": ranges, "blocks": blocks,
             "external": external, "imports": imports, "exports": exports,
             "local": system.subsystem(blocks), "sizes": system.sizes,
-            "width": max(system.sizes), "dtype": system.dtype, "boundary": boundary,
+            "width": system.width, "dtype": system.dtype, "boundary": boundary,
             "_order": order}
 
 

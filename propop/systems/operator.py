@@ -178,6 +178,11 @@ class Operator:
             raise ValueError(NOT_A_CHAIN)
 
     @functools.cached_property
+    def width(self) -> int:
+        """The widest block's size, ``max(sizes)`` (what padded stacks are as wide as)."""
+        return max(self.sizes)
+
+    @functools.cached_property
     def equal_sizes(self) -> bool:
         """Whether every block has the same size (then blocks reshape to a stack)."""
         return len(set(self.sizes)) == 1

@@ -76,7 +76,7 @@ class Chain:
             return stacked
         xp = system.backend.xp
         rows = chain_rows(system, shared_diagonal)
-        n, m, dtype = max(system.sizes), len(rows), system.dtype
+        n, m, dtype = system.width, len(rows), system.dtype
         r, bl = rows[0].G.shape[1], max(row.L.shape[1] for row in rows)
         device = backend.device(rows[0].G)
         L = xp.zeros((m, bl, n), dtype=dtype, device=device)

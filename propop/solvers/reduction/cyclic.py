@@ -128,7 +128,7 @@ def _sparse(system: Any, sparse: bool | None) -> bool:
     if sparse and be.name != "numpy":
         raise OptionError("sparse=True needs scipy.sparse couplings on the CPU")
     if sparse is None:
-        return (be.name == "numpy" and max(system.sizes) >= SPARSE_MIN_WIDTH
+        return (be.name == "numpy" and system.width >= SPARSE_MIN_WIDTH
                 and system.sparse_couplings)
     return sparse
 

@@ -39,7 +39,7 @@ ARRAY = 112  # a NumPy array object, without its data
 
 def _chain(counter: Counter, system: Any, shared: bool) -> tuple[int, int, int]:
     """:meth:`Chain.of`: holds the chain's ``L``, ``C``, ``G``; returns ``(m, bl, columns)``."""
-    m, n, r = system.nblocks, max(system.sizes), system.nrhs or 1
+    m, n, r = system.nblocks, system.width, system.nrhs or 1
     item = backend.itemsize(system.dtype)
     counter.hold(BOOKKEEPING * m)
     per_sample = system.nrhs is not None and not system._scaled_once
@@ -159,7 +159,7 @@ def dense_cyclic_reduction(system: Any, shared: bool, parallel_form: bool) -> in
     counter = Counter()
     item = backend.itemsize(system.dtype)
     m, bl, r = _chain(counter, system, shared)
-    n = max(system.sizes)
+    n = system.width
     if parallel_form:
         parallel(counter, m, n, r, bl, item)
     else:

@@ -95,10 +95,10 @@ def _chain_work(system: Any, method: str) -> Work:
     shared = r == 1 or system.shares_matrix
     if method == "substitution":
         n = np.asarray(sizes, dtype=float)
-        return Work("chain", system.nblocks, 2.0 * r * float(n[:-1] @ n[1:]), max(sizes))
+        return Work("chain", system.nblocks, 2.0 * r * float(n[:-1] @ n[1:]), system.width)
     count = (cost.cyclic_reduction_flops if method == "cyclic-reduction"
              else cost.parallel_cyclic_reduction_flops)
-    return Work("chain", _levels(system.nblocks), count(sizes, r, shared), max(sizes))
+    return Work("chain", _levels(system.nblocks), count(sizes, r, shared), system.width)
 
 
 def _time_work(system: Any, method: str) -> Work:
@@ -130,7 +130,7 @@ def work(system: Any, method: str) -> Work | None:
         return _time_work(system, method) if method in CANDIDATES[:2] else None
     if system.is_chain and method in CANDIDATES:
         return _chain_work(system, method)
-    return Work("graph", system.nblocks, 0.0, max(system.sizes)) if method == CANDIDATES[0] \
+    return Work("graph", system.nblocks, 0.0, system.width) if method == CANDIDATES[0] \
         else None
 
 
