@@ -14,3 +14,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _registry_as_it_was():
+    """Each test leaves the solver registry (the process's) as it found it.
+
+    A name a test registered is removed and one it replaced restored; built-in and
+    library methods loaded on first look-up stay (their modules are imported once).
+    """
+    from propop.solvers import registry
+
+    before = dict(registry._REGISTRY)
+    yield
+    for name in list(registry._REGISTRY):
+        if name in before:
+            registry._REGISTRY[name] = before[name]
+        elif name not in registry.BUILTIN and name.split(".")[0] not in registry.LIBRARY_PREFIXES:
+            del registry._REGISTRY[name]

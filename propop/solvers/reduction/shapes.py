@@ -79,6 +79,9 @@ class ShapeArray:
     def __bool__(self) -> bool:  # a finiteness check passes: the loop takes its usual path
         return True
 
+    def __float__(self) -> float:  # a finite sum: the loop takes its usual path
+        return 0.0
+
     def __array_namespace__(self, api_version: str | None = None) -> Any:
         return namespace(self.counter)
 
@@ -263,6 +266,7 @@ def namespace(counter: Counter) -> SimpleNamespace:
         empty_like=_like, zeros_like=_like, ones_like=_like,
         full_like=lambda a, fill, dtype=None: _like(a, dtype=dtype),
         isfinite=lambda a: _like(a, dtype=bool), argmin=lambda a, axis=None: 0,
+        sum=lambda a, axis=None: a.sum(axis),
         all=lambda a, axis=None: a.all(axis), reshape=lambda a, shape: a.reshape(shape),
         broadcast_to=lambda a, shape: a._view(tuple(shape)),
         where=lambda cond, a, b: cond._binary(a)._binary(b))
