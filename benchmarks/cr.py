@@ -11,11 +11,17 @@ solvers are. Peak memory is the weights plus the solve's peak allocation
 (tracemalloc), relative to the same for ``substitution``: the paper's accounting
 for its "at most twice the memory" claim.
 
+Then the block products alone (``chain.product`` on one level's stacked pairs)
+against this machine's DGEMM rate, measured in the same run: a per-sample batch's
+products run at a fraction of it, because scaling a core by the next position's
+per-sample slopes makes a temporary as large as the product.
+
 Run: ``python -m benchmarks.cr`` (a few minutes on 2 cores).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 import tracemalloc
 
@@ -112,6 +118,47 @@ def measure(label: str, net: pp.FNN, r: int) -> list[dict]:
     return rows
 
 
+PRODUCTS = [(8, 1, 2048), (32, 1, 512), (128, 1, 128), (32, 32, 128)]  # (n, r, pairs)
+
+
+def dgemm_rate(n: int = 1024) -> float:
+    """The DGEMM rate here, flop/s: the median of 5 products of two ``n x n`` matrices."""
+    rng = np.random.default_rng(0)
+    A, B = rng.standard_normal((n, n)), rng.standard_normal((n, n))
+    times = median_times({"dgemm": lambda: A @ B}, repeats=5)
+    return 2 * n**3 / times["dgemm"]
+
+
+def product_rates() -> list[dict]:
+    """Cyclic reduction's block products (``chain.product``, one level's pairs) against DGEMM.
+
+    ``r > 1``: per-sample blocks, as a batch's reduction forms them (a per-sample
+    left core scaled by the next position's per-sample slopes, times a shared core).
+    """
+    from propop.solvers.reduction.chain import Counter, product
+
+    peak, rng, rows = dgemm_rate(), np.random.default_rng(1), []
+    for n, r, pairs in PRODUCTS:
+        L1, L2 = (rng.standard_normal((pairs, r, n)) for _ in range(2))
+        C1, C2 = rng.standard_normal((pairs, r, n, n)), rng.standard_normal((pairs, 1, n, n))
+        job = functools.partial(product, L1, C1, L2, C2, Counter())
+        seconds = median_times({"product": job}, repeats=5)["product"]
+        rate = (2 * pairs * r * n**3 + pairs * r * n * n) / seconds
+        rows.append({"n": n, "r": r, "pairs": pairs, "gflops": rate / 1e9,
+                     "dgemm_gflops": peak / 1e9, "of_dgemm": rate / peak})
+    return rows
+
+
+def product_table(rows: list[dict]) -> str:
+    """The block products' rates as a Markdown table, DGEMM's in the heading."""
+    lines = [f"**Block products** (`chain.product`, one level's pairs) against this machine's "
+             f"DGEMM (1024 x 1024: {rows[0]['dgemm_gflops']:.1f} GFLOP/s)", "",
+             "| n | r | pairs | GFLOP/s | of DGEMM |", "|---:|---:|---:|---:|---:|"]
+    lines += [f"| {row['n']} | {row['r']} | {row['pairs']} | {row['gflops']:.1f} | "
+              f"{100 * row['of_dgemm']:.0f}% |" for row in rows]
+    return "\n".join(lines)
+
+
 def cases():
     """The grid, dense and at density 0.05, then the diagonal-weight case."""
     for depth, n, r in GRID:
@@ -144,9 +191,10 @@ def main() -> None:
     for label, net, r in each(cases(), "cr"):
         rows.extend(measure(label, net, r))
         print(table(rows[-len(METHODS):]).splitlines()[-len(METHODS):], flush=True)
-    text = table(rows)
+    rates = product_rates()
+    text = table(rows) + "\n\n" + product_table(rates)
     print(text)
-    print(f"written to {save('cr', rows, text)}")
+    print(f"written to {save('cr', rows + [dict(row, case='products') for row in rates], text)}")
 
 
 if __name__ == "__main__":
