@@ -18,11 +18,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import math
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-__all__ = ["Backend", "of", "namespace", "is_sparse", "is_real_floating", "matmul_into",
+__all__ = ["Backend", "of", "namespace", "is_sparse", "all_finite", "is_real_floating",
+           "matmul_into",
            "outer_on_pattern", "over_time", "walk", "matmul_out", "DENSE_ONLY", "take_rows",
            "subtract_rows", "itemsize", "like", "device", "take_columns", "spread_columns",
            "matmul_writer", "kind", "astype", "contiguous", "indices", "eps", "to_host",
@@ -430,11 +432,28 @@ def erf(x: Any) -> Any:
     return importlib.import_module(module).erf(x)
 
 
+def all_finite(a: Any, xp: Any = None) -> bool:
+    """Whether every entry of ``a`` is finite: one sum first, each entry only if it is not.
+
+    NaN and Inf survive a sum, and a sum makes no array of flags (PyTorch's
+    ``isfinite`` on the CPU costs ten times a sum); a sum of large finite values
+    can overflow, and then the entries decide. ``xp`` is ``a``'s namespace (found
+    if not given; the shape-only arrays of the memory guard give theirs).
+    """
+    xp = namespace(a) if xp is None else xp
+    with quiet(xp):
+        if math.isfinite(float(xp.sum(a))):
+            return True
+    return bool(xp.all(xp.isfinite(a)))
+
+
 def quiet(xp: ModuleType) -> contextlib.AbstractContextManager:
-    """Silence NumPy's floating-point warnings where they are expected and handled."""
-    errstate = getattr(xp, "errstate", None)
-    if errstate is None:
-        return contextlib.nullcontext()
+    """Silence NumPy's floating-point warnings where they are expected and handled.
+
+    A namespace without ``errstate`` gets NumPy's: the strict namespace computes with
+    NumPy underneath, and elsewhere it changes nothing.
+    """
+    errstate = getattr(xp, "errstate", None) or importlib.import_module("numpy").errstate
     return errstate(divide="ignore", invalid="ignore", over="ignore")
 
 

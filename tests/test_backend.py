@@ -4,6 +4,7 @@ import pathlib
 import re
 
 import numpy as np
+import pytest
 import scipy.sparse as sp
 
 import propop as pp
@@ -33,3 +34,14 @@ def test_declared_backends_of_array_generic_methods():
     # the SciPy names that cupyx.scipy.sparse.linalg also has (CuPy's reference page), only
     assert {n for n in generic if n.startswith(("scipy.", "pyamg."))} == {
         "scipy.gmres", "scipy.cgs", "scipy.lsmr"}
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch", "array_api_strict"])
+def test_all_finite_sees_nan_and_inf_and_survives_an_overflowing_sum(kind):
+    big = np.full((4, 3), 1e308)  # finite entries whose sum overflows
+    cases = {"finite": (np.arange(12.0).reshape(4, 3), True), "overflowing sum": (big, True),
+             "nan": (np.where(np.eye(4, 3) > 0, np.nan, 1.0), False),
+             "inf": (np.where(np.eye(4, 3) > 0, -np.inf, 1.0), False)}
+    for name, (a, expected) in cases.items():
+        moved = backend.convert(a, kind)
+        assert backend.all_finite(moved) is expected, name

@@ -11,6 +11,9 @@ import sys
 
 import pytest
 
+# A guard against a hung job (each takes 1-5 s idle on 2 cores), never a speed check.
+HANG = 600
+
 TESTS = pathlib.Path(__file__).parent
 
 
@@ -26,7 +29,7 @@ def mpiexec():
 def test_distributed_solves_equal_the_single_process_ones(ranks):
     command = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "pytest",
                "-q", "-p", "no:cacheprovider", "mpi/check_distributed.py"]
-    result = subprocess.run(command, cwd=TESTS, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(command, cwd=TESTS, capture_output=True, text=True, timeout=HANG)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert f"{30} passed" in result.stdout
 
@@ -50,7 +53,7 @@ def test_propop_run_distributed_prints_one_table_with_per_rank_times():
     command = [mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "propop", "run",
                "--distributed", "--layers", "5", "--width", "8", "--batch", "3",
                "--repeats", "5"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=HANG)
     assert result.returncode == 0, result.stderr[-4000:]
     out = result.stdout
     assert out.count("| method |") == 1 and "Distributed over 2 MPI ranks" in out
@@ -63,7 +66,7 @@ def test_propop_run_distributed_prints_one_table_with_per_rank_times():
 def test_a_fault_on_one_rank_stops_every_rank_and_none_hangs(ranks):
     command = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "pytest",
                "-q", "-p", "no:cacheprovider", "mpi/check_faults.py"]
-    result = subprocess.run(command, cwd=TESTS, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, cwd=TESTS, capture_output=True, text=True, timeout=HANG)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "44 passed" in result.stdout
 
@@ -72,7 +75,7 @@ def test_a_fault_on_one_rank_stops_every_rank_and_none_hangs(ranks):
                                     "mpi.gmres", "mpi.bicgstab"])
 def test_an_exception_inside_a_solve_aborts_the_job_instead_of_hanging(method):
     command = [mpiexec(), "-n", "2", sys.executable, "mpi/check_abort.py", method]
-    result = subprocess.run(command, cwd=TESTS, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(command, cwd=TESTS, capture_output=True, text=True, timeout=HANG)
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
     assert "MPI rank 1 failed inside a solve" in output, output
@@ -83,7 +86,7 @@ def test_a_script_raising_on_one_rank_ends_under_python_m_mpi4py():
     """The documented way to run: an uncaught exception on one rank aborts the job."""
     command = [mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py",
                "mpi/check_script_raises.py"]
-    result = subprocess.run(command, cwd=TESTS, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(command, cwd=TESTS, capture_output=True, text=True, timeout=HANG)
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
     assert "the user's own code failed on rank 1" in output and "not reached" not in output

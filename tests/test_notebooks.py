@@ -9,6 +9,7 @@ cache (``docs/conf.py``, keyed by propop's source), so that the docs build after
 """
 
 import copy
+import functools
 import importlib.util
 import pathlib
 
@@ -16,6 +17,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.py"))
+HANG = 600  # seconds a cell may take: a guard against a hung kernel (cells take < 10 s idle)
 
 
 @pytest.mark.slow
@@ -25,7 +27,7 @@ def test_a_notebook_runs_twice_in_one_kernel(path):
     nbclient = pytest.importorskip("nbclient")
     notebook = jupytext.read(path)
     notebook.cells = notebook.cells + copy.deepcopy(notebook.cells)
-    nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3", record_timing=False,
+    nbclient.NotebookClient(notebook, timeout=HANG, kernel_name="python3", record_timing=False,
                             resources={"metadata": {"path": str(path.parent)}}).execute()
     outputs = [o for cell in notebook.cells if cell.cell_type == "code"
                for o in cell.get("outputs", [])]
@@ -44,9 +46,15 @@ def _cache(notebook, uri):
     jupyter_cache = pytest.importorskip("jupyter_cache")
     from jupyter_cache.base import CacheBundleIn
 
-    spec = importlib.util.spec_from_file_location("docs_conf", ROOT / "docs" / "conf.py")
-    conf = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(conf)  # the cache's path: a hash of propop's source
-    cache = jupyter_cache.get_cache(conf.nb_execution_cache_path)
+    cache = jupyter_cache.get_cache(_cache_path())
     cache.cache_notebook_bundle(CacheBundleIn(notebook, str(uri)), check_validity=False,
                                 overwrite=True)
+
+
+@functools.cache
+def _cache_path() -> str:
+    """The docs build's notebook cache (``docs/conf.py``: a hash of propop's source)."""
+    spec = importlib.util.spec_from_file_location("docs_conf", ROOT / "docs" / "conf.py")
+    conf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conf)
+    return conf.nb_execution_cache_path

@@ -177,4 +177,5 @@ def test_the_training_step_benchmark_runs_end_to_end(tmp_path, monkeypatch):
     rows = json.loads((tmp_path / "training_step_quick.json").read_text())["rows"]
     assert {row["kind"] for row in rows} == {"gru", "mlp"}
     for row in rows:
-        assert len(row["seconds"]) >= 3 and all(t["median"] > 0 for t in row["seconds"].values())
+        assert len(row["seconds"]) >= 3  # every contender took its steps (times not judged)
+        assert all(set(t) == {"median", "min", "max"} for t in row["seconds"].values())

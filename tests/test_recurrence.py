@@ -95,6 +95,11 @@ def minimal_step(p, h, x):
     return torch.tanh(p["a"] * h + p["B"] @ x)
 
 
+def rows_step(p, h, x):
+    """:func:`minimal_step` written on the last axis: one sample or a batch's rows."""
+    return torch.tanh(p["a"] * h + x @ p["B"].T)
+
+
 def minimal_jacobian(p, h, x):
     return torch.diag(p["a"] * (1 - torch.tanh(p["a"] * h + p["B"] @ x) ** 2))
 
@@ -110,13 +115,17 @@ def test_any_step_function_with_jacrev_or_its_own_jacobian():
         h = torch.tanh(t["a"] * h + X[s] @ t["B"].T)
         loss = loss + 0.5 * (h**2).sum()
     loss.backward()
-    for jacobian in (None, minimal_jacobian):
-        net = pp.Recurrence(minimal_step, parameters, state_size=5, input_size=2,
-                            jacobian=jacobian)
+    for step, jacobian, batched in ((minimal_step, None, False),
+                                    (minimal_step, minimal_jacobian, False),
+                                    (rows_step, None, True)):  # no vmap: rows as they are
+        net = pp.Recurrence(step, parameters, state_size=5, input_size=2,
+                            jacobian=jacobian, batched=batched)
         g = pp.backprop(net, xs, np.zeros((TAU, 5, R)), method="cyclic-reduction")
         for name in parameters:
             assert relative_error(g.parameters[name], t[name].grad.numpy()) < 1e-12, name
         assert relative_error(g.x, np.moveaxis(X.grad.numpy(), 2, 1)) < 1e-12
+        newton = pp.forward(net, xs, method="cyclic-reduction")  # from h_{-1} = 0 too
+        assert relative_error(newton.z[1], net.forward(xs).z[1]) < 1e-10
 
 
 def numpy_step(p, h, x):

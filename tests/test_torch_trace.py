@@ -442,3 +442,11 @@ def test_products_and_reductions_name_what_they_cannot_do():
 
     with pytest.raises(ValueError, match="exponent is not a number"):
         pp.from_torch(Exponent(), (3,))
+
+    class Made(nn.Module):  # a LayerNorm weight computed in forward(), not a parameter
+        def forward(self, x):
+            return F.layer_norm(x, (3,), weight=x.sum(dim=0))
+
+    with pytest.raises(ValueError, match=r"node 'sum_1' .*weight=x.sum\(dim=0\)\): dim=0 .* "
+                                         "not a feature dimension"):
+        pp.from_torch(Made(), (3,))

@@ -123,9 +123,9 @@ class _Gated(Recurrence):
 
         cell, (tau, r) = self.cell, tuple(X.shape[:2])
         p, width, H = cell.parameters, self.carries * self.hidden_size, self.hidden_size
-        inputs = cell._tensor(X)
+        inputs = cell.tensor(X)
         shape = (1, r, self.state_size)  # h_{-1}: zeros, or the initial state
-        start = cell._tensor(self._first(self._xp().empty(shape, dtype=self.dtype,
+        start = cell.tensor(self._first(self._xp().empty(shape, dtype=self.dtype,
                                                           device=backend.device(X))))[0]
         layers = []
         with torch.no_grad():
@@ -139,7 +139,7 @@ class _Gated(Recurrence):
                     out[s] = own
                 layers.append(out)
                 inputs = out[..., :H]
-        return cell._out(torch.cat(layers, dim=-1))
+        return cell.home_array(torch.cat(layers, dim=-1))
 
     def _jacobian(self, p: Mapping[str, Any], state: Any, x: Any) -> Any:
         """``dF/dstate`` of one sample in closed form: block lower triangular over layers.

@@ -270,7 +270,7 @@ class Graph:
         z = {INPUT: self.check_input(x)}
         for name in self._order[1:]:
             z[name] = self.layers[name].forward([z[p] for p in self.inputs[name]])
-            if not np.all(np.isfinite(z[name])):  # from finite inputs: this node's doing
+            if not backend.all_finite(z[name]):  # from finite inputs: this node's doing
                 raise ValueError(f"node {name!r} ({self.layers[name]!r}) gives non-finite "
                                  f"values from finite inputs ({_nonfinite(z[name])}): a "
                                  "power of a negative number, or an overflow")

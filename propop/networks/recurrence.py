@@ -231,7 +231,7 @@ class Recurrence:
         xs = self.check_input(xs)
         X = _samples_first(xs, self.dtype)
         states = self._states(X)
-        if not bool(xp.all(xp.isfinite(states))):  # inputs and parameters are finite: the step
+        if not backend.all_finite(states, xp):  # inputs and parameters are finite: the step
             bad = ~np.isfinite(backend.to_host(states))
             s, i = (int(k) for k in np.argwhere(bad)[0][:2])
             raise ValueError(f"the step returned NaN or Inf at time step {s} (sample {i}) from "
@@ -456,32 +456,33 @@ class _TorchCell:
         import torch
 
         with torch.no_grad():
-            out = self._batched(self.parameters, self._tensor(H), self._tensor(X))
-        return self._out(_checked(out, H.shape, self.dtype, "the step"))
+            out = self._batched(self.parameters, self.tensor(H), self.tensor(X))
+        return self.home_array(_checked(out, H.shape, self.dtype, "the step"))
 
     def jacobians(self, H: Any, X: Any) -> Any:
         import torch
 
         with torch.no_grad():
-            out = self._jacobian(self.parameters, self._tensor(H), self._tensor(X))
-        return self._out(_checked(out, tuple(H.shape) + tuple(H.shape[-1:]), self.dtype,
+            out = self._jacobian(self.parameters, self.tensor(H), self.tensor(X))
+        return self.home_array(_checked(out, tuple(H.shape) + tuple(H.shape[-1:]), self.dtype,
                                   "the Jacobian"))
 
     def pullback(self, H: Any, X: Any, V: Any) -> tuple[dict, Any]:
         from torch.func import vjp
 
-        H = self._tensor(H)
-        _, pull = vjp(lambda p, x: self._batched(p, H, x), self.parameters, self._tensor(X))
-        d_parameters, d_input = pull(self._tensor(V))
-        return ({k: self._out(t.detach()) for k, t in d_parameters.items()},
-                self._out(d_input.detach()))
+        H = self.tensor(H)
+        _, pull = vjp(lambda p, x: self._batched(p, H, x), self.parameters, self.tensor(X))
+        d_parameters, d_input = pull(self.tensor(V))
+        return ({k: self.home_array(t.detach()) for k, t in d_parameters.items()},
+                self.home_array(d_input.detach()))
 
-    def _tensor(self, a: Any) -> Any:
+    def tensor(self, a: Any) -> Any:
+        """``a`` as a tensor of the cell's dtype on its device."""
         import torch
 
         return torch.as_tensor(a, dtype=self.dtype, device=self.device)
 
-    def _out(self, t: Any) -> Any:
+    def home_array(self, t: Any) -> Any:
         """A result tensor as a home array."""
         return t.cpu().numpy() if self.home == "numpy" else t
 

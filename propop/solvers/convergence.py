@@ -31,7 +31,6 @@ float32), so that float32 works out of the box.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -237,7 +236,7 @@ def finish(system: Any, x: Any, *, tol: Tolerance, iterations: int = 0,
     info.update(residual_estimates=estimates, sample_residuals=norms, block_ratios=worst,
                 rtol=tol.rtol, atol=tol.atol, floored=floored)
     met = tol.met(worst, norms)
-    finite = bool(np.isfinite(norms).all()) and _finite(system.backend.xp, x)
+    finite = bool(np.isfinite(norms).all()) and backend.all_finite(x, system.backend.xp)
     if met.all() and finite:
         status, message = Status.CONVERGED, (
             f"converged in {iterations} iterations, residual {final:.2e}, every block "
@@ -256,16 +255,6 @@ def finish(system: Any, x: Any, *, tol: Tolerance, iterations: int = 0,
         status, message = Status.MAX_ITER, _max_iter_message(system, tol, ratios, met, maxiter)
     return Solution(x=x, status=status, message=message, iterations=iterations,
                     residuals=tuple(history), levels=levels, info=info)
-
-
-def _finite(xp: Any, x: Any) -> bool:
-    """Whether ``x`` is finite: one sum (NaN and Inf survive it), else a look at each entry.
-
-    A sum of large finite values can overflow: then the entries decide.
-    """
-    with backend.quiet(xp):
-        total = float(xp.sum(x))
-    return math.isfinite(total) or bool(xp.all(xp.isfinite(x)))
 
 
 def _nonfinite_message(system: Any, x: Any) -> str:

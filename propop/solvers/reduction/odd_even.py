@@ -21,7 +21,6 @@ A non-finite reduced core (a long product of Jacobians that overflowed) raises
 
 from __future__ import annotations
 
-import math
 
 from collections.abc import Callable
 from typing import Any
@@ -93,18 +92,10 @@ class DenseKernels:
         return full
 
     def first_nonfinite(self, cores: Any) -> int | None:
-        """The first core with a NaN or Inf entry, or ``None``.
-
-        One sum first (NaN and Inf survive it, and it makes no array of flags): a
-        finite sum clears every core; otherwise, an overflow of the sum or a bad
-        entry, each core is looked at.
-        """
+        """The first core with a NaN or Inf entry, or ``None`` (``backend.all_finite`` first)."""
         xp = self.xp
-        if cores.shape[0] == 0:
+        if cores.shape[0] == 0 or backend.all_finite(cores, xp):
             return None
-        with backend.quiet(xp):
-            if math.isfinite(float(xp.sum(cores))):
-                return None
         finite = xp.all(xp.reshape(xp.isfinite(cores), (cores.shape[0], -1)), axis=1)
         if bool(xp.all(finite)):
             return None
