@@ -25,7 +25,8 @@ from typing import Any
 
 __all__ = ["Backend", "of", "namespace", "is_sparse", "all_finite", "is_real_floating",
            "matmul_into",
-           "outer_on_pattern", "over_time", "walk", "matmul_out", "DENSE_ONLY", "take_rows",
+           "outer_on_pattern", "over_time", "adopt", "walk", "matmul_out", "DENSE_ONLY",
+           "take_rows",
            "subtract_rows", "itemsize", "like", "device", "take_columns", "spread_columns",
            "matmul_writer", "kind", "astype", "contiguous", "indices", "eps", "to_host",
            "quiet", "erf",
@@ -146,6 +147,16 @@ def of(*objects: Any) -> Backend:
         raise TypeError(f"arrays live on different backends ({', '.join(sorted(names))}); "
                         "move them to one")
     return _named(names.pop() if names else "numpy")
+
+
+def adopt(kind: type, name: str, xp: Any) -> Backend:
+    """The backend ``name`` (namespace ``xp``, no sparse arrays) of arrays of type ``kind``.
+
+    For array types of propop's own (the memory guard's shape-only arrays),
+    which :func:`of` cannot tell by their module.
+    """
+    found = _OF_TYPE[kind] = Backend(name, xp, _NoSparse)
+    return found
 
 
 def namespace(*arrays: Any) -> ModuleType:

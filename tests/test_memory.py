@@ -213,3 +213,51 @@ def test_the_loops_on_shapes_count_the_peak_of_the_loops_on_arrays(m, r, n):
     footprint.odd_even(counter, m, n, r, 1, r, 1, 8)
     assert X.shape == G.shape
     assert 0.8 <= counter.peak_bytes / measured <= 1.2, (counter.peak_bytes, measured)
+
+
+@pytest.mark.parametrize("make", [
+    lambda a: a.reshape(-1), lambda a: a.T.reshape(-1), lambda a: a[:, 1:].reshape(-1),
+    lambda a: a[::2].reshape(3, -1), lambda a: a.reshape(2, 3, 10)[:, :, 3:].reshape(-1, 7),
+    lambda a: a.reshape(6, 2, 5).T.reshape(10, -1), lambda a: a[1:4].reshape(3, 2, 5)])
+def test_shape_arrays_copy_where_numpy_copies(make):
+    """A reshape of a shape array is a view exactly where NumPy's is, else a counted copy."""
+    from propop.solvers.reduction import shapes
+    from propop.solvers.reduction.chain import Counter
+
+    real, counter = np.zeros((6, 10)), Counter()
+    made, out = make(shapes.ShapeArray((6, 10), np.float64, counter, owned=False)), make(real)
+    assert made.shape == out.shape
+    assert counter.live_bytes == (0 if np.shares_memory(out, real) else out.nbytes)
+
+
+def test_the_guard_remembers_a_peak_per_shape_and_never_across_shapes():
+    """Equal signatures (any values) give the remembered peak; another shape its own."""
+    from propop.solvers.reduction import footprint, shapes
+
+    a, b = fnn_system([16] * 9, 4), fnn_system([16] * 9, 4)
+    b = b.with_rhs(b.rhs * 3.0)
+    c, d = fnn_system([16] * 9, 5), fnn_system([16] * 9, 4, dtype="float32")
+    assert shapes.signature(a) == shapes.signature(b)
+    assert len({shapes.signature(s) for s in (a, c, d)}) == 3
+    footprint._PEAKS.clear()
+    fresh = [footprint.dense_cyclic_reduction(s, False, False) for s in (a, c, d)]
+    assert fresh[1] > fresh[0] > fresh[2]  # one more sample; half the bytes an entry
+    assert footprint.dense_cyclic_reduction(b, False, False) == fresh[0]
+    footprint._PEAKS.clear()
+    assert footprint.dense_cyclic_reduction(b, False, False) == fresh[0]
+
+
+@pytest.mark.parametrize("kind", ["torch", "array_api_strict"])
+def test_the_guard_runs_the_reduction_on_the_twin_of_any_backend(kind):
+    """A system on PyTorch or the strict namespace has the same twin as on NumPy."""
+    pytest.importorskip(kind)
+    from propop.solvers.reduction import footprint
+
+    for system in (fnn_system([8, 12, 8, 8], 3), rnn_system([4, 8], 20, 2)):
+        moved = system.to(kind)
+        if system.structure is None:
+            assert footprint.dense_cyclic_reduction(moved, False, False) == \
+                footprint.dense_cyclic_reduction(system, False, False)
+        else:
+            assert footprint.time_cyclic_reduction(moved, "cyclic-reduction") == \
+                footprint.time_cyclic_reduction(system, "cyclic-reduction")

@@ -451,15 +451,23 @@ class Operator:
         """
         move = functools.partial(backend.convert, kind=kind, device=device)
         like = move(self.backend.xp.zeros(1, dtype=self.dtype))
-        couplings = self.couplings
+        source, couplings = self, self.couplings
         if couplings.sparse and kind in backend.DENSE_ONLY:
             shapes = [couplings.shape(j) for j in range(len(couplings))]
             memory.require(sum(m * n for m, n in shapes) * backend.itemsize(self.dtype),
                            f"the sparse couplings of {self!r} as dense {kind} arrays",
                            "keep the system on 'numpy' or 'cupy', which have sparse arrays")
-            couplings = DenseCouplings([backend.dense(M)[None, ...] for M in couplings.matrices])
-        return self._with(couplings=couplings.map(move), scalings=self.scalings.map(move),
-                          dtype=like.dtype, be=backend.of(like))
+            source = self._with(couplings=DenseCouplings(
+                [backend.dense(M)[None, ...] for M in couplings.matrices]))
+        return source.mapped(move, backend.of(like), like.dtype)
+
+    def mapped(self, f: Callable[[Any], Any], be: backend.Backend, dtype: Any) -> Operator:
+        """The same operator with ``f`` applied to every stored array, now on ``be``.
+
+        :meth:`to` moves the arrays; the memory guard makes shape-only ones.
+        """
+        return self._with(couplings=self.couplings.map(f), scalings=self.scalings.map(f),
+                          dtype=dtype, be=be)
 
     @functools.cached_property
     def batch(self) -> Operator:

@@ -38,15 +38,14 @@ from typing import Any, Literal
 
 from ... import backend, memory
 from . import footprint
-from . import odd_even
-from .chain import Chain, Counter, in_system_order
+from . import odd_even, plans
+from .chain import Counter, in_system_order
 from .sparse import SparseKernels, sparse_chain
 from .over_groups import OverGroups
-from .over_time import WITHIN, OverTime
+from .over_time import WITHIN
 from ..convergence import Tolerance, finish
 from ..options import OptionError
 from ..direct.substitution import approximation_report
-from ...systems.triangular import TriangularSystem
 from ..method import Method
 from ..registry import register
 from ..solution import Solution, Status
@@ -57,59 +56,6 @@ __all__ = ["CyclicReduction", "ParallelCyclicReduction"]
 # sparse weights (measured: width 128 at density 0.05, dense 2x faster; width
 # 512 at density 0.01, sparse 2x faster); ``sparse=True`` overrides.
 SPARSE_MIN_WIDTH = 256
-
-
-# info["fill_in"] of a dense reduction: its reduced blocks are dense arrays, nothing followed.
-DENSE_FILL_IN = ("not followed: the blocks were reduced as dense arrays; sparse=True follows "
-                 "the non-zeros of each level")
-
-
-def _factored(factor: Callable, substitute: Callable) -> Callable:
-    """A reduction of the padded dense chain split in two: ``factor`` here, once.
-
-    Returns ``prepare(system, shared_diagonal, counter)``, which reduces the
-    chain's blocks and returns the per-rhs solve ``(s, counter) -> (x, levels,
-    info)`` running ``substitute`` on ``s``'s right-hand side.
-    """
-    def prepare(system: Any, shared_diagonal: str | None, counter: Counter) -> Callable:
-        xp = system.backend.xp
-        chain = Chain.of(system, shared_diagonal)
-        levels = factor(chain, counter, xp)
-
-        def solve(s: Any, counter: Counter) -> tuple[Any, int, dict]:
-            X = substitute(levels, chain.rhs_of(s), counter, xp)
-            return chain.solution(X, s), len(levels), {"width": chain.G.shape[2],
-                                                       "fill_in": DENSE_FILL_IN}
-
-        return solve
-
-    return prepare
-
-
-def _time_factored(within: str) -> Callable:
-    """The two-level reduction of an RNN system (:mod:`.over_time`), split as :func:`_factored`.
-
-    Another number of columns than the operator's samples (a shared matrix) has
-    its own reduction, made on its first solve and kept.
-    """
-    def prepare(system: Any, shared_diagonal: str | None, counter: Counter) -> Callable:
-        if shared_diagonal is not None:
-            raise OptionError("shared_diagonal is not supported on RNN systems: their reduced "
-                              "blocks are per sample and per step anyway")
-        xp = system.backend.xp
-        halves = (lambda chain, c: odd_even.factor(chain, c, xp),
-                  lambda levels, G, c: odd_even.substitute(levels, G, c, xp))
-        made = {system.nrhs: OverTime(system, *halves, counter, within)}
-
-        def solve(s: Any, counter: Counter) -> tuple[Any, int, dict]:
-            if s.nrhs not in made:
-                made[s.nrhs] = OverTime(_standing(s.operator_of, s.nrhs), *halves, counter,
-                                        within)
-            return made[s.nrhs].solve(s, counter)
-
-        return solve
-
-    return prepare
 
 
 def _groups_factored(system: Any, shared_diagonal: str | None, counter: Counter) -> Callable:
@@ -224,7 +170,7 @@ def _prepare_cyclic_reduction(system: Any, *, rtol: float | None = None, atol: f
         _applies("sparse", sparse, "chains")
         _applies("dense_threshold", dense_threshold, "chains")
         within = within or WITHIN[0]
-        return _plan(system, _time_factored(within), rtol, atol, shared_diagonal,
+        return _plan(system, plans.time_factored(within), rtol, atol, shared_diagonal,
                      footprint.time_cyclic_reduction(system, within))
     _applies("within", within, "RNN systems")
     if groups and not system.is_chain:
@@ -244,7 +190,7 @@ def _prepare_cyclic_reduction(system: Any, *, rtol: float | None = None, atol: f
         factored = _sparse_factored(0.25 if dense_threshold is None else dense_threshold)
         return _plan(system, factored, rtol, atol, shared_diagonal, 3 * dense_peak)
     _applies("dense_threshold", dense_threshold, "sparse reductions (sparse=True)")
-    dense = _factored(odd_even.factor, odd_even.substitute)
+    dense = plans.factored(odd_even.factor, odd_even.substitute)
     return _plan(system, dense, rtol, atol, shared_diagonal, dense_peak)
 
 
@@ -305,7 +251,7 @@ class CyclicReduction(Method):
              groups: bool = False) -> Callable[[Any], Solution]:
         """The reduction's work on the matrix; returns the solve of a right-hand side."""
         return _prepare_cyclic_reduction(
-            _standing(operator), rtol=rtol, atol=atol, shared_diagonal=shared_diagonal,
+            plans.standing(operator), rtol=rtol, atol=atol, shared_diagonal=shared_diagonal,
             sparse=sparse, dense_threshold=dense_threshold, within=within, groups=groups)
 
     def compute(self, state: Callable[[Any], Solution], system: Any) -> Solution:
@@ -330,18 +276,12 @@ class ParallelCyclicReduction(Method):
              shared_diagonal: Literal["mean"] | None = None) -> Callable[[Any], Solution]:
         """Every level's cores; returns the solve of a right-hand side."""
         operator.require_chain()  # a clear error for systems that are not block bi-diagonal
-        standing = _standing(operator)
+        standing = plans.standing(operator)
         peak = footprint.dense_cyclic_reduction(standing, shared_diagonal is not None,
                                                 parallel_form=True)
-        parallel = _factored(odd_even.parallel_factor, odd_even.parallel_substitute)
+        parallel = plans.factored(odd_even.parallel_factor, odd_even.parallel_substitute)
         return _plan(standing, parallel, rtol, atol, shared_diagonal, peak)
 
     def compute(self, state: Callable[[Any], Solution], system: Any) -> Solution:
         """The right-hand side through every level."""
         return state(system)
-
-
-def _standing(operator: Any, columns: int | None = None) -> TriangularSystem:
-    """``operator`` with a zero right-hand side: the system a plan's matrix work sees."""
-    return TriangularSystem.of(operator, operator.backend.xp.zeros(
-        (operator.size, columns or operator.samples), dtype=operator.dtype))

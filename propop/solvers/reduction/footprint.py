@@ -2,77 +2,46 @@
 
 Cyclic reduction forms per-sample blocks (``r`` cores per pair where the batch
 has its own scalings), so its memory grows as ``r l n^2`` and can exceed the
-machine before the first level ends. The reductions' loops themselves
-(:mod:`.odd_even`) are run here on shape-only arrays (:mod:`.shapes`), whose
-operations hold and release their bytes in a :class:`~.chain.Counter` as NumPy
-would allocate and free them, so no walk of those loops is kept in step by
-hand; a run's effect is remembered per shape, as a training loop repeats one.
-What surrounds the loops (building the chain, the stages of the reductions over
-time and over groups) is still counted step by step below. The tests hold the
-estimates to within 20% of ``tracemalloc``'s measured peak.
+machine before the first level ends. The reductions themselves run here on
+shape-only arrays (:mod:`.shapes`), whose operations hold and release their
+bytes in a :class:`~.chain.Counter` as NumPy would allocate and free them: the
+plans of :mod:`.plans` (the chain, its levels, the two-level reduction of an RNN
+system) and one solve, on the system's shape-only twin (:func:`reduction`), so no
+walk of that code is kept in step by hand; a run's peak is remembered per
+shape, as a training loop repeats one. The reduction over groups, whose inner
+solves are SciPy's on the explicit matrix, and SciPy's own solve with that
+matrix are counted from their measured costs (:func:`groups`,
+:func:`explicit_matrix`), around the odd-even loops run on shapes. The tests
+hold the estimates to within 20% of ``tracemalloc``'s measured peak.
 """
 
 from __future__ import annotations
 
 import math
 import functools
+import collections
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 
 from ... import backend
 
 from . import odd_even as loops
-from . import shapes
+from . import plans, shapes
 from .chain import Chain, Counter
 from .over_groups import read_by
-from .over_time import WITHIN, Layout
 
 __all__ = ["dense_cyclic_reduction", "time_cyclic_reduction", "groups", "explicit_matrix",
            "krylov_basis"]
 
-_DTYPES = {4: np.float32, 8: np.float64}  # by item size, for the shape-only runs
 # Python objects per block (lists of positions and views, index arrays): measured.
 BOOKKEEPING = 160
 ARRAY = 112  # a NumPy array object, without its data
 
 
-def _chain(counter: Counter, system: Any, shared: bool) -> tuple[int, int, int]:
-    """:meth:`Chain.of`: holds the chain's ``L``, ``C``, ``G``; returns ``(m, bl, columns)``."""
-    m, n, r = system.nblocks, system.width, system.nrhs or 1
-    item = backend.itemsize(system.dtype)
-    counter.hold(BOOKKEEPING * m)
-    per_sample = system.nrhs is not None and not system._scaled_once
-    bl = r if per_sample and not shared else 1
-    if len(set(system.sizes)) == 1:  # _stacked: whole-array steps
-        c = r if per_sample else 1
-        G = counter.hold(m * n * r * item)  # the rhs in chain order
-        read_as_is = system.scale_stack is not None and system.lower and system.form == "scaled"
-        S = 0 if read_as_is else counter.hold((m - 1) * n * c * item)  # scalings gathered
-        if system.form == "paper":  # divided by the diagonals
-            D = counter.hold(m * n * c * item)
-            counter.hold(m * n * r * item)
-            counter.release(G)
-            counter.release(S + D)
-            S = counter.hold((m - 1) * n * c * item)
-        if bl == 1 and per_sample:  # the batch mean
-            counter.passing((m - 1) * n * item)
-        counter.hold(m * n * bl * item)  # L
-        if system.coupling_stack is None:  # C gathered; a stack is read as it is
-            counter.hold((m - 1) * n * n * item)
-        counter.release(S)
-        return m, bl, r
-    rows = sum(2 * k * r * item for k in system.sizes)  # each row's L and G, divided
-    counter.hold(rows)
-    counter.hold(m * (bl + 1 + r) * n * item + m * n * n * item)  # L, C, G padded
-    counter.passing(n * n * item)  # a sparse coupling densified
-    counter.release(rows)
-    return m, bl, r
-
-
 def _chain_of(counter: Counter, m: int, n: int, bl: int, b0: int, item: int) -> Chain:
     """A shape-only chain of ``m`` positions (its bytes counted by the caller)."""
-    dtype = _DTYPES[item]
+    dtype = shapes.DTYPES[item]
     return Chain(shapes.array((m, bl, n), dtype, counter),
                  shapes.array((max(m - 1, 0), b0, n, n), dtype, counter), None, range(m), ())
 
@@ -106,11 +75,6 @@ def substituted(counter: Counter, chain: tuple, shape: tuple, item: int) -> int:
     return left
 
 
-def parallel(counter: Counter, m: int, n: int, r: int, bl: int, item: int) -> None:
-    """:func:`.odd_even.parallel_factor` then ``parallel_substitute``, run on shapes."""
-    _replay(counter, *_parallel(m, n, r, bl, item))
-
-
 def _replay(counter: Counter, peak: int, left: int) -> None:
     """A run's effect on ``counter``: its peak above the start, the bytes it leaves held."""
     counter.peak_bytes = max(counter.peak_bytes, counter.live_bytes + peak)
@@ -136,95 +100,53 @@ def _substitute_effect(m: int, n: int, bl: int, b0: int, shape: tuple, item: int
     levels = loops.factor(_chain_of(counter, m, n, bl, b0, item), counter,
                           shapes.namespace(counter))
     start, counter.peak_bytes = counter.live_bytes, counter.live_bytes
-    G = shapes.array(shape, _DTYPES[item], counter)  # the right-hand side, counted before
+    G = shapes.array(shape, shapes.DTYPES[item], counter)  # the right-hand side, counted before
     X = loops.substitute(levels, G, counter, shapes.namespace(counter))
     return counter.peak_bytes - start, X.nbytes if X._owned else 0
 
 
-@functools.lru_cache(maxsize=1024)
-def _parallel(m: int, n: int, r: int, bl: int, item: int) -> tuple[int, int]:
-    """``(peak, left)`` of :func:`parallel`, run once per shape."""
+def reduction(prepare: Callable, system: Any, shared_diagonal: str | None = None,
+              name: tuple = ()) -> int:
+    """Peak bytes of a reduction's plan (:mod:`.plans`) on ``system`` and of one solve.
+
+    ``prepare(system, shared_diagonal, counter)`` and the solve it returns run
+    as they are, on the system's shape-only twin (:func:`.shapes.system`); then
+    the solution's check against the true residual (``A x`` and its difference
+    from the right-hand side, :func:`~propop.solvers.convergence.finish`).
+    ``name`` tells ``prepare`` from other reductions: the peak is remembered per
+    name and :func:`.shapes.signature` (equal signatures make equal twins), as
+    a training loop solves systems of one shape again and again.
+    """
+    key = (name, shared_diagonal, shapes.signature(system))
+    if key in _PEAKS:
+        _PEAKS.move_to_end(key)
+        return _PEAKS[key]
     counter = Counter()
-    chain = _chain_of(counter, m, n, max(1, bl), 1, item)
-    xp = shapes.namespace(counter)
-    levels = loops.parallel_factor(chain, counter, xp)
-    G = shapes.array((m, r, n), _DTYPES[item], counter)
-    loops.parallel_substitute(levels, G, counter, xp)
-    del chain, levels, G
-    return counter.peak_bytes, counter.live_bytes
+    with shapes.counting(counter):
+        shaped = shapes.system(system, counter)
+        x = prepare(shaped, shared_diagonal, counter)(shaped, counter)[0]
+        counter.passing(2 * x.nbytes)
+    _PEAKS[key] = counter.peak_bytes
+    if len(_PEAKS) > _REMEMBERED:
+        _PEAKS.popitem(last=False)
+    return counter.peak_bytes
+
+
+_PEAKS: collections.OrderedDict = collections.OrderedDict()  # the latest peaks, by key
+_REMEMBERED = 256
 
 
 def dense_cyclic_reduction(system: Any, shared: bool, parallel_form: bool) -> int:
     """Peak bytes of ``cyclic-reduction`` (``parallel-cyclic-reduction``) on the dense chain."""
-    counter = Counter()
-    item = backend.itemsize(system.dtype)
-    m, bl, r = _chain(counter, system, shared)
-    n = system.width
-    if parallel_form:
-        parallel(counter, m, n, r, bl, item)
-    else:
-        odd_even(counter, m, n, r, 1, bl, 1, item)
-    counter.passing(2 * system.size * r * item)  # the solution in the system's order
-    return counter.peak_bytes
+    halves = ((loops.parallel_factor, loops.parallel_substitute) if parallel_form
+              else (loops.factor, loops.substitute))
+    return reduction(plans.factored(*halves), system, "mean" if shared else None,
+                     ("chain", parallel_form))
 
 
 def time_cyclic_reduction(system: Any, within: str) -> int:
-    """Peak bytes of the two-level reduction of an RNN system (:mod:`.over_time`).
-
-    The plan's ``OverTime`` (the layers' chain with the couplings across steps,
-    its levels, ``D^{-1} G`` and the chain over time), then one solve.
-    """
-    layout, counter = Layout(system), Counter()
-    item, sizes, r = backend.itemsize(system.dtype), layout.sizes, layout.r
-    tau, n, m, w = layout.tau, max(layout.sizes), layout.kept - layout.first, layout.width
-    b = tau * r
-    scaled = [k for k, s in enumerate(system.periodic_scales(len(sizes))) if s is not None]
-    counter.hold(b * sum(sizes[k] for k in scaled) * item)  # periodic_scales (cached)
-    if r > 1:  # the scalings as (tau r, h) copies
-        counter.hold(b * sum(sizes[k] for k in scaled) * item)
-    G = counter.hold(m * b * n * w * item)
-    counter.hold(m * b * n * item + m * n * n * item)  # L, C
-    counter.passing(b * n * n * item)  # s * U, a template scaled per sample
-    inner = _inner(counter, within, m, n, b, item)
-    DG = _inner_solve(counter, within, m, n, b, w, item)
-    if DG:  # the chain keeps its blocks only (one position: D^{-1} G is G itself)
-        counter.release(G)
-    else:
-        DG = G
-    carried = counter.hold(b * w * w * item) if (len(layout.carried_layers) > 1 or any(
-        sizes[k] < n for k in layout.carried_layers)) else 0
-    counter.hold(tau * w * item)  # the unit scalings of the chain over time
-    across = factored(counter, tau, w, 1, r, item)
-    # a solve: the right-hand side per layer, the leading positions, the chain's column
-    counter.hold(b * sum(sizes) * item if r > 1 else 0)
-    leading = [k for k in layout.order[: layout.first] if k in layout.within]
-    counter.hold(b * sum(sizes[k] for k in leading) * item)
-    counter.hold(m * b * n * item)
-    if layout.first:  # folded into the first reduced position's right-hand side
-        counter.passing(2 * b * sizes[layout.order[layout.first]] * item)
-    _inner_solve(counter, within, m, n, b, 1, item)
-    counter.hold(b * w * item)  # g on the carried rows
-    counter.release(substituted(counter, (tau, w, 1, r), (tau, r, w), item))
-    counter.hold(2 * b * w * item)  # the previous step's values, in chain order
-    parts = counter.hold(b * sum(sizes) * item)
-    counter.passing(b * n * item)  # a layer's product with the previous step
-    counter.hold(b * sum(sizes) * item)  # concatenated
-    counter.release(parts + DG + carried + across + inner)
-    counter.passing(b * sum(sizes) * item)  # in the system's layout
-    return counter.peak_bytes
-
-
-def _inner(counter: Counter, within: str, m: int, n: int, b: int, item: int) -> int:
-    """The layers' levels (``within="cyclic-reduction"``): their bytes, held."""
-    return factored(counter, m, n, b, 1, item) if within == WITHIN[0] else 0
-
-
-def _inner_solve(counter: Counter, within: str, m: int, n: int, b: int, c: int, item: int
-                 ) -> int:
-    """``D^{-1}`` of a ``c``-column right-hand side over the layers: its bytes, held."""
-    if within == WITHIN[0]:
-        return substituted(counter, (m, n, b, 1), (m, b, n, c), item)
-    return counter.hold(m * b * n * c * item)  # the sweep writes every position in place
+    """Peak bytes of the two-level reduction of an RNN system (:mod:`.over_time`)."""
+    return reduction(plans.time_factored(within), system, name=("time", within))
 
 
 def groups(system: Any) -> int:

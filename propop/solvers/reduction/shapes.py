@@ -19,19 +19,41 @@ arrays counted in one counter.
 from __future__ import annotations
 
 import math
+import contextlib
+import dataclasses
+import contextvars
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
+from ... import backend
+from ...systems.triangular import TriangularSystem
 from .chain import Counter
 
-__all__ = ["ShapeArray", "namespace", "array"]
+__all__ = ["ShapeArray", "namespace", "array", "counting", "system", "signature"]
+
+DTYPES = {4: np.float32, 8: np.float64}  # by item size: what the shape runs model
 
 
 def _probe(shape: tuple) -> Any:
     """A zero-stride NumPy array of ``shape`` (no memory): indexing it tells shapes."""
     return np.broadcast_to(np.empty((), dtype=np.int8), shape)
+
+
+_BYTE = np.zeros(1, dtype=np.int8)
+
+
+def _strided(shape: tuple, strides: tuple | None = None) -> Any:
+    """A C-ordered array of ``shape`` that owns no memory: its strides tell views from copies.
+
+    One byte an entry over a one-byte buffer: views of it (slices, transposes,
+    ``reshape(copy=False)``) compute NumPy's strides and never read an entry.
+    """
+    if strides is None:
+        strides = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+    return np.lib.stride_tricks.as_strided(_BYTE, shape, strides, writeable=False)
 
 
 def _shape_of(value: Any) -> tuple:
@@ -44,13 +66,14 @@ class ShapeArray:
     ``owned=False`` (a chain's given arrays, counted by the caller) holds nothing.
     """
 
-    __slots__ = ("shape", "dtype", "counter", "base", "_owned")
+    __slots__ = ("shape", "dtype", "counter", "base", "_owned", "layout")
 
     def __init__(self, shape: tuple, dtype: Any, counter: Counter, base: Any = None,
-                 owned: bool = True) -> None:
+                 owned: bool = True, layout: Any = None) -> None:
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
         self.counter, self.base = counter, base
+        self.layout = _strided(self.shape) if layout is None else layout
         self._owned = counter.hold(self.nbytes) if owned and base is None else 0
 
     def __del__(self) -> None:
@@ -76,6 +99,9 @@ class ShapeArray:
     def __len__(self) -> int:
         return self.shape[0]
 
+    def __iter__(self) -> Any:
+        return (self[i] for i in range(self.shape[0]))
+
     def __bool__(self) -> bool:  # a finiteness check passes: the loop takes its usual path
         return True
 
@@ -85,17 +111,22 @@ class ShapeArray:
     def __array_namespace__(self, api_version: str | None = None) -> Any:
         return namespace(self.counter)
 
+    def __array__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a shape-only array has no values")
+
     # -- new arrays and views --------------------------------------------------------
     def _new(self, shape: tuple, dtype: Any = None) -> ShapeArray:
         return ShapeArray(shape, self.dtype if dtype is None else dtype, self.counter)
 
-    def _view(self, shape: tuple) -> ShapeArray:
-        return ShapeArray(shape, self.dtype, self.counter, base=self.base or self)
+    def _view(self, layout: Any) -> ShapeArray:
+        """A view with ``layout`` (a view of :attr:`layout`, computed by NumPy)."""
+        return ShapeArray(layout.shape, self.dtype, self.counter, base=self.base or self,
+                          layout=layout)
 
     def __getitem__(self, index: Any) -> ShapeArray:
         parts = index if isinstance(index, tuple) else (index,)
-        if all(isinstance(p, _BASIC) for p in parts):  # a view: its shape by arithmetic
-            return self._view(_basic_shape(self.shape, parts))
+        if all(isinstance(p, _BASIC) for p in parts):  # a view: NumPy's, of the layout
+            return self._view(self.layout[index])
         probe = _probe(self.shape)[tuple(_probe(_shape_of(p)) if isinstance(p, ShapeArray)
                                          else p for p in parts)]
         return self._new(probe.shape)  # advanced indexing copies
@@ -110,12 +141,15 @@ class ShapeArray:
             shape[shape.index(-1)] = self.size // max(math.prod(k for k in shape if k != -1), 1)
         if math.prod(shape) != self.size:
             raise ValueError(f"cannot reshape {self.shape} into {tuple(shape)}")
-        return self._view(tuple(shape))
+        try:  # a view where NumPy's strides allow one, else a copy
+            return self._view(np.reshape(self.layout, tuple(shape), copy=False))
+        except ValueError:
+            return self._new(tuple(shape))
 
     @property
     def T(self) -> ShapeArray:  # noqa: N802 (NumPy's name)
         """The transposed view."""
-        return self._view(self.shape[::-1])
+        return self._view(self.layout.T)
 
     def copy(self) -> ShapeArray:
         """A new array of the same shape."""
@@ -137,10 +171,11 @@ class ShapeArray:
         """The sum over ``axis``."""
         return self._reduced(axis, None)
 
-    def _reduced(self, axis: Any, dtype: Any) -> ShapeArray:
+    def _reduced(self, axis: Any, dtype: Any, keepdims: bool = False) -> ShapeArray:
         axes = set(range(self.ndim)) if axis is None else {
             a % self.ndim for a in (axis if isinstance(axis, tuple) else (axis,))}
-        return self._new(tuple(k for i, k in enumerate(self.shape) if i not in axes), dtype)
+        return self._new(tuple(1 if i in axes else k for i, k in enumerate(self.shape)
+                               if keepdims or i not in axes), dtype)
 
     # -- arithmetic --------------------------------------------------------------------
     def _binary(self, other: Any, dtype: Any = None) -> ShapeArray:
@@ -170,24 +205,6 @@ class ShapeArray:
 
 
 _BASIC = (int, slice, type(None), type(Ellipsis))
-
-
-def _basic_shape(shape: tuple, parts: tuple) -> tuple:
-    """The shape of ``a[parts]`` for basic indices (integers, slices, ``None``, ``...``)."""
-    used = sum(1 for p in parts if p is not None and p is not Ellipsis)
-    out, axis = [], 0
-    for p in parts:
-        if p is Ellipsis:
-            out.extend(shape[axis: axis + len(shape) - used])
-            axis += len(shape) - used
-        elif p is None:
-            out.append(1)
-        elif isinstance(p, slice):
-            out.append(len(range(*p.indices(shape[axis]))))
-            axis += 1
-        else:
-            axis += 1
-    return tuple(out) + tuple(shape[axis:])
 
 
 def _broadcast(a: tuple, b: tuple) -> tuple:
@@ -246,11 +263,11 @@ def _einsum(subscripts: str, *operands: ShapeArray) -> ShapeArray:
 
 
 def _permute_dims(a: ShapeArray, axes: tuple) -> ShapeArray:
-    return a._view(tuple(a.shape[i] for i in axes))
+    return a._view(np.permute_dims(a.layout, axes))
 
 
 def _moveaxis(a: ShapeArray, source: int, destination: int) -> ShapeArray:
-    return a._view(np.moveaxis(_probe(a.shape), source, destination).shape)
+    return a._view(np.moveaxis(a.layout, source, destination))
 
 
 def namespace(counter: Counter) -> SimpleNamespace:
@@ -260,13 +277,81 @@ def namespace(counter: Counter) -> SimpleNamespace:
 
     return SimpleNamespace(
         empty=new, zeros=new, ones=new,
+        matmul=lambda a, b, out=None: a @ b if out is None else out,
+        asarray=lambda values, dtype=None, device=None: new(
+            np.shape(values), np.result_type(values) if dtype is None else dtype),
         full=lambda shape, fill, dtype=np.float64: new(shape, dtype),
         concat=_concatenate, stack=_stack, einsum=_einsum, permute_dims=_permute_dims,
-        moveaxis=_moveaxis, matrix_transpose=lambda a: a._view(a.shape[:-2] + a.shape[:-3:-1]),
+        moveaxis=_moveaxis, matrix_transpose=lambda a: a._view(np.matrix_transpose(a.layout)),
         empty_like=_like, zeros_like=_like, ones_like=_like,
         full_like=lambda a, fill, dtype=None: _like(a, dtype=dtype),
         isfinite=lambda a: _like(a, dtype=bool), argmin=lambda a, axis=None: 0,
         sum=lambda a, axis=None: a.sum(axis),
         all=lambda a, axis=None: a.all(axis), reshape=lambda a, shape: a.reshape(shape),
-        broadcast_to=lambda a, shape: a._view(tuple(shape)),
+        broadcast_to=lambda a, shape: a._view(np.broadcast_to(a.layout, tuple(shape))),
+        flip=lambda a, axis=None: a._view(np.flip(a.layout, axis)),
+        mean=lambda a, axis=None, keepdims=False: a._reduced(axis, None, keepdims),
+        astype=lambda a, dtype, copy=True: a.astype(dtype, copy),
         where=lambda cond, a, b: cond._binary(a)._binary(b))
+
+
+_COUNTING: contextvars.ContextVar = contextvars.ContextVar("shape namespace")
+
+
+class _Counting:
+    """The namespace of the run under way (:func:`counting`): the shape backend's ``xp``."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_COUNTING.get(), name)
+
+
+SHAPES = backend.adopt(ShapeArray, "shapes", _Counting())
+
+
+@contextlib.contextmanager
+def counting(counter: Counter) -> Iterator[None]:
+    """Within it, the shape backend's new arrays hold their bytes in ``counter``."""
+    token = _COUNTING.set(namespace(counter))
+    try:
+        yield
+    finally:
+        _COUNTING.reset(token)
+
+
+def system(s: Any, counter: Counter) -> TriangularSystem:
+    """A system's (or an operator's) shape-only twin: its operator's arrays and its rhs.
+
+    The arrays stand for ones that exist already, so they hold no bytes; what a
+    method run on it allocates is counted in ``counter`` (within :func:`counting`).
+    An operator stands for its system with a right-hand side per sample.
+    """
+    dtype = DTYPES[backend.itemsize(s.dtype)]
+
+    def shaped(a: Any) -> ShapeArray:
+        return ShapeArray(tuple(a.shape), dtype, counter, owned=False)
+
+    if isinstance(s, TriangularSystem):
+        op, rhs = s.operator_of, shaped(s._scaled_rhs)
+    else:
+        op, rhs = s, ShapeArray((s.size, s.samples or 1), dtype, counter, owned=False)
+    return TriangularSystem.of(op.mapped(shaped, SHAPES, np.dtype(dtype)), rhs, check=False)
+
+
+def signature(s: Any) -> tuple:
+    """What :func:`system` makes the twin of ``s`` from: equal signatures, equal twins.
+
+    The layout's fields, the stored arrays' shapes (and which couplings are one
+    matrix stored once), the scalings' placement, form, samples, item size and
+    the right-hand side's shape. Values are never read: a shape-only run takes
+    the same path whatever they are.
+    """
+    is_system = isinstance(s, TriangularSystem)
+    op = s.operator_of if is_system else s
+    layout, couplings, scalings = op.layout, op.couplings, op.scalings
+    first: dict = {}
+    stored = tuple(first.setdefault(id(M), k) for k, M in enumerate(couplings.arrays()))
+    return (type(layout), tuple(getattr(layout, f.name) for f in dataclasses.fields(layout)),
+            type(couplings), tuple(tuple(M.shape) for M in couplings.arrays()), stored,
+            tuple(None if a is None else tuple(a.shape) for a in scalings.stacks),
+            scalings.first, op.form, op.samples, backend.itemsize(op.dtype),
+            tuple(s._scaled_rhs.shape) if is_system else None)
