@@ -63,6 +63,19 @@ def test_every_native_method_gives_numpys_answer_on_every_backend(kind, device, 
 
 
 @pytest.mark.parametrize(("kind", "device"), BACKENDS)
+@pytest.mark.parametrize(("name", "options"), [("graph", {"groups": True}),
+                                               ("rnn", {"within": "substitution"})])
+def test_the_variants_of_cyclic_reduction_on_every_backend(kind, device, name, options):
+    """The reduction over groups (dense group solves on the namespace) and over time."""
+    system = SYSTEMS[name](3)
+    reference = pp.solve(system, "substitution").x
+    solution = pp.solve(system.to(kind, device), "cyclic-reduction", check=True, **options)
+    assert backend.of(solution.x).name == kind and solution.converged
+    np.testing.assert_allclose(backend.to_host(solution.x), reference, rtol=1e-12,
+                               atol=1e-12 * np.abs(reference).max())
+
+
+@pytest.mark.parametrize(("kind", "device"), BACKENDS)
 @pytest.mark.parametrize("name", list(SYSTEMS))
 def test_products_and_views_on_every_backend(kind, device, name):
     system = SYSTEMS[name](2)

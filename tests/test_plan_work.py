@@ -21,7 +21,7 @@ MATRIX_WORK = [
     ("propop.solvers.reduction.chain", "Chain.of"),
     ("propop.solvers.reduction.sparse", "sparse_chain"),
     ("propop.solvers.reduction.over_time", "_LayerChain.chain"),
-    ("propop.solvers.reduction.over_groups", "_group_solve"),
+    ("propop.solvers.reduction.over_groups", "_group"),
     ("propop.solvers.iterative.preconditioners", "preconditioner"),
     ("propop.solvers.selection.auto", "choose"),
     ("propop.distributed.system", "DistributedSystem.__init__"),

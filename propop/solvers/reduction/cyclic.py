@@ -41,7 +41,6 @@ from . import footprint
 from . import odd_even, plans
 from .chain import Counter, in_system_order
 from .sparse import SparseKernels, sparse_chain
-from .over_groups import OverGroups
 from .over_time import WITHIN
 from ..convergence import Tolerance, finish
 from ..options import OptionError
@@ -56,16 +55,6 @@ __all__ = ["CyclicReduction", "ParallelCyclicReduction"]
 # sparse weights (measured: width 128 at density 0.05, dense 2x faster; width
 # 512 at density 0.01, sparse 2x faster); ``sparse=True`` overrides.
 SPARSE_MIN_WIDTH = 256
-
-
-def _groups_factored(system: Any, shared_diagonal: str | None, counter: Counter) -> Callable:
-    """Cyclic reduction over groups of blocks (:mod:`.over_groups`), split as :func:`_factored`."""
-    if shared_diagonal is not None:
-        raise OptionError("shared_diagonal is not supported on grouped systems")
-    xp = system.backend.xp
-    over = OverGroups(system, lambda chain, c: odd_even.factor(chain, c, xp),
-                      lambda levels, G, c: odd_even.substitute(levels, G, c, xp), counter)
-    return over.solve
 
 
 def _sparse(system: Any, sparse: bool | None) -> bool:
@@ -176,7 +165,7 @@ def _prepare_cyclic_reduction(system: Any, *, rtol: float | None = None, atol: f
     if groups and not system.is_chain:
         _applies("sparse", sparse, "chains")
         _applies("dense_threshold", dense_threshold, "chains")
-        return _plan(system, _groups_factored, rtol, atol, shared_diagonal,
+        return _plan(system, plans.groups_factored, rtol, atol, shared_diagonal,
                      footprint.groups(system))
     if not system.is_chain:
         raise ValueError("this system is not block bi-diagonal (a chain): each block row "

@@ -7,12 +7,11 @@ shape-only arrays (:mod:`.shapes`), whose operations hold and release their
 bytes in a :class:`~.chain.Counter` as NumPy would allocate and free them: the
 plans of :mod:`.plans` (the chain, its levels, the two-level reduction of an RNN
 system) and one solve, on the system's shape-only twin (:func:`reduction`), so no
-walk of that code is kept in step by hand; a run's peak is remembered per
-shape, as a training loop repeats one. The reduction over groups, whose inner
-solves are SciPy's on the explicit matrix, and SciPy's own solve with that
-matrix are counted from their measured costs (:func:`groups`,
-:func:`explicit_matrix`), around the odd-even loops run on shapes. The tests
-hold the estimates to within 20% of ``tracemalloc``'s measured peak.
+walk of that code is kept in step by hand (the reduction over groups included);
+a run's peak is remembered per shape, as a training loop repeats one. SciPy's own
+solve with the explicit matrix and a GMRES basis are estimated from their
+measured costs (:func:`explicit_matrix`, :func:`krylov_basis`). The tests hold
+the estimates to within 20% of ``tracemalloc``'s measured peak.
 """
 
 from __future__ import annotations
@@ -29,14 +28,10 @@ from ... import backend
 from . import odd_even as loops
 from . import plans, shapes
 from .chain import Chain, Counter
-from .over_groups import read_by
 
 __all__ = ["dense_cyclic_reduction", "time_cyclic_reduction", "groups", "explicit_matrix",
            "krylov_basis"]
 
-# Python objects per block (lists of positions and views, index arrays): measured.
-BOOKKEEPING = 160
-ARRAY = 112  # a NumPy array object, without its data
 
 
 def _chain_of(counter: Counter, m: int, n: int, bl: int, b0: int, item: int) -> Chain:
@@ -102,7 +97,7 @@ def _substitute_effect(m: int, n: int, bl: int, b0: int, shape: tuple, item: int
     start, counter.peak_bytes = counter.live_bytes, counter.live_bytes
     G = shapes.array(shape, shapes.DTYPES[item], counter)  # the right-hand side, counted before
     X = loops.substitute(levels, G, counter, shapes.namespace(counter))
-    return counter.peak_bytes - start, X.nbytes if X._owned else 0
+    return counter.peak_bytes - start, X._owned
 
 
 def reduction(prepare: Callable, system: Any, shared_diagonal: str | None = None,
@@ -150,40 +145,8 @@ def time_cyclic_reduction(system: Any, within: str) -> int:
 
 
 def groups(system: Any) -> int:
-    """Peak bytes of the reduction over groups (:mod:`.over_groups`).
-
-    The explicit matrix of all samples (built once, kept on the operator), each
-    group's inverse and ``D^{-1} G`` per sample, kept, the chain over the groups
-    with per-sample blocks reduced; then a solve.
-    """
-    counter, item, r = Counter(), backend.itemsize(system.dtype), system.nrhs or 1
-    groups = system.blocks.groups
-    sizes = [sum(system.sizes[k] for k in group) for group in groups]
-    carried = [sum(system.sizes[k] for k in read_by(system, groups, s))
-               for s in range(len(groups))]
-    before = [0] + carried[:-1]
-    counter.hold(8 * (system.size + 2 * sum(carried)))  # every group's entries, as indices
-    counter.hold(BOOKKEEPING * (system.nblocks + _couplings(system)[0]))  # the block view
-    counter.hold(2 * ARRAY * system.nblocks)  # the canonical operator's scalings: stack, view
-    counter.hold(len(groups) * (2 * r + 6) * ARRAY)  # the arrays kept per group and sample
-    build = counter.hold(explicit_matrix(system))
-    counter.release(build - 16 * _entries(system))  # the matrix is kept (64-bit indices)
-    parts = 0
-    for n, c in zip(sizes, before):  # each group: an inverse per sample, both kept stacked
-        counter.passing(item * (3 * n * n + 2 * n * c) + 16 * n * max(c, n))
-        new = counter.hold(r * n * (n + c) * item)
-        counter.release(parts)  # the previous group's list of per-sample parts
-        parts = new
-        counter.hold(r * n * (n + c) * item)  # stacked
-    counter.release(parts)
-    n = max(1, max(carried))
-    counter.hold(len(sizes) * (r * n * n + n) * item)  # the A over the groups, unit scalings
-    kept = factored(counter, len(sizes), n, 1, r, item)
-    held = counter.hold(r * (system.size + len(sizes) * n) * item)  # D^{-1} c and g
-    counter.release(substituted(counter, (len(sizes), n, 1, r), (len(sizes), r, n), item))
-    counter.passing(2 * system.size * r * item)
-    counter.release(held + kept)
-    return counter.peak_bytes
+    """Peak bytes of the reduction over groups (:mod:`.over_groups`)."""
+    return reduction(plans.groups_factored, system, name=("groups",))
 
 
 def _couplings(system: Any) -> tuple[int, int]:
@@ -218,4 +181,4 @@ def explicit_matrix(system: Any) -> int:
         return 21 * _entries(system) + 2 * system.size * (system.nrhs or 1) * 8  # measured
     arrays = (_couplings(system)[0] + system.nblocks) * (system.nrhs or 1)  # 3 per block, edge
     return (48 * _entries(system) + 2 * system.size * (system.nrhs or 1) * 8
-            + 3 * ARRAY * arrays)
+            + 3 * shapes.HEADER * arrays)

@@ -1,4 +1,4 @@
-"""The reductions of a chain and of an RNN system split in two: the matrix once, then each rhs.
+"""The reductions of a chain, an RNN system and groups split in two: the matrix once, then each rhs.
 
 Written for propop. ``prepare(system, shared_diagonal, counter)`` does a reduction's
 work on the matrix (the chain, its reduced levels) and returns the solve of one
@@ -17,9 +17,10 @@ from ...systems.triangular import TriangularSystem
 from ..options import OptionError
 from . import odd_even
 from .chain import Chain, Counter
+from .over_groups import OverGroups
 from .over_time import OverTime
 
-__all__ = ["factored", "time_factored", "standing", "DENSE_FILL_IN"]
+__all__ = ["factored", "time_factored", "groups_factored", "standing", "DENSE_FILL_IN"]
 
 # info["fill_in"] of a dense reduction: its reduced blocks are dense arrays, nothing followed.
 DENSE_FILL_IN = ("not followed: the blocks were reduced as dense arrays; sparse=True follows "
@@ -72,6 +73,16 @@ def time_factored(within: str) -> Callable:
         return solve
 
     return prepare
+
+
+def groups_factored(system: Any, shared_diagonal: str | None, counter: Counter) -> Callable:
+    """Cyclic reduction over groups of blocks (:mod:`.over_groups`), split as :func:`factored`."""
+    if shared_diagonal is not None:
+        raise OptionError("shared_diagonal is not supported on grouped systems")
+    xp = system.backend.xp
+    over = OverGroups(system, lambda chain, c: odd_even.factor(chain, c, xp),
+                      lambda levels, G, c: odd_even.substitute(levels, G, c, xp), counter)
+    return over.solve
 
 
 def standing(operator: Any, columns: int | None = None) -> TriangularSystem:

@@ -35,6 +35,7 @@ from .chain import Counter
 __all__ = ["ShapeArray", "namespace", "array", "counting", "system", "signature"]
 
 DTYPES = {4: np.float32, 8: np.float64}  # by item size: what the shape runs model
+HEADER = 112  # bytes of a NumPy array object itself, a view's included (measured)
 
 
 def _probe(shape: tuple) -> Any:
@@ -66,15 +67,22 @@ class ShapeArray:
     ``owned=False`` (a chain's given arrays, counted by the caller) holds nothing.
     """
 
-    __slots__ = ("shape", "dtype", "counter", "base", "_owned", "layout")
+    __slots__ = ("shape", "dtype", "counter", "base", "_owned", "_layout")
 
     def __init__(self, shape: tuple, dtype: Any, counter: Counter, base: Any = None,
                  owned: bool = True, layout: Any = None) -> None:
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
         self.counter, self.base = counter, base
-        self.layout = _strided(self.shape) if layout is None else layout
-        self._owned = counter.hold(self.nbytes) if owned and base is None else 0
+        self._layout = layout  # a new array's C layout is made when a view first asks
+        self._owned = counter.hold(HEADER + (self.nbytes if base is None else 0)) if owned else 0
+
+    @property
+    def layout(self) -> Any:
+        """A zero-memory NumPy array with this array's shape and strides (:func:`_strided`)."""
+        if self._layout is None:
+            self._layout = _strided(self.shape)
+        return self._layout
 
     def __del__(self) -> None:
         if self._owned:
@@ -277,6 +285,8 @@ def namespace(counter: Counter) -> SimpleNamespace:
 
     return SimpleNamespace(
         empty=new, zeros=new, ones=new,
+        eye=lambda n, dtype=np.float64, device=None: new((n, n), dtype),
+        linalg=SimpleNamespace(inv=lambda a: _like(a)),
         matmul=lambda a, b, out=None: a @ b if out is None else out,
         asarray=lambda values, dtype=None, device=None: new(
             np.shape(values), np.result_type(values) if dtype is None else dtype),
