@@ -1,19 +1,22 @@
-"""Shape-only arrays: a reduction's own loop, run without data, counts its memory.
+"""Shape-only arrays: a reduction's own code, run without data, counts its memory.
 
 Written for propop. The memory guard (:mod:`.footprint`) needs a reduction's peak
 before anything is allocated. Instead of a walk kept in step with the code by
-hand, the code itself runs on :class:`ShapeArray` s: arrays with a shape and a
-dtype and no data. Every operation NumPy would allocate for (a product, a sum, a
-concatenation, a new array) holds its bytes in a :class:`~.chain.Counter`, and
-the array gives them back when it is garbage-collected, which CPython's
-reference counting does exactly when NumPy would free the real array; views
-(slices, reshapes, transposes) allocate nothing and keep their base alive. So
-``counter.peak_bytes`` after ``_factor``/``_substitute`` on shape arrays is the
-peak of the real run, temporaries included.
+hand, the code itself runs on :class:`ShapeArray` s: arrays with a shape, a
+dtype, strides and no data. Every operation NumPy would allocate for (a product,
+a sum, a concatenation, a new array, a reshape that cannot be a view) holds its
+bytes in a :class:`~.chain.Counter`, and the array gives them back when it is
+garbage-collected, which CPython's reference counting does exactly when NumPy
+would free the real array; views (slices, transposes, reshapes NumPy's strides
+allow) hold only an array object's header and keep their base alive. So
+``counter.peak_bytes`` after a run on shape arrays is the peak of the real run,
+temporaries included.
 
-:func:`namespace` is what the loops receive in place of NumPy: the few functions
-the reductions call (``zeros``, ``concatenate``, ``isfinite``, ...), their new
-arrays counted in one counter.
+:func:`namespace` is what the loops receive in place of NumPy: the functions
+the reductions call (``zeros``, ``concat``, ``linalg.inv``, ...), their new
+arrays counted in one counter. :func:`system` makes a system's shape-only twin
+(its operator on a backend of its own, ``"shapes"``), on which whole plans run
+within :func:`counting`; :func:`signature` is what the twin is made from.
 """
 
 from __future__ import annotations
@@ -64,7 +67,8 @@ def _shape_of(value: Any) -> tuple:
 class ShapeArray:
     """An array of ``shape`` and ``dtype`` without data, its bytes held in ``counter``.
 
-    ``owned=False`` (a chain's given arrays, counted by the caller) holds nothing.
+    ``owned=False`` (arrays that exist already: a chain's given arrays, a twin's
+    coefficients) holds nothing; a view (``base``) holds its header only.
     """
 
     __slots__ = ("shape", "dtype", "counter", "base", "_owned", "_layout")
