@@ -134,9 +134,9 @@ class _Gated(Recurrence):
                 W_hh, b_hh = p[f"weight_hh_l{k}"].T, p[f"bias_hh_l{k}"]
                 own = start[:, k * width: (k + 1) * width]
                 out = inputs.new_empty((tau, r, width))
-                for s in range(tau):
-                    own = self._layer(gi[s], torch.addmm(b_hh, own[:, :H], W_hh), own)
-                    out[s] = own
+                for gi_s, out_s in zip(gi.unbind(0), out.unbind(0)):  # views, made at once
+                    h = own if width == H else own[:, :H]
+                    own = self._layer(gi_s, torch.addmm(b_hh, h, W_hh), own, out=out_s)
                 layers.append(out)
                 inputs = out[..., :H]
         return cell.home_array(torch.cat(layers, dim=-1))
@@ -179,14 +179,14 @@ class GRU(_Gated):
 
     gates = 3
 
-    def _layer(self, gi: Any, gh: Any, own: Any) -> Any:
+    def _layer(self, gi: Any, gh: Any, own: Any, out: Any = None) -> Any:
+        """``(1 - z) n + z h``, ``n = tanh(i_n + r h_n)``; ``r, z`` by one sigmoid."""
         import torch
 
-        i_r, i_z, i_n = gi.chunk(3, dim=-1)
-        h_r, h_z, h_n = gh.chunk(3, dim=-1)
-        r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
-        n = torch.tanh(i_n + r * h_n)
-        return torch.lerp(n, own, z)  # (1 - z) n + z h
+        H = self.hidden_size
+        (i_rz, i_n), (h_rz, h_n) = gi.split((2 * H, H), -1), gh.split((2 * H, H), -1)
+        r, z = (i_rz + h_rz).sigmoid_().chunk(2, -1)
+        return torch.lerp(torch.addcmul(i_n, r, h_n).tanh_(), own, z, out=out)
 
     def _layer_jacobian(self, p: Mapping[str, Any], k: int, x: Any, h: Any) -> tuple:
         """``(h', dh'/dh, dh'/dx)`` of layer ``k``: the GRU's equations differentiated."""
@@ -219,12 +219,20 @@ class LSTM(_Gated):
     gates = 4
     carries = 2
 
-    def _layer(self, gi: Any, gh: Any, own: Any) -> Any:
+    def _layer(self, gi: Any, gh: Any, own: Any, out: Any = None) -> Any:
+        """``[h'; c']``: ``c' = s(f) c + s(i) tanh(g)``, ``h' = s(o) tanh(c')``."""
         import torch
 
-        i, f, g, o = (gi + gh).chunk(4, dim=-1)
-        c = torch.sigmoid(f) * own[..., self.hidden_size:] + torch.sigmoid(i) * torch.tanh(g)
-        return torch.cat([torch.sigmoid(o) * torch.tanh(c), c], dim=-1)
+        H = self.hidden_size
+        a = gi + gh
+        s = torch.sigmoid(a)  # every gate's (g's unused): one call
+        c = torch.addcmul(s[..., H: 2 * H] * own[..., H:], s[..., :H],
+                          torch.tanh(a[..., 2 * H: 3 * H]),
+                          out=None if out is None else out[..., H:])
+        if out is None:
+            return torch.cat([s[..., 3 * H:] * torch.tanh(c), c], dim=-1)
+        torch.mul(s[..., 3 * H:], torch.tanh(c), out=out[..., :H])
+        return out
 
     def _layer_jacobian(self, p: Mapping[str, Any], k: int, x: Any, own: Any) -> tuple:
         """``([h'; c'], d[h'; c']/d[h; c], d[h'; c']/dx)`` of layer ``k``, differentiated."""
@@ -279,10 +287,14 @@ class ElmanRNN(_Gated):
     def _options_of(cls, module: Any) -> dict:
         return {"nonlinearity": module.nonlinearity}
 
-    def _layer(self, gi: Any, gh: Any, own: Any) -> Any:
+    def _layer(self, gi: Any, gh: Any, own: Any, out: Any = None) -> Any:
+        """``f(gi + gh)``."""
         import torch
 
-        return torch.tanh(gi + gh) if self.nonlinearity == "tanh" else torch.relu(gi + gh)
+        if out is None:
+            return torch.tanh(gi + gh) if self.nonlinearity == "tanh" else torch.relu(gi + gh)
+        a = torch.add(gi, gh, out=out)
+        return a.tanh_() if self.nonlinearity == "tanh" else a.relu_()
 
     def _layer_jacobian(self, p: Mapping[str, Any], k: int, x: Any, h: Any) -> tuple:
         """``(h', dh'/dh, dh'/dx)`` of layer ``k``: ``f'(a) W``."""
