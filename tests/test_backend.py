@@ -45,3 +45,21 @@ def test_all_finite_sees_nan_and_inf_and_survives_an_overflowing_sum(kind):
     for name, (a, expected) in cases.items():
         moved = backend.convert(a, kind)
         assert backend.all_finite(moved) is expected, name
+
+
+@pytest.mark.parametrize(("M", "x", "out"), [
+    ((8, 8), (8, 1), lambda s: np.empty(s)),  # dot's case
+    ((8, 8), (8,), lambda s: np.empty(s)),
+    ((8, 8), (8, 3), lambda s: np.empty((s[1], s[0])).T),  # a strided out: matmul's
+    ((8, 8), (8, 3), lambda s: np.empty(s, dtype=np.float32)),  # another dtype: matmul's
+    ((4, 8, 8), (4, 8, 2), lambda s: np.empty(s))])  # a stack: matmul's
+def test_numpys_product_into_out_is_matmuls_in_every_case(M, x, out):
+    """``matmul_out(numpy)`` takes ``dot`` where it may and ``matmul`` elsewhere: same result."""
+    rng = np.random.default_rng(0)
+    M, x = rng.standard_normal(M), rng.standard_normal(x)
+    expected = np.matmul(M, x)
+    target = out(expected.shape)
+    result = backend.matmul_out(np)(M, x, out=target)
+    assert result is target or np.shares_memory(result, target)
+    np.testing.assert_allclose(target, expected, rtol=1e-6 if target.dtype == np.float32
+                               else 1e-15, atol=1e-12)

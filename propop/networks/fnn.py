@@ -290,9 +290,9 @@ class FNN:
         Z = xp.empty((self.depth + 1,) + x.shape, dtype=self.dtype)
         Z[0] = x
         biases = self.b if x.ndim == 1 else [bk[:, None] for bk in self.b]
-        zs = list(Z)  # views, made in C
+        zs, matmul = list(Z), backend.matmul_out(xp)  # views, made in C
         for Wk, bk, write, y, z, z_next in zip(self.W, biases, self._writers, Y, zs, zs[1:]):
-            xp.matmul(Wk, z, out=y)
+            matmul(Wk, z, out=y)
             y += bk
             write(y, out=z_next)
         return _stacked_trace(x, Y, Z)
