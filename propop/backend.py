@@ -28,7 +28,8 @@ __all__ = ["Backend", "of", "namespace", "is_sparse", "all_finite", "is_real_flo
            "outer_on_pattern", "over_time", "adopt", "walk", "matmul_out", "DENSE_ONLY",
            "take_rows",
            "subtract_rows", "itemsize", "like", "device", "take_columns", "spread_columns",
-           "matmul_writer", "kind", "astype", "contiguous", "indices", "eps", "to_host",
+           "matmul_writer", "kind", "dtype_name", "astype", "contiguous", "indices", "eps",
+           "to_host",
            "quiet", "erf",
            "is_matrix_like", "convert", "KINDS"]
 
@@ -360,6 +361,11 @@ def itemsize(dtype: Any) -> int:
     """Bytes per entry of ``dtype`` (NumPy, CuPy, PyTorch or the strict namespace's)."""
     size = getattr(dtype, "itemsize", None)
     return int(size) if size is not None else int(_numpy_dtype(dtype).itemsize)
+
+
+def dtype_name(dtype: Any) -> str:
+    """A dtype's name, ``"float64"``, for NumPy's, PyTorch's and the strict namespace's."""
+    return str(dtype).rpartition(".")[2]
 
 
 def _numpy_dtype(dtype: Any) -> Any:

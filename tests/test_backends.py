@@ -76,6 +76,19 @@ def test_the_variants_of_cyclic_reduction_on_every_backend(kind, device, name, o
 
 
 @pytest.mark.parametrize(("kind", "device"), BACKENDS)
+@pytest.mark.parametrize("name", ["fnn-stacked", "fnn-unequal", "linear"])
+def test_the_batch_mean_reduction_reports_numpys_error_on_every_backend(kind, device, name):
+    """``shared_diagonal="mean"``: its status, its message and its error, as on NumPy."""
+    system = SYSTEMS[name](3)
+    ours = pp.solve(system.to(kind, device), "cyclic-reduction", shared_diagonal="mean")
+    numpys = pp.solve(system, "cyclic-reduction", shared_diagonal="mean")
+    assert ours.status == numpys.status  # the messages quote residuals at rounding level
+    np.testing.assert_allclose(ours.info["approximation_error"],
+                               numpys.info["approximation_error"], rtol=1e-9, atol=1e-15)
+    np.testing.assert_allclose(backend.to_host(ours.x), numpys.x, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(("kind", "device"), BACKENDS)
 @pytest.mark.parametrize("name", list(SYSTEMS))
 def test_products_and_views_on_every_backend(kind, device, name):
     system = SYSTEMS[name](2)

@@ -280,7 +280,7 @@ def _inaccurate_message(system: Any, tol: Tolerance, ratios: np.ndarray, met: np
     where = "" if met.size == 1 else f" of sample {sample}"
     return (f"the result misses the tolerance: block {system.names[block]}{where} has a "
             f"residual {short[block, sample]:.1e} times rtol={tol.rtol:.1e} relative to its "
-            f"own size; rounding was amplified beyond rtol ({np.dtype(system.dtype).name}): "
+            f"own size; rounding was amplified beyond rtol ({backend.dtype_name(system.dtype)}): "
             "use float64, raise rtol, or 'substitution' if this was another method")
 
 
@@ -296,7 +296,7 @@ def _max_iter_message(system: Any, tol: Tolerance, ratios: np.ndarray, met: np.n
             "(every block is held to rtol, so tiny gradients are as accurate as large ones); ")
     floor = attainable(system.dtype)
     if tol.rtol < floor:
-        return text + (f"rtol is below what {np.dtype(system.dtype).name} can reach (about "
+        return text + (f"rtol is below what {backend.dtype_name(system.dtype)} can reach (about "
                        f"{floor:.0e}): raise rtol (the default follows the dtype) or use float64")
     return text + (f"raise maxiter (the off-diagonal part is nilpotent: {system.nblocks} Jacobi "
                    "sweeps are exact) or use a direct method such as 'substitution'")

@@ -238,8 +238,8 @@ def approximation_report(system: Any, solution: Solution) -> Solution:
     """Mark a ``shared_diagonal="mean"`` answer approximate, with its error against the exact."""
     exact = substitute(system)
     xp = system.backend.xp
-    scale = max(float(xp.linalg.norm(exact)), 1e-300)
-    error = float(xp.linalg.norm(solution.x - exact)) / scale
+    scale = max(float(xp.linalg.vector_norm(exact)), 1e-300)
+    error = float(xp.linalg.vector_norm(solution.x - exact)) / scale
     info = dict(solution.info, approximation_error=error)
     if solution.converged:
         return replace(solution, info=info)

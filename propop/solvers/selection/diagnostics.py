@@ -155,7 +155,7 @@ def jacobian_decay(system: Any, steps: int = 20, seed: int = 0) -> Decay:
 def _worst(x: Any) -> float:
     """The largest column norm."""
     xp = backend.namespace(x)
-    return float(backend.to_host(xp.linalg.norm(x, axis=0).max()))
+    return float(backend.to_host(xp.max(xp.linalg.vector_norm(x, axis=0))))
 
 
 def explain(system: Any, file: TextIO | None = None) -> str:
