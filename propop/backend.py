@@ -19,6 +19,7 @@ import contextlib
 import functools
 import importlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -28,8 +29,8 @@ __all__ = ["Backend", "of", "namespace", "is_sparse", "all_finite", "is_real_flo
            "outer_on_pattern", "over_time", "adopt", "walk", "matmul_out", "DENSE_ONLY",
            "take_rows",
            "subtract_rows", "itemsize", "like", "device", "take_columns", "spread_columns",
-           "matmul_writer", "kind", "dtype_name", "astype", "contiguous", "indices", "eps",
-           "to_host",
+           "matmul_writer", "kind", "dtype_name", "stack_of", "astype", "contiguous",
+           "indices", "eps", "to_host",
            "quiet", "erf",
            "is_matrix_like", "convert", "KINDS"]
 
@@ -383,6 +384,38 @@ def astype(array: Any, dtype: Any) -> Any:
     if name == "array_api_strict":
         return of(array).xp.astype(array, dtype)
     return array.to(dtype) if name == "torch" else array.astype(dtype)
+
+
+def stack_of(arrays: Sequence[Any]) -> Any:
+    """The C-ordered stack whose entries ``arrays`` are, in order, or ``None``.
+
+    ``arrays[k]`` must be the view ``stack[k]`` (NumPy's ``base``, PyTorch's
+    ``_base``, and the data pointer and strides of that entry): then the stack
+    *is* the arrays' memory, never a stale copy of it. Other namespaces: ``None``.
+    """
+    name = _name_of(arrays[0])
+    if name not in ("numpy", "torch"):
+        return None
+    base = _layout(arrays[0], name)[0]
+    if base is None or base.ndim != arrays[0].ndim + 1 or base.shape[0] != len(arrays):
+        return None
+    _, start, steps, contiguous_ = _layout(base, name)
+    if not contiguous_:
+        return None
+    for k, a in enumerate(arrays):
+        owner, address, own_steps, _ = _layout(a, name)
+        if owner is not base or address != start + k * steps[0] or \
+                own_steps != steps[1:] or tuple(a.shape) != tuple(base.shape[1:]):
+            return None
+    return base
+
+
+def _layout(a: Any, name: str) -> tuple:
+    """``(base, address, strides in bytes, C-contiguous)`` of a NumPy array or tensor."""
+    if name == "numpy":
+        return a.base, a.__array_interface__["data"][0], a.strides, a.flags.c_contiguous
+    size = a.element_size()
+    return (a._base, a.data_ptr(), tuple(size * k for k in a.stride()), a.is_contiguous())
 
 
 def contiguous(array: Any) -> Any:

@@ -63,3 +63,17 @@ def test_numpys_product_into_out_is_matmuls_in_every_case(M, x, out):
     assert result is target or np.shares_memory(result, target)
     np.testing.assert_allclose(target, expected, rtol=1e-6 if target.dtype == np.float32
                                else 1e-15, atol=1e-12)
+
+
+def test_a_stack_is_found_only_where_the_arrays_are_its_entries_in_order():
+    torch = pytest.importorskip("torch")
+    S = np.random.default_rng(0).standard_normal((4, 3, 3))
+    assert backend.stack_of(list(S)) is S
+    assert backend.stack_of(list(S)[::-1]) is None  # another order
+    assert backend.stack_of([S[0].copy(), *S[1:]]) is None  # one copied
+    assert backend.stack_of(list(S[:3])) is None  # part of a stack
+    assert backend.stack_of(list(S.transpose(0, 2, 1))) is None  # the stack not C-ordered
+    assert backend.stack_of(list(np.stack([S, S])[0])) is None  # entries of a deeper stack
+    T = torch.tensor(S)
+    assert backend.stack_of(list(T)) is T and backend.stack_of(list(T)[1:]) is None
+    assert backend.stack_of([T[0].clone(), *T[1:]]) is None

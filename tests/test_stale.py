@@ -74,6 +74,43 @@ def test_fnn_gradients_follow_weights_changed_in_place(widths, sparse, through):
         np.testing.assert_allclose(ours, fresh.forward(x).output, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_weights_that_are_one_stack_are_read_in_place_and_followed(kind):
+    """``FNN.random``'s weights are the entries of one stack: read there, never copied.
+
+    Changed in place, the stack changes with them; rebound to other arrays, the
+    network copies them per call again.
+    """
+    torch = pytest.importorskip("torch") if kind == "torch" else None
+    shares = (lambda a, b: a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()) \
+        if torch else np.shares_memory
+    net = pp.FNN.random([4] * 5, seed=0, bias=0.1)
+    if torch:
+        net = pp.FNN(list(torch.tensor(np.stack(net.W))), [torch.tensor(bk) for bk in net.b])
+    assert all(shares(net.stacks()["W"], Wk) for Wk in net.W)
+    assert shares(net.stacks(transposed=True)["W"], net.W[2])
+    host = np.random.default_rng(3)
+    x, t = host.standard_normal((4, 3)), host.standard_normal((4, 3))
+    if torch:
+        x, t = torch.tensor(x), torch.tensor(t)
+    methods = METHODS if torch is None else ["substitution", "cyclic-reduction", "jacobi"]
+    for method in methods:
+        gradients(net, x, t, method)
+
+    def fresh_gradients():
+        copy = pp.FNN([Wk.clone() if torch else Wk.copy() for Wk in net.W], list(net.b))
+        return gradients(copy, x, t, "substitution")
+
+    for Wk in net.W:  # in place: the stack changes with them
+        Wk -= 0.3 * (torch.sign(Wk) if torch else np.sign(Wk))
+    for method in methods:
+        assert_same(gradients(net, x, t, method), fresh_gradients(), method)
+    net.W = tuple(Wk.clone() if torch else Wk.copy() for Wk in net.W)  # rebound: copies
+    assert not shares(net.stacks()["W"], net.W[0])
+    for method in methods:
+        assert_same(gradients(net, x, t, method), fresh_gradients(), method)
+
+
 def test_fnn_of_torch_parameters_follows_sub_():
     torch = pytest.importorskip("torch")
     W, b = fnn_weights((3, 3, 3))

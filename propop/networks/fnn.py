@@ -125,7 +125,8 @@ class FNN:
             sizes = (self.W[0].shape[1],) + tuple(Wk.shape[0] for Wk in self.W)
             sparse = any(backend.is_sparse(Wk) for Wk in self.W)
             equal = not sparse and all(Wk.shape == (sizes[0],) * 2 for Wk in self.W)
-            kept = self.__dict__["_shape_of"] = (self.W, (sizes, sparse, equal))
+            stack = backend.stack_of(self.W) if equal else None  # the weights' own memory
+            kept = self.__dict__["_shape_of"] = (self.W, (sizes, sparse, equal, stack))
         return kept[1]
 
     @property
@@ -146,14 +147,19 @@ class FNN:
         """``{"W": (l, n, n), "b": (l, n)}`` stacked now, or empty; ``W^T`` if ``transposed``.
 
         Where :attr:`equal_widths`: chains then reduce without gathering their
-        couplings block by block. A contiguous copy of the current weights, made per
-        call (a transposed view would make every batched product slower).
+        couplings block by block. Weights that are the entries of one stack (as
+        :meth:`random` makes them) are read in place, ``W^T`` as a view of it;
+        others are copied per call, ``W^T`` contiguous. Either way nothing derived
+        from the weights is kept.
         """
         if not self.equal_widths:
             return {}
-        xp = self.backend.xp
-        W = xp.stack(self.W)
-        W = backend.contiguous(xp.permute_dims(W, (0, 2, 1))) if transposed else W
+        xp, stack = self.backend.xp, self._shape()[3]
+        if stack is not None:
+            W = xp.permute_dims(stack, (0, 2, 1)) if transposed else stack
+        else:
+            W = xp.stack(self.W)
+            W = backend.contiguous(xp.permute_dims(W, (0, 2, 1))) if transposed else W
         return {"W": W, "b": xp.stack(self.b)}
 
     @property
@@ -229,6 +235,8 @@ class FNN:
             std = act.gain / np.sqrt(n_in * density)
             W.append(_random_matrix(rng, (n_out, n_in), density, std, dtype))
             b.append((bias * rng.standard_normal(n_out)).astype(dtype))
+        if density == 1 and len(set(sizes)) == 1:  # the entries of one stack (stacks())
+            W = list(np.stack(W))
         return cls(W, b, acts)
 
     def to(self, kind: str, device: Any = None) -> FNN:

@@ -289,6 +289,7 @@ def namespace(counter: Counter) -> SimpleNamespace:
 
     return SimpleNamespace(
         empty=new, zeros=new, ones=new,
+        ascontiguousarray=lambda a: a if a.layout.flags.c_contiguous else a._new(a.shape),
         eye=lambda n, dtype=np.float64, device=None: new((n, n), dtype),
         linalg=SimpleNamespace(inv=lambda a: _like(a)),
         matmul=lambda a, b, out=None: a @ b if out is None else out,
@@ -341,8 +342,10 @@ def system(s: Any, counter: Counter) -> TriangularSystem:
     """
     dtype = DTYPES[backend.itemsize(s.dtype)]
 
-    def shaped(a: Any) -> ShapeArray:
-        return ShapeArray(tuple(a.shape), dtype, counter, owned=False)
+    def shaped(a: Any) -> ShapeArray:  # NumPy's strides kept: a view of a stack is one
+        steps = _steps(a)
+        return ShapeArray(tuple(a.shape), dtype, counter, owned=False,
+                          layout=None if steps is None else _strided(tuple(a.shape), steps))
 
     if isinstance(s, TriangularSystem):
         op, rhs = s.operator_of, shaped(s._scaled_rhs)
@@ -351,11 +354,18 @@ def system(s: Any, counter: Counter) -> TriangularSystem:
     return TriangularSystem.of(op.mapped(shaped, SHAPES, np.dtype(dtype)), rhs, check=False)
 
 
+def _steps(a: Any) -> tuple | None:
+    """A NumPy array's strides in entries (``None`` for other arrays: taken as C-ordered)."""
+    if not isinstance(a, np.ndarray):
+        return None
+    return tuple(k // a.itemsize for k in a.strides)
+
+
 def signature(s: Any) -> tuple:
     """What :func:`system` makes the twin of ``s`` from: equal signatures, equal twins.
 
-    The layout's fields, the stored arrays' shapes (and which couplings are one
-    matrix stored once), the scalings' placement, form, samples, item size and
+    The layout's fields, the stored arrays' shapes and NumPy strides (and which
+    couplings are one matrix stored once), the scalings' placement, form, samples, item size and
     the right-hand side's shape. Values are never read: a shape-only run takes
     the same path whatever they are.
     """
@@ -365,7 +375,8 @@ def signature(s: Any) -> tuple:
     first: dict = {}
     stored = tuple(first.setdefault(id(M), k) for k, M in enumerate(couplings.arrays()))
     return (type(layout), tuple(getattr(layout, f.name) for f in dataclasses.fields(layout)),
-            type(couplings), tuple(tuple(M.shape) for M in couplings.arrays()), stored,
-            tuple(None if a is None else tuple(a.shape) for a in scalings.stacks),
+            type(couplings), tuple((tuple(M.shape), _steps(M)) for M in couplings.arrays()),
+            stored,
+            tuple(None if a is None else (tuple(a.shape), _steps(a)) for a in scalings.stacks),
             scalings.first, op.form, op.samples, backend.itemsize(op.dtype),
-            tuple(s._scaled_rhs.shape) if is_system else None)
+            (tuple(s._scaled_rhs.shape), _steps(s._scaled_rhs)) if is_system else None)
