@@ -47,27 +47,13 @@ def odd_even(counter: Counter, m: int, n: int, r: int, c: int, bl: int, b0: int,
 
     ``G`` has ``r`` samples of ``c`` columns, ``L`` ``bl`` scalings, ``C`` ``b0`` cores
     per position (the chain held already); everything but the solution released.
+    Each half's effect is remembered per shape (the sparse reduction's dense rest).
     """
-    kept = factored(counter, m, n, bl, b0, item)
-    substituted(counter, (m, n, bl, b0), (m, r, n) if c == 1 else (m, r, n, c), item)
-    counter.release(kept)
-
-
-def factored(counter: Counter, m: int, n: int, bl: int, b0: int, item: int) -> int:
-    """:func:`.odd_even.factor` of an ``m``-position chain: returns its levels' bytes, held."""
     peak, kept = _factor_effect(m, n, bl, b0, item)
     _replay(counter, peak, kept)
-    return kept
-
-
-def substituted(counter: Counter, chain: tuple, shape: tuple, item: int) -> int:
-    """:func:`.odd_even.substitute` of a ``shape`` right-hand side: the solution's bytes, held.
-
-    ``chain = (m, n, bl, b0)`` names the chain whose levels the caller holds.
-    """
-    peak, left = _substitute_effect(*chain, shape, item)
-    _replay(counter, peak, left)
-    return left
+    shape = (m, r, n) if c == 1 else (m, r, n, c)
+    _replay(counter, *_substitute_effect(m, n, bl, b0, shape, item))
+    counter.release(kept)
 
 
 def _replay(counter: Counter, peak: int, left: int) -> None:

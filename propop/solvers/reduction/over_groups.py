@@ -31,7 +31,7 @@ from ... import backend
 from .chain import Counter
 from .segments import Across, expand
 
-__all__ = ["OverGroups", "read_by"]
+__all__ = ["OverGroups"]
 
 
 class OverGroups:
@@ -48,11 +48,17 @@ class OverGroups:
         xp, groups = system.backend.xp, system.blocks.groups
         self.substitute, self.offsets = substitute, system.offsets
         self.rows = [_span(system, group) for group in groups]  # each group's entries
+        group_of = {k: s for s, group in enumerate(groups) for k in group}
+        edges: list[list] = [[] for _ in groups]  # per group: the couplings of its rows
+        for e in system.blocks.edges:
+            edges[group_of[e.row]].append(e)
         # per group: the blocks the next group reads, each at its offset among them
-        self.carried = [_place(system, read_by(system, groups, s)) for s in range(len(groups))]
+        self.carried = [_place(system, sorted({e.col for e in edges[s + 1]
+                                               if group_of[e.col] == s}))
+                        for s in range(len(groups) - 1)] + [{}]
         self.inverse, self.DG = [], []  # per group: (r, rows, rows), (r, rows, carried-before)
         for s, group in enumerate(groups):
-            D, G = _group(system, group, self.carried[s - 1] if s else {})
+            D, G = _group(system, group, edges[s], self.carried[s - 1] if s else {})
             self.inverse.append(xp.linalg.inv(D))
             self.DG.append(self.inverse[-1] @ G)
             n = D.shape[1]
@@ -114,12 +120,13 @@ def _width(place: dict, system: Any) -> int:
     return sum(system.sizes[k] for k in place)
 
 
-def _group(system: Any, group: tuple, reads: dict) -> tuple[Any, Any]:
+def _group(system: Any, group: tuple, edges: list, reads: dict) -> tuple[Any, Any]:
     """``(D, G)`` of one group for every sample: ``(r, rows, rows)``, ``(r, rows, carried)``.
 
     ``D`` holds the group's diagonal and its couplings within, ``G = -A[rows,
     reads]`` those to the previous group's carried blocks ``reads`` (``{block:
-    offset}``); a coupling is ``-diag(s) M`` in ``A``.
+    offset}``); ``edges`` are the couplings of the group's rows, each ``-diag(s) M``
+    in ``A``.
     """
     xp, B, r = system.backend.xp, system.blocks, system.nrhs
     rows, start = _span(system, group), system.offsets[min(group)]
@@ -131,10 +138,9 @@ def _group(system: Any, group: tuple, reads: dict) -> tuple[Any, Any]:
                 _per_sample(xp, B.diagonal[k], r)
     D = diagonal[:, :, None] * xp.eye(n, dtype=system.dtype, device=device)
     G = xp.zeros((r, n, _width(reads, system)), dtype=system.dtype, device=device)
-    for e in B.edges:
-        if e.row not in group:
-            continue
-        into, at = (D, system.offsets[e.col] - start) if e.col in group else (G, reads.get(e.col))
+    mine = set(group)
+    for e in edges:
+        into, at = (D, system.offsets[e.col] - start) if e.col in mine else (G, reads.get(e.col))
         if at is None:
             continue
         M = backend.astype(backend.dense(e.matrix), system.dtype)
@@ -148,11 +154,3 @@ def _per_sample(xp: Any, a: Any, r: int) -> Any:
     """A scaling ``(n,)``, ``(n, 1)`` or ``(n, r)`` as ``(r, n)`` (broadcast where shared)."""
     a = a[:, None] if a.ndim == 1 else a
     return xp.broadcast_to(xp.permute_dims(a, (1, 0)), (r, a.shape[0]))
-
-
-def read_by(system: Any, groups: tuple, s: int) -> list:
-    """The blocks of group ``s`` that group ``s + 1`` reads."""
-    if s + 1 == len(groups):
-        return []
-    mine, theirs = set(groups[s]), set(groups[s + 1])
-    return sorted({e.col for e in system.blocks.edges if e.row in theirs and e.col in mine})
