@@ -295,6 +295,23 @@ def like(values: Any, array: Any) -> Any:
     return of(array).xp.asarray(values)
 
 
+def matrix_on(M: Any, array: Any) -> Any:
+    """The shared matrix ``M`` (dense or sparse, any backend) on ``array``'s backend and device.
+
+    ``M`` itself where it is there already; a sparse one stays sparse on CuPy
+    (``cupyx.scipy.sparse``) and is expanded on the backends without sparse
+    arrays; in ``array``'s dtype. For a layer's fixed structure (a selection, a
+    concatenation's placement, a sum's identity), made on the host.
+    """
+    kind = _name_of(array)
+    if _name_of(M) == kind and (kind != "torch" or M.device == array.device):
+        return M
+    host = to_host(M)
+    if kind in DENSE_ONLY and is_sparse(host):
+        host = host.toarray()
+    return astype(convert(host, kind, getattr(array, "device", None)), array.dtype)
+
+
 def take_rows(array: Any, index: Any) -> Any:
     """``array[index]`` for an integer array ``index`` of any shape over the first axis."""
     if _name_of(array) != "array_api_strict":
@@ -324,13 +341,19 @@ def spread_columns(part: Any, index: Any, columns: int) -> Any:
 def subtract_rows(out: Any, index: Any, values: Any) -> Any:
     """``out[index] -= values`` in place, ``index`` an integer array with no entry twice.
 
-    The standard has no scatter: there it is one row at a time.
+    The standard has no scatter: there it is one slice per row of ``index`` whose
+    entries are consecutive (a block's), else one entry at a time.
     """
     if _name_of(out) != "array_api_strict":
         out[index] -= values
         return out
-    xp = of(out).xp
-    rows = to_host(index).reshape(-1)
+    xp, host = of(out).xp, to_host(index)
+    if host.ndim == 2 and (host == host[:, :1] + importlib.import_module("numpy").arange(
+            host.shape[1])).all():
+        for i, start in enumerate(host[:, 0].tolist()):
+            out[start:start + host.shape[1], ...] -= values[i, ...]
+        return out
+    rows = host.reshape(-1)
     flat = xp.reshape(values, (len(rows),) + tuple(values.shape[index.ndim:]))
     for i, row in enumerate(rows):
         out[int(row), ...] -= flat[i, ...]
@@ -499,6 +522,8 @@ def erf(x: Any) -> Any:
 
         return torch.special.erf(x)
     module = "cupyx.scipy.special" if name == "cupy" else "scipy.special"
+    if name == "array_api_strict":  # the standard has no erf: SciPy's, on the host
+        return like(importlib.import_module(module).erf(to_host(x)), x)
     return importlib.import_module(module).erf(x)
 
 

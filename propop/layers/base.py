@@ -1,13 +1,21 @@
-"""The layer protocol: :class:`Layer`, its two kinds :class:`Linear` and :class:`Diagonal`."""
+"""The layer protocol: :class:`Layer`, its two kinds :class:`Linear` and :class:`Diagonal`.
+
+A layer's values (its parameters, its constant offsets) live on one array
+backend (:meth:`Layer.to`); its fixed structure (a selection, a sum's identity,
+a concatenation's placement) is made on the host from shapes alone and meets
+the values through :func:`propop.backend.matrix_on`.
+"""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
+from .. import backend
 from .._checks import canonical_matrix, real_array, require_finite
 
 __all__ = ["Layer", "Linear", "Diagonal"]
@@ -17,6 +25,28 @@ class Layer:
     """The protocol: sizes, the forward map, and the Jacobian for one sample."""
 
     linear = True
+    values: tuple[str, ...] = ()  # the attributes holding arrays of values, moved by to()
+    host_only: str | None = None  # why the layer computes on NumPy/SciPy only, if it does
+
+    def to(self, kind: str, device: Any = None, memo: dict | None = None) -> Layer:
+        """The same layer with its values on backend ``kind`` (``device``: PyTorch's).
+
+        ``memo`` maps ``id(array)`` to its moved copy, so that an array two layers
+        share (tied weights) stays one array. ``TypeError`` for a layer that
+        computes on the host only, naming why; sparse weights move to
+        ``"numpy"`` or ``"cupy"`` only.
+        """
+        if self.host_only and kind not in ("numpy",):
+            raise TypeError(f"{self!r} computes on NumPy only ({self.host_only}); a graph "
+                            f"holding it cannot move to {kind!r}")
+        memo = {} if memo is None else memo
+        moved = copy.copy(self)
+        for name in self.values:
+            value = getattr(self, name)
+            if value is not None and id(value) not in memo:
+                memo[id(value)] = backend.convert(value, kind, device)
+            setattr(moved, name, None if value is None else memo[id(value)])
+        return moved
 
     def output_size(self, sizes: Sequence[int]) -> int:
         """The output size for inputs of ``sizes``; ``ValueError`` if they do not fit."""
@@ -42,14 +72,16 @@ class Linear(Layer):
 
     def forward(self, inputs: Sequence[Any]) -> Any:
         """The output for ``inputs``."""
-        out = sum(J @ x for J, x in zip(self.jacobians([len(x) for x in inputs]), inputs))
+        shared = self.jacobians([x.shape[0] for x in inputs])
+        out = sum(backend.matrix_on(J, x) @ x for J, x in zip(shared, inputs))
         if self.bias is None:
             return out
         return out + (self.bias if out.ndim == 1 else self.bias[:, None])
 
     def jacobian(self, inputs: Sequence[Any]) -> list:
         """``dz/dx_i`` for one sample, one sparse array per input."""
-        return [sp.csr_array(J) for J in self.jacobians([len(x) for x in inputs])]
+        shared = self.jacobians([x.shape[0] for x in inputs])
+        return [sp.csr_array(backend.to_host(J)) for J in shared]
 
     def parameters(self) -> dict:
         """Trainable arrays by name (none by default)."""
@@ -86,20 +118,24 @@ class Diagonal(Layer):
         (x,) = inputs
         a, beta = self.linearize(x, "secant")
         t = a * x + beta
-        A = self.selection(len(x))
-        return t if A is None else A @ t
+        A = self.selection(x.shape[0])
+        return t if A is None else backend.matrix_on(A, t) @ t
 
     def jacobian(self, inputs: Sequence[Any]) -> list:
         """``dz/dx_i`` for one sample, one sparse array per input."""
         (x,) = inputs
-        A = self.selection(len(x))
-        D = sp.diags_array(np.asarray(self.slope(x)))
+        A = self.selection(x.shape[0])
+        D = sp.diags_array(backend.to_host(self.slope(x)))
         return [sp.csr_array(D if A is None else A @ D)]
 
 
 def _weight(a: Any, what: str, ndim: int = 2) -> Any:
-    """A parameter as a finite float64 array (``ndim`` dimensions; matrices may be sparse)."""
-    a = canonical_matrix(a, what, np.float64) if ndim == 2 else real_array(a, what, np.float64)
+    """A parameter as a finite float64 array of its backend (``ndim`` dimensions).
+
+    Matrices may be sparse; PyTorch tensors stay tensors (a moved layer's).
+    """
+    dtype = backend.namespace(a).float64 if backend.of(a).name == "torch" else np.float64
+    a = canonical_matrix(a, what, dtype) if ndim == 2 else real_array(a, what, dtype)
     if a.ndim != ndim:
         raise ValueError(f"{what} has {a.ndim} dimensions, expected {ndim}")
     require_finite(a, what)

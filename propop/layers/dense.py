@@ -49,6 +49,8 @@ class Activation(Diagonal):
 class Dense(Linear):
     """``z = W x + b``, ``W`` dense or ``scipy.sparse``; sparse ``dW`` on its pattern."""
 
+    values = ("W", "bias")
+
     def __init__(self, W: Any, b: Any = None) -> None:
         self.W = _weight(W, "Dense: W")
         self.bias = None if b is None else _weight(b, "Dense: b", ndim=1)
@@ -88,7 +90,7 @@ class Dense(Linear):
         """``dE/dparameter`` from the inputs and ``grad = dE/dz``, summed over samples."""
         out = {"W": backend.outer_on_pattern(self.W, grad, inputs[0])}
         if self.bias is not None:
-            out["b"] = grad if grad.ndim == 1 else grad.sum(axis=1)
+            out["b"] = grad if grad.ndim == 1 else backend.namespace(grad).sum(grad, axis=1)
         return out
 
 
@@ -173,8 +175,11 @@ class LinearMap(Linear):
     """``z = sum_i M_i x_i + bias`` with given shared matrices and no parameters.
 
     For what a traced model computes with constants: ``c * x``, ``x + c``, a
-    difference, a softmax's centring (:class:`LogSumExp`).
+    difference, a softmax's centring (:class:`LogSumExp`). The matrices are
+    structure, kept on the host; the bias moves with :meth:`to`.
     """
+
+    values = ("bias",)
 
     def __init__(self, matrices: Sequence[Any], bias: Any = None, name: str = "LinearMap"
                  ) -> None:
@@ -207,6 +212,8 @@ class BatchNorm(Linear):
     ``weight`` and ``bias`` are its parameters (``None``: ``affine=False``).
     """
 
+    values = ("mean", "var", "weight", "b")
+
     def __init__(self, mean: Any, var: Any, *, eps: float, input_shape: Sequence[int],
                  weight: Any = None, bias: Any = None) -> None:
         self.mean, self.var = _weight(mean, "BatchNorm: mean", 1), _weight(var, "BatchNorm: var", 1)
@@ -227,20 +234,20 @@ class BatchNorm(Linear):
 
     @property
     def _inverse_std(self) -> Any:
-        return 1 / np.sqrt(self.var + self.eps)
+        return 1 / backend.namespace(self.var).sqrt(self.var + self.eps)
 
     @property
     def scale(self) -> Any:
         """The slope of every feature, ``weight / sqrt(var + eps)`` per channel, repeated."""
         w = self._inverse_std if self.weight is None else self.weight * self._inverse_std
-        return np.repeat(w, self._spread)
+        return backend.namespace(w).repeat(w, self._spread)
 
     @property
     def bias(self) -> Any:
         """The offset of every feature, ``bias - mean * weight / sqrt(var + eps)``."""
         w = self._inverse_std if self.weight is None else self.weight * self._inverse_std
         b = -self.mean * w + (0 if self.b is None else self.b)
-        return np.repeat(b, self._spread)
+        return backend.namespace(b).repeat(b, self._spread)
 
     def output_size(self, sizes: Sequence[int]) -> int:
         """The output size; ``ValueError`` if the inputs do not fit."""
@@ -249,7 +256,7 @@ class BatchNorm(Linear):
 
     def jacobians(self, sizes: Sequence[int]) -> list:
         """The shared Jacobians ``J_i``: the diagonal of :attr:`scale`."""
-        return [sp.diags_array(self.scale, format="csr")]
+        return [sp.diags_array(backend.to_host(self.scale), format="csr")]
 
     def parameters(self) -> dict:
         """Trainable arrays by name: ``weight`` and ``bias`` (as PyTorch's)."""
@@ -267,10 +274,12 @@ class BatchNorm(Linear):
         if self.weight is None:
             return {}
         x = inputs[0] if inputs[0].ndim == 2 else inputs[0][:, None]
-        g = (grad if grad.ndim == 2 else grad[:, None]).reshape(self.mean.shape[0], -1,
-                                                                 x.shape[1])
-        x_hat = (x.reshape(g.shape) - self.mean[:, None, None]) * self._inverse_std[:, None, None]
-        return {"weight": (g * x_hat).sum(axis=(1, 2)), "bias": g.sum(axis=(1, 2))}
+        xp = backend.namespace(x)
+        g = xp.reshape(grad if grad.ndim == 2 else grad[:, None],
+                       (self.mean.shape[0], -1, x.shape[1]))
+        x_hat = (xp.reshape(x, g.shape) - self.mean[:, None, None]) * \
+            self._inverse_std[:, None, None]
+        return {"weight": xp.sum(g * x_hat, axis=(1, 2)), "bias": xp.sum(g, axis=(1, 2))}
 
 
 class LogSumExp(Diagonal):
@@ -281,6 +290,8 @@ class LogSumExp(Diagonal):
     and the ``exp`` activation it builds ``torch.softmax`` exactly
     (:func:`softmax_over`).
     """
+
+    values = ()
 
     def __init__(self, groups: Any) -> None:
         self.groups = np.asarray(groups, dtype=np.int64).reshape(-1)
@@ -303,34 +314,45 @@ class LogSumExp(Diagonal):
         n = self.groups.size
         return sp.csr_array((np.ones(n), (self.groups, np.arange(n))), shape=(self.count, n))
 
+    @functools.cached_property
+    def _slots(self) -> Any:
+        """``(count, widest group)`` entry indices per group, padded with ``n`` (a -inf row)."""
+        order = np.argsort(self.groups, kind="stable")
+        starts = np.searchsorted(self.groups[order], np.arange(self.count + 1))
+        sizes = np.diff(starts)
+        slots = np.full((self.count, int(sizes.max(initial=0))), self.groups.size)
+        for g in range(self.count):
+            slots[g, :sizes[g]] = order[starts[g]:starts[g + 1]]
+        return slots
+
     def _parts(self, x: Any) -> tuple[Any, Any]:
-        """``(softmax(x), log-sum-exp per entry's group)``, stable (each group's max removed)."""
-        columns = x if x.ndim == 2 else x[:, None]
-        top = np.full((self.count, columns.shape[1]), -np.inf)
-        np.maximum.at(top, self.groups, columns)
-        e = np.exp(columns - top[self.groups])
-        total = self._sums @ e
-        s = e / total[self.groups]
-        lse = (np.log(total) + top)[self.groups]
-        return (s, lse) if x.ndim == 2 else (s[:, 0], lse[:, 0])
+        """``(softmax(x), log-sum-exp per group)`` of columns ``x``, stable (maxima removed)."""
+        xp = backend.namespace(x)
+        padded = xp.concat([x, xp.full((1, x.shape[1]), -xp.inf, dtype=x.dtype,
+                                       device=backend.device(x))])
+        top = xp.max(backend.take_rows(padded, backend.like(self._slots, x)), axis=1)
+        groups = backend.like(self.groups, x)
+        e = xp.exp(x - backend.take_rows(top, groups))
+        total = backend.matrix_on(self._sums, e) @ e
+        return e / backend.take_rows(total, groups), xp.log(total) + top
 
     def forward(self, inputs: Sequence[Any]) -> Any:
         """The output for ``inputs``."""
         (x,) = inputs
-        columns = x if x.ndim == 2 else x[:, None]
-        lse = self._parts(columns)[1]
-        out = np.zeros((self.count, columns.shape[1]))
-        out[self.groups] = lse
-        return out if x.ndim == 2 else out[:, 0]
+        lse = self._parts(x if x.ndim == 2 else x[:, None])[1]
+        return lse if x.ndim == 2 else lse[:, 0]
 
     def slope(self, x: Any) -> Any:
         """``d(x) = softmax(x)`` within each group."""
-        return self._parts(x)[0]
+        s = self._parts(x if x.ndim == 2 else x[:, None])[0]
+        return s if x.ndim == 2 else s[:, 0]
 
     def linearize(self, x: Any, linearization: str) -> tuple[Any, Any]:
         """The tangent, exact at ``x``: ``a = softmax(x)``, ``A beta = lse(x) - a . x``."""
-        s, lse = self._parts(x)
-        return s, s * (lse - x)
+        columns = x if x.ndim == 2 else x[:, None]
+        s, lse = self._parts(columns)
+        a, beta = s, s * (backend.take_rows(lse, backend.like(self.groups, x)) - columns)
+        return (a, beta) if x.ndim == 2 else (a[:, 0], beta[:, 0])
 
 
 def softmax_over(shape: Sequence[int], dim: int, log: bool = False) -> list[tuple[str, Any]]:

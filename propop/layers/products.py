@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from .. import backend
 from .base import Diagonal, Linear, _one_input, _weight
 from .dense import Concat, LinearMap
 
@@ -54,7 +55,7 @@ class Multiply(Diagonal):
     @staticmethod
     def _factors(y: Any) -> tuple[Any, Any]:
         half = y.shape[0] // 2
-        return y[:half], y[half:]
+        return y[:half, ...], y[half:, ...]
 
     def forward(self, inputs: Sequence[Any]) -> Any:
         """``a * b``."""
@@ -64,7 +65,7 @@ class Multiply(Diagonal):
     def slope(self, x: Any) -> Any:
         """``d(y) = [b; a]``: each factor's derivative is the other factor."""
         a, b = self._factors(x)
-        return np.concatenate([b, a])
+        return backend.namespace(x).concat([b, a])
 
     def linearize(self, x: Any, linearization: str) -> tuple[Any, Any]:
         """The tangent, exact at ``x``: ``a = [b; a]``, ``beta = [0; -a * b]``.
@@ -73,7 +74,8 @@ class Multiply(Diagonal):
         ``(a, b)``, equal to ``a * b`` there (both linearisations are this one).
         """
         a, b = self._factors(x)
-        return np.concatenate([b, a]), np.concatenate([np.zeros_like(a), -a * b])
+        xp = backend.namespace(x)
+        return xp.concat([b, a]), xp.concat([xp.zeros_like(a), -a * b])
 
 
 @functools.lru_cache(maxsize=64)
@@ -103,7 +105,7 @@ class Power(Diagonal):
         return sizes[0]
 
     def _power(self, x: Any, p: float) -> Any:
-        with np.errstate(invalid="ignore", divide="ignore"):
+        with backend.quiet(backend.namespace(x)):
             return (x + self.shift) ** p
 
     def forward(self, inputs: Sequence[Any]) -> Any:
@@ -127,27 +129,29 @@ class ElementwiseAffine(Linear):
     sample's leading dimensions (``repeats`` copies).
     """
 
+    values = ("weight", "b")
+
     def __init__(self, weight: Any, bias: Any = None, repeats: int = 1) -> None:
         self.weight = _weight(weight, "ElementwiseAffine: weight", 1)
         self.b = None if bias is None else _weight(bias, "ElementwiseAffine: bias", 1)
         self.repeats = int(repeats)
 
     def __repr__(self) -> str:
-        return f"ElementwiseAffine({self.weight.size} x {self.repeats})"
+        return f"ElementwiseAffine({self.weight.shape[0]} x {self.repeats})"
 
     @property
     def bias(self) -> Any:
         """The offset of every entry."""
-        return None if self.b is None else np.tile(self.b, self.repeats)
+        return None if self.b is None else backend.namespace(self.b).tile(self.b, (self.repeats,))
 
     def output_size(self, sizes: Sequence[int]) -> int:
         """The input's size; ``ValueError`` if it does not fit."""
-        _one_input(self, sizes, self.weight.size * self.repeats)
+        _one_input(self, sizes, self.weight.shape[0] * self.repeats)
         return sizes[0]
 
     def jacobians(self, sizes: Sequence[int]) -> list:
         """``diag(weight)``, repeated."""
-        return [sp.diags_array(np.tile(self.weight, self.repeats), format="csr")]
+        return [sp.diags_array(np.tile(backend.to_host(self.weight), self.repeats), format="csr")]
 
     def parameters(self) -> dict:
         """``weight`` and ``bias`` (as PyTorch's)."""
@@ -164,9 +168,11 @@ class ElementwiseAffine(Linear):
         """``dE/dweight = sum grad * x``, ``dE/dbias = sum grad``, over samples and repeats."""
         x = inputs[0] if inputs[0].ndim == 2 else inputs[0][:, None]
         g = grad if grad.ndim == 2 else grad[:, None]
-        parts = (self.repeats, self.weight.size, -1)
-        out = {"weight": (g * x).reshape(parts).sum(axis=(0, 2))}
-        return out | ({} if self.b is None else {"bias": g.reshape(parts).sum(axis=(0, 2))})
+        parts = (self.repeats, self.weight.shape[0], -1)
+        xp = backend.namespace(g)
+        out = {"weight": xp.sum(xp.reshape(g * x, parts), axis=(0, 2))}
+        return out | ({} if self.b is None else {"bias": xp.sum(xp.reshape(g, parts),
+                                                                   axis=(0, 2))})
 
 
 def _groups(shape: Sequence[int], dims: Sequence[int]) -> tuple[Any, int]:

@@ -21,8 +21,11 @@ class Conv2d(Linear):
     ``W`` has shape ``(out_channels, in_channels / groups, kh, kw)``; inputs are
     ``(C, H, W)`` flattened. Output channel ``o`` reads the input channels of its
     group, ``o // (out_channels / groups)``; kernel entries are ``dilation``
-    apart. The Jacobian is an explicit sparse matrix built once.
+    apart. The Jacobian is an explicit sparse matrix whose pattern is built once
+    on the host (on PyTorch, expanded where it meets a tensor).
     """
+
+    values = ("W", "b")
 
     def __init__(self, W: Any, b: Any = None, *, input_shape: Sequence[int],
                  stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
@@ -47,7 +50,9 @@ class Conv2d(Linear):
     @property
     def bias(self) -> Any:
         """The channel biases repeated over the output positions (``None`` without)."""
-        return None if self.b is None else np.repeat(self.b, self._columns.shape[1])
+        if self.b is None:
+            return None
+        return backend.namespace(self.b).repeat(self.b, self._columns.shape[1])
 
     def output_size(self, sizes: Sequence[int]) -> int:
         """The output size; ``ValueError`` if the inputs do not fit."""
@@ -81,7 +86,8 @@ class Conv2d(Linear):
         Built per call from :attr:`_pattern`: kernels changed in place are always seen.
         """
         gather, indices, indptr, shape = self._pattern
-        return sp.csr_array((self.W.reshape(-1)[gather], indices, indptr), shape=shape)
+        return sp.csr_array((backend.to_host(self.W).reshape(-1)[gather], indices, indptr),
+                            shape=shape)
 
     @functools.cached_property
     def _pattern(self) -> tuple:
@@ -115,25 +121,28 @@ class Conv2d(Linear):
         if name == "b":
             self.b = _weight(value, f"{type(self).__name__}: b", ndim=1)
             return
-        self.W = _weight(np.reshape(value, self.W.shape), f"{type(self).__name__}: W", ndim=4)
+        xp = backend.namespace(value) if hasattr(value, "dtype") else np
+        self.W = _weight(xp.reshape(xp.asarray(value), self.W.shape),
+                         f"{type(self).__name__}: W", ndim=4)
 
     def gradients(self, inputs: Sequence[Any], grad: Any) -> dict:
         """``dE/dparameter`` from the inputs and ``grad = dE/dz``, summed over samples."""
         x = inputs[0] if inputs[0].ndim == 2 else inputs[0][:, None]
         g = grad if grad.ndim == 2 else grad[:, None]
-        index = self._columns
-        padded = np.concatenate([x, np.zeros((1, x.shape[1]), dtype=x.dtype)])
-        G = g.reshape(self.W.shape[0], index.shape[1], -1)
-        per = self.W.shape[0] // self.groups
-        dW = np.empty((self.W.shape[0], index.shape[0]))
+        xp, index = backend.namespace(x), self._columns
+        padded = xp.concat([x, xp.zeros((1, x.shape[1]), dtype=x.dtype,
+                                        device=backend.device(x))])
+        r, per = x.shape[1], self.W.shape[0] // self.groups
+        G = xp.reshape(g, (self.W.shape[0], index.shape[1] * r))  # (out, P r)
+        parts = []
         for group in range(self.groups):
-            shifted = np.where(index >= 0, index + self._group_offset(group), -1)
-            patches = padded[shifted]  # (C_g kh kw, P, r); index -1 reads the zero row
-            outs = slice(group * per, (group + 1) * per)
-            dW[outs] = np.einsum("opr,kpr->ok", G[outs], patches)
-        out = {"W": dW.reshape(self.W.shape)}
+            shifted = np.where(index >= 0, index + self._group_offset(group), x.shape[0])
+            patches = backend.take_rows(padded, backend.like(shifted, x))  # padding: zero row
+            patches = xp.reshape(patches, (index.shape[0], index.shape[1] * r))
+            parts.append(G[group * per:(group + 1) * per, :] @ patches.T)  # sum over p, r
+        out = {"W": xp.reshape(xp.concat(parts), self.W.shape)}
         if self.b is not None:
-            out["b"] = G.sum(axis=(1, 2))
+            out["b"] = xp.sum(xp.reshape(G, (self.W.shape[0], -1)), axis=1)
         return out
 
 
@@ -237,15 +246,27 @@ class WindowMaximum(Diagonal):
         """The shared ``A`` that sums each window."""
         return self._selection
 
+    @functools.cached_property
+    def _owners(self) -> tuple:
+        """Per input entry: its window, its place in the window, and whether it has one."""
+        window = np.zeros(self.input_size, dtype=np.int64)
+        place = np.full(self.input_size, -1, dtype=np.int64)
+        w, slot = np.nonzero(self.windows >= 0)
+        window[self.windows[w, slot]], place[self.windows[w, slot]] = w, slot
+        return window, place
+
     def slope(self, x: Any) -> Any:
-        """``d(x)`` with ``dz/dx = A diag(d(x))``: one at each window's maximum."""
+        """``d(x)`` with ``dz/dx = A diag(d(x))``: one at each window's maximum (its first)."""
         xp = backend.namespace(x)
         columns = x if x.ndim == 2 else x[:, None]
-        windows = xp.asarray(self.windows)
-        values = xp.where((windows >= 0)[..., None], columns[windows], -xp.inf)
-        best = windows[xp.arange(windows.shape[0])[:, None], xp.argmax(values, axis=1)]
-        mask = xp.zeros_like(columns)
-        mask[best, xp.arange(columns.shape[1])[None, :]] = 1
+        padded = xp.concat([columns, xp.full((1, columns.shape[1]), -xp.inf,
+                                             dtype=x.dtype, device=backend.device(x))])
+        slots = np.where(self.windows >= 0, self.windows, self.input_size)  # padding: -inf
+        best = xp.argmax(backend.take_rows(padded, backend.like(slots, x)), axis=1)  # (w, r)
+        window, place = self._owners
+        chosen = backend.take_rows(best, backend.like(window, x)) == \
+            backend.like(place, x)[:, None]
+        mask = xp.astype(chosen, x.dtype)
         return mask if x.ndim == 2 else mask[:, 0]
 
     def linearize(self, x: Any, linearization: str) -> tuple[Any, Any]:

@@ -197,13 +197,40 @@ class Graph:
 
     @property
     def backend(self) -> backend.Backend:
-        """The array backend of the weights (NumPy)."""
-        return backend.of(np.zeros(1))
+        """The array backend of the layers' values (NumPy for a graph of no values)."""
+        return backend.of(*self._values()) if self._values() else backend.of(np.zeros(1))
 
     @property
     def dtype(self) -> Any:
-        """float64 (the layers' arrays decide; mixed inputs are cast)."""
-        return np.dtype("float64")
+        """float64 of :attr:`backend` (the layers' arrays are float64; inputs are cast)."""
+        return self.backend.xp.float64
+
+    def _values(self) -> list:
+        """Every array of values the layers hold (parameters, constant offsets)."""
+        return [getattr(layer, name) for layer in self.layers.values() for name in layer.values
+                if getattr(layer, name) is not None]
+
+    def to(self, kind: str, device: Any = None) -> Graph:
+        """The same graph with its layers' values on backend ``kind``.
+
+        ``kind`` is ``"numpy"``, ``"torch"`` or ``"cupy"``; ``device`` a PyTorch
+        device such as ``"cuda"``. Parameters shared by several nodes (tied) stay
+        one array; the layers' structure (selections, placements) stays on the
+        host and meets the values where they are. ``TypeError`` naming the node
+        whose layer cannot move (sparse weights to PyTorch, a layer that
+        computes on NumPy only).
+        """
+        memo: dict = {}
+        moved = Graph(self.input_size, outputs=self._outputs)
+        for name in self._order[1:]:
+            try:
+                layer = self.layers[name].to(kind, device, memo)
+            except TypeError as error:
+                raise TypeError(f"node {name!r}: {error}") from None
+            moved.add(name, layer, self.inputs[name])
+        if hasattr(self, "origins"):
+            moved.origins = self.origins
+        return moved
 
     def parameter_names(self) -> dict:
         """``(node, name) -> public name`` of every parameter, in node order.
@@ -302,18 +329,18 @@ class Graph:
             grads[o] = e if grads[o] is None else grads[o] + e
         blocks: dict[str, Any] = {}
         for k, name in reversed(list(enumerate(self._order))):
-            g = grads[name] if grads[name] is not None else np.zeros_like(
-                _like(trace.z[k], self._size[name]))
+            g = grads[name] if grads[name] is not None else _zeros_like(trace.z[k],
+                                                                        self._size[name])
             if self.is_linear(name):
                 blocks[name] = g
                 if name == INPUT:
                     continue
                 J = self.layers[name].jacobians([self._size[p] for p in self.inputs[name]])
-                contributions = [Ji.T @ g for Ji in J]
+                contributions = [backend.matrix_on(Ji, g).T @ g for Ji in J]
             else:
                 A = self.selection(name)
-                blocks[name] = self.layers[name].slope(trace.y[k]) * (g if A is None
-                                                                       else A.T @ g)
+                blocks[name] = self.layers[name].slope(trace.y[k]) * (
+                    g if A is None else backend.matrix_on(A, g).T @ g)
                 contributions = [blocks[name]]
             for p, c in zip(self.inputs[name], contributions):
                 grads[p] = c if grads[p] is None else grads[p] + c
@@ -350,10 +377,10 @@ class Graph:
         z = {INPUT: x}
         for k, name in enumerate(self._order[1:], start=1):
             if states is None:
-                z[name] = np.zeros((self._size[name],) + x.shape[1:])
+                z[name] = _zeros_like(x, self._size[name])
                 continue
             A = self.selection(name)
-            z[name] = states[k] if A is None else A @ states[k]
+            z[name] = states[k] if A is None else backend.matrix_on(A, states[k]) @ states[k]
         return self._trace(z)
 
     def nonlinear_residual(self, trace: Trace) -> float:
@@ -362,8 +389,9 @@ class Graph:
         gaps = []
         for name in self._order[1:]:
             want = self.layers[name].forward([z[p] for p in self.inputs[name]])
-            scale = max(float(np.linalg.norm(want)), 1e-300)
-            gaps.append(float(np.linalg.norm(z[name] - want)) / scale)
+            norm = backend.namespace(want).linalg.vector_norm
+            scale = max(float(norm(want, axis=None)), 1e-300)
+            gaps.append(float(norm(z[name] - want, axis=None)) / scale)
         return worst(gaps)
 
     def states_of(self, trace: Trace) -> list:
@@ -384,13 +412,14 @@ class Graph:
 
 def _nonfinite(z: Any) -> str:
     """``"2 of 12 entries, first at row 3"`` of an array with non-finite entries."""
-    bad = ~np.isfinite(z)
+    bad = ~np.isfinite(backend.to_host(z))  # on the host: an error path
     return f"{int(bad.sum())} of {bad.size} entries, first at row {int(np.argwhere(bad)[0][0])}"
 
 
-def _like(z: Any, size: int) -> Any:
-    """An array of ``size`` rows shaped like the batch of ``z``."""
-    return np.empty((size,) + z.shape[1:], dtype=z.dtype)
+def _zeros_like(z: Any, size: int) -> Any:
+    """Zeros of ``size`` rows shaped like the batch of ``z``, on its backend and device."""
+    return backend.namespace(z).zeros((size,) + tuple(z.shape[1:]), dtype=z.dtype,
+                                      device=backend.device(z))
 
 
 def _topological(nodes: list) -> list:

@@ -6,6 +6,11 @@ matrix, shared by all samples, is ``M = Jk @ Ap``: ``Jk`` the Jacobian of a line
 node ``k`` with respect to that input (the identity for a diagonal node) and ``Ap``
 the selection of a diagonal node ``p`` (the identity otherwise). A diagonal node's
 per-sample slope is its row scaling. The backward system reads ``M^T``.
+
+The edges' matrices are composed on the host (a convolution's Jacobian is a
+SciPy sparse matrix) and meet the graph's backend through
+:func:`propop.backend.matrix_on`; slopes and right-hand sides stay where the
+graph's values are.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from .. import backend
 from .._checks import real_array, require_finite
 from ..networks.graph import Graph
 from ..networks.trace import Trace
@@ -35,18 +41,21 @@ def _compose(left: Any, right: Any, size: int) -> Any:
         out.toarray() if sp.issparse(out) else out)
 
 
-def _couplings(graph: Graph) -> dict:
-    """``{(k, p): M}`` for the forward direction, node indices, parallel edges summed."""
+def _couplings(graph: Graph, like: Any) -> dict:
+    """``{(k, p): M}`` for the forward direction, node indices, parallel edges summed.
+
+    On the backend and device of ``like``.
+    """
     index = {n: i for i, n in enumerate(graph.order)}
     out: dict[tuple[int, int], Any] = {}
     for p, i, k in graph.edges():
         layer = graph.layers[k]
-        J = layer.jacobians([graph.sizes[index[q]] for q in graph.inputs[k]])[i] \
-            if layer.linear else None
+        J = backend.to_host(layer.jacobians([graph.sizes[index[q]] for q in graph.inputs[k]])[i]
+                            ) if layer.linear else None
         M = _compose(J, graph.selection(p), graph.block_sizes[index[p]])
         key = (index[k], index[p])
         out[key] = M if key not in out else out[key] + M
-    return out
+    return {key: backend.matrix_on(M, like) for key, M in out.items()}
 
 
 def _names(graph: Graph, letter: str) -> list[str]:
@@ -66,7 +75,8 @@ def _graph_backward(graph: Graph, trace: Trace, eps: Any, *, form: str = "scaled
     index = {n: i for i, n in enumerate(graph.order)}
     scales = [None if graph.is_linear(n) else graph.layers[n].slope(trace.y[index[n]])
               for n in graph.order]
-    rhs = [np.zeros((s,) + batch) for s in graph.block_sizes]
+    xp, at = backend.namespace(trace.x), backend.device(trace.x)
+    rhs = [xp.zeros((s,) + batch, dtype=trace.x.dtype, device=at) for s in graph.block_sizes]
     for name, e in zip(graph.outputs, eps):
         k = index[name]
         e = real_array(e, f"eps for output {name!r}", graph.dtype)
@@ -75,9 +85,10 @@ def _graph_backward(graph: Graph, trace: Trace, eps: Any, *, form: str = "scaled
             raise ValueError(f"eps for output {name!r} has shape {e.shape}, expected "
                              f"{(graph.sizes[k],) + batch}")
         A = graph.selection(name)
-        rhs[k] = rhs[k] + (e if scales[k] is None else scales[k] * (e if A is None else A.T @ e))
-    edges = [(p, k, M.T) for (k, p), M in _couplings(graph).items()]
-    return TriangularSystem(None, scales, np.concatenate(rhs), lower=False,
+        rhs[k] = rhs[k] + (e if scales[k] is None else scales[k] * (
+            e if A is None else backend.matrix_on(A, e).T @ e))
+    edges = [(p, k, M.T) for (k, p), M in _couplings(graph, trace.x).items()]
+    return TriangularSystem(None, scales, xp.concat(rhs), lower=False,
                             sizes=graph.block_sizes, form=form, names=_names(graph, "v"),
                             edges=sorted(edges, key=lambda e: (e[1], e[0])),
                             paper_hint=", where a slope is 0 (E = 1/f' does not exist)",
@@ -91,19 +102,21 @@ def _graph_forward(graph: Graph, x: Any, around: Any = None, *, linearization: s
     x = graph.check_input(x)
     trace = around if isinstance(around, Trace) else graph.trace_from_states(x, None)
     scales, rhs = [None], [x]
+    xp = backend.namespace(x)
     for k, name in enumerate(graph.order[1:], start=1):
         layer = graph.layers[name]
         if layer.linear:
-            bias = np.zeros(graph.sizes[k]) if layer.bias is None else np.asarray(layer.bias)
-            rhs.append(np.broadcast_to(bias if x.ndim == 1 else bias[:, None],
-                                       (graph.sizes[k],) + x.shape[1:]))
+            bias = xp.zeros(graph.sizes[k], dtype=x.dtype, device=backend.device(x)) \
+                if layer.bias is None else layer.bias
+            rhs.append(xp.broadcast_to(bias if x.ndim == 1 else bias[:, None],
+                                       (graph.sizes[k],) + tuple(x.shape[1:])))
             scales.append(None)
         else:
             a, beta = layer.linearize(trace.y[k], linearization)
             scales.append(a)
             rhs.append(beta)
-    edges = [(k, p, M) for (k, p), M in _couplings(graph).items()]
-    return TriangularSystem(None, scales, np.concatenate(rhs), lower=True,
+    edges = [(k, p, M) for (k, p), M in _couplings(graph, x).items()]
+    return TriangularSystem(None, scales, xp.concat(rhs), lower=True,
                             sizes=graph.block_sizes, form=form, names=_names(graph, "z"),
                             edges=sorted(edges, key=lambda e: (e[0], e[1])),
                             paper_hint=", where a slope is 0 so that D does not exist")

@@ -278,10 +278,10 @@ class TriangularSystem:
     def to(self, kind: str, device: Any = None) -> TriangularSystem:
         """The same system with its arrays on backend ``kind``.
 
-        ``kind`` is ``"numpy"``, ``"torch"`` or ``"cupy"``; ``device`` a PyTorch
-        device such as ``"cuda"``. A chain given by its stacks moves as its stacks;
-        a system of edges, or with a time structure, moves to NumPy or CuPy (PyTorch
-        takes stacked chains only).
+        ``kind`` is ``"numpy"``, ``"torch"``, ``"cupy"`` or ``"array_api_strict"``;
+        ``device`` a PyTorch device such as ``"cuda"``. A chain given by its stacks
+        moves as its stacks; sparse couplings become dense on the backends without
+        sparse arrays (PyTorch, the strict namespace).
         """
         rhs = backend.convert(self._scaled_rhs, kind, device)
         return TriangularSystem.of(self._op.to(kind, device), rhs, self.rhs_support)

@@ -11,9 +11,11 @@ sequential pass or a Newton-family forward (``forward=``), and, inside a
 system (``method=``): ``loss.backward()`` fills the parameters' ``.grad`` under
 their own names, so ``torch.optim``, clipping and hooks work unchanged.
 
-The graph computes in float64 NumPy arrays on the host: float32 and CUDA tensors
-are taken there and their results brought back (a copy per call; propop's graphs
-do not run on a device yet).
+The graph computes in float64 NumPy arrays on the host, where every registered
+method (SciPy's and PyAMG's included) and sparse convolution Jacobians work:
+float32 and CUDA tensors are taken there and their results brought back (a copy
+per call). A graph moved with ``Graph.to("torch", device)`` computes on the device
+itself, outside this wrapper.
 """
 
 from __future__ import annotations

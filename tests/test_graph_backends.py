@@ -1,0 +1,170 @@
+"""Computation graphs on every backend: ``Graph.to``, then every native method there.
+
+Imported PyTorch modules (residual blocks, convolutions with batch norm and
+pooling, a softmax, LayerNorm and products) are moved to PyTorch tensors and to
+``array_api_strict`` arrays (the standard's strict namespace: the graph's code
+uses nothing beyond it) and backpropagated by every registered native method
+that applies; the gradients are compared with PyTorch autograd on the module
+itself, the forward values node by node with NumPy's graph.
+"""
+
+import numpy as np
+import pytest
+
+import propop as pp
+from cases import gpu_backends
+from propop import backend
+from propop import layers as L
+
+torch = pytest.importorskip("torch")
+strict = pytest.importorskip("array_api_strict")
+nn = torch.nn
+
+from test_torch_trace import (  # noqa: E402
+    ConvNet,
+    Conv1dNet,
+    HandWritten,
+    PreNormSwiGLU,
+    ResidualMLP,
+    TokenNorm,
+    randomised,
+)
+
+BACKENDS = [pytest.param("torch", None, id="torch"),
+            pytest.param("array_api_strict", None, id="array_api_strict"), *gpu_backends()]
+MODULES = {"residual-mlp": (ResidualMLP, (5,)), "conv2d": (ConvNet, (2, 9, 9)),
+           "conv1d": (Conv1dNet, (2, 9)), "swiglu": (PreNormSwiGLU, (6,)),
+           "handwritten": (HandWritten, (5,)), "token-norm": (TokenNorm, (4, 6))}
+NATIVE = [s.name for s in pp.solvers.available() if s.native and s.available]
+EXACT = {s.name for s in pp.solvers.available() if s.exact}
+
+
+def imported(name):
+    """``(module, graph, x, target)``: the module in float64, samples as columns."""
+    make, shape = MODULES[name]
+    torch.manual_seed(0)
+    module = randomised(make()).double()
+    graph = pp.from_torch(module, shape if len(shape) > 1 else None)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((int(np.prod(shape)), 3))
+    return module, graph, x, rng.standard_normal((graph.sizes[-1], 3))
+
+
+def autograd(name, module, x, target):
+    """``{name: grad}`` of ``1/2 ||module(x) - target||^2`` and ``dE/dx``, by PyTorch."""
+    module.zero_grad()
+    X = torch.tensor(x.T.reshape((x.shape[1],) + MODULES[name][1]), requires_grad=True)
+    out = module(X).reshape(x.shape[1], -1)
+    (0.5 * ((out - torch.tensor(target.T)) ** 2).sum()).backward()
+    return ({n: p.grad.numpy().copy() for n, p in module.named_parameters()},
+            X.grad.numpy().reshape(x.shape[1], -1).T)
+
+
+def on(kind, device, array):
+    return backend.convert(array, kind, device)
+
+
+@pytest.mark.parametrize(("kind", "device"), BACKENDS)
+@pytest.mark.parametrize("name", list(MODULES))
+def test_an_imported_graph_backpropagates_like_autograd_on_every_backend(kind, device, name):
+    module, graph, x, target = imported(name)
+    dparams, dx = autograd(name, module, x, target)
+    moved = graph.to(kind, device)
+    assert moved.backend.name == kind and graph.backend.name == "numpy"
+    X, T = on(kind, device, x), on(kind, device, target)
+    trace, reference = moved.forward(X), graph.forward(x)
+    for k, node in enumerate(graph.order):
+        assert backend.of(trace.z[k]).name == kind
+        np.testing.assert_allclose(backend.to_host(trace.z[k]), reference.z[k], rtol=1e-13,
+                                   atol=1e-14, err_msg=node)
+    system = pp.backward_system(graph, reference, graph.loss_gradient(reference, target))
+    methods = [(m, {}) for m in NATIVE if pp.solvers.info(m).applies_to(system)]
+    methods.append(("cyclic-reduction", {"groups": True}))
+    assert len(methods) >= 8
+    for method, options in methods:
+        g = pp.backprop(moved, X, T, method=method, **options)
+        bound = 1e-10 if method in EXACT else 1e-7
+        ours = dict(g.named_parameters())
+        assert set(ours) == set(dparams), method
+        for pname, value in dparams.items():
+            assert backend.of(ours[pname]).name == kind, (method, pname)
+            mine = backend.to_host(ours[pname])
+            assert np.abs(mine - value).max() <= bound * max(np.abs(value).max(), 1), \
+                (method, pname)
+        assert np.abs(backend.to_host(g.x) - dx).max() <= bound * max(np.abs(dx).max(), 1)
+
+
+@pytest.mark.parametrize(("kind", "device"), BACKENDS)
+def test_newton_forward_of_a_moved_graph_is_the_sequential_pass(kind, device):
+    _, graph, x, _ = imported("swiglu")
+    moved, X = graph.to(kind, device), on(kind, device, x)
+    near = moved.forward(X + 0.05)
+    exact = graph.forward(x)
+    newton = pp.forward(moved, X, method="substitution", linearization="newton", around=near)
+    assert newton.info["converged"]
+    for k, node in enumerate(graph.order):
+        assert backend.of(newton.z[k]).name == kind
+        np.testing.assert_allclose(backend.to_host(newton.z[k]), exact.z[k], rtol=1e-9,
+                                   atol=1e-12, err_msg=node)
+
+
+def test_tied_weights_stay_one_array_when_moved():
+    from test_import_fidelity import Tied
+
+    torch.manual_seed(0)
+    module = Tied().double()
+    moved = pp.from_torch(module).to("torch")
+    assert moved.layers["a"].W is moved.layers["b"].W
+    assert isinstance(moved.layers["a"].W, torch.Tensor)
+    rng = np.random.default_rng(0)
+    x, t = rng.standard_normal((4, 3)), rng.standard_normal((4, 3))
+    g = dict(pp.backprop(moved, torch.from_numpy(x), torch.from_numpy(t)).named_parameters())
+    module.zero_grad()
+    out = module(torch.tensor(x.T))
+    (0.5 * ((out - torch.tensor(t.T)) ** 2).sum()).backward()
+    assert set(g) == {"a.weight", "b.bias"}
+    np.testing.assert_allclose(g["a.weight"].numpy(), module.a.weight.grad.numpy(), rtol=1e-12)
+
+
+def test_values_changed_in_place_are_read_again():
+    """The couplings are made from the layers' current values on every call."""
+    _, graph, x, target = imported("residual-mlp")
+    moved = graph.to("torch")
+    X, T = torch.from_numpy(x), torch.from_numpy(target)
+    before = pp.backprop(moved, X, T, method="level-scheduled").x.numpy()
+    with torch.no_grad():
+        moved.layers["fc1"].W.mul_(-2.0)
+    graph.layers["fc1"].W *= -2.0
+    after = pp.backprop(moved, X, T, method="level-scheduled").x.numpy()
+    np.testing.assert_allclose(after, pp.backprop(graph, x, target).x, rtol=1e-12)
+    assert np.abs(after - before).max() > 1e-3
+
+
+def test_a_moved_graph_says_what_it_takes():
+    rng = np.random.default_rng(0)
+    import scipy.sparse as sp
+
+    sparse = pp.Graph(4).add("fc", L.Dense(sp.random(4, 4, density=0.5, random_state=0)))
+    with pytest.raises(TypeError, match=r"node 'fc': .*dense here.*'numpy' or 'cupy'"):
+        sparse.to("torch")
+    moved = pp.Graph.residual_mlp(4, 1).to("torch")
+    with pytest.raises(ValueError, match=r"x is a numpy.ndarray.*PyTorch tensors.*as_tensor"):
+        moved.forward(rng.standard_normal((4, 2)))
+    with pytest.raises(ValueError, match="x has shape"):
+        moved.forward(torch.ones((5, 2), dtype=torch.float64))
+    layer = moved.layers["fc0a"]
+    layer.set_parameter("W", torch.ones((4, 4)))  # a float32 tensor: float64, still a tensor
+    assert isinstance(layer.W, torch.Tensor) and layer.W.dtype == torch.float64
+    assert moved.to("numpy").backend.name == "numpy"
+
+
+def test_a_network_of_tensors_becomes_a_graph_of_tensors():
+    net = pp.FNN.random([4, 6, 3], activation="tanh", seed=0)
+    x, t = np.ones((4, 2)), np.zeros((3, 2))
+    graph = net.to("torch").to_graph()
+    assert graph.backend.name == "torch"
+    g = pp.backprop(graph, torch.from_numpy(x), torch.from_numpy(t), method="substitution")
+    reference = pp.backprop(net, x, t, method="substitution")
+    for k in range(2):
+        np.testing.assert_allclose(g.parameters[f"fc{k}"]["W"].numpy(), reference.W[k],
+                                   rtol=1e-12)
