@@ -99,7 +99,8 @@ def test_demo_announces_each_section_and_reads_each_table():
     tensors = out.split("PyTorch tensors, one code path:")[1].split("PyTorch in")[0]
     rows = [row.split("|") for row in tensors.splitlines() if row.startswith("| ") and
             "torch.Tensor" in row]
-    assert len(rows) == 6 and max(float(row[4]) for row in rows) < 1e-12
+    assert len(rows) == 8 and max(float(row[4]) for row in rows) < 1e-12
+    assert sum("residual graph" in row[1] for row in rows) == 2
     own = out.split("Your own models.")[1].split("\n")[0]
     assert "pre-norm SwiGLU unit (LayerNorm, a product of two tensors)" in own
     differences = own.split("largest difference: ")[1].rstrip(".").split(", ")

@@ -79,11 +79,13 @@ def backends() -> None:
         print("PyTorch tensors: skipped, torch is not installed (pip install propop[torch]).\n")
         return
     from ..networks.gated import GRU
+    from ..networks.graph import Graph
 
     rng = np.random.default_rng(1)
     fnn = FNN.random([6, 9, 5, 7], activation="tanh", seed=0)
     rnn = RNN.random([3, 4, 4], activation="tanh", seed=0)
     gru = GRU(3, 4, num_layers=2, seed=0)
+    graph = Graph.residual_mlp(6, 2)
     x, xs = rng.standard_normal((6, 3)), rng.standard_normal((12, 3, 3))
     cases = {"FNN 6-9-5-7": (fnn, x, rng.standard_normal((7, 3)),
                              lambda: FNN([torch.from_numpy(W) for W in fnn.W],
@@ -93,8 +95,11 @@ def backends() -> None:
                                            [torch.from_numpy(U) for U in rnn.U],
                                            [torch.from_numpy(b) for b in rnn.b])),
              "2-layer GRU, 12 steps": (gru, xs, rng.standard_normal((12, 4, 3)),
-                                       lambda: gru.to("torch"))}
-    print("PyTorch tensors, one code path: networks of tensors (any widths, RNNs, GRUs) "
+                                       lambda: gru.to("torch")),
+             "residual graph, 2 blocks": (graph, x, rng.standard_normal((6, 3)),
+                                          lambda: graph.to("torch"))}
+    print("PyTorch tensors, one code path: networks of tensors (any widths, RNNs, GRUs, "
+          "graphs) "
           "backpropagate with every propop-native method on the same code as NumPy's "
           "(CuPy and PyTorch CUDA too, not yet run on a GPU; propop solvers says where "
           "each method has run):\n")
@@ -104,9 +109,11 @@ def backends() -> None:
         reference = backprop(net, inputs, target, method="substitution")
         ours = moved()
         for method in ("cyclic-reduction", "batched-gmres"):
+            options = {"groups": True} if name.startswith("residual") and \
+                method == "cyclic-reduction" else {}  # a block per residual unit
             g = backprop(ours, torch.from_numpy(inputs), torch.from_numpy(target),
-                         method=method)
-            raw = g.W[0] if hasattr(g, "W") else next(iter(g.parameters.values()))
+                         method=method, **options)
+            raw = _first_gradient(g, host=False)
             mine, theirs = _first_gradient(g), _first_gradient(reference)
             difference = float(np.abs(mine - theirs).max() / np.abs(theirs).max())
             print(f"| {name} | {method} | {type(raw).__module__}.{type(raw).__name__} | "
@@ -114,12 +121,13 @@ def backends() -> None:
     print()
 
 
-def _first_gradient(g: Any) -> Any:
-    """The first weight's gradient of any network's gradients, on the host."""
+def _first_gradient(g: Any, host: bool = True) -> Any:
+    """The first weight's gradient of any network's gradients (on the host if ``host``)."""
     from .. import backend
 
     value = g.W[0] if hasattr(g, "W") else next(iter(g.parameters.values()))
-    return backend.to_host(value)
+    value = next(iter(value.values())) if isinstance(value, dict) else value  # a graph's node
+    return backend.to_host(value) if host else value
 
 
 def torch_loop() -> None:

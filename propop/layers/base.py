@@ -26,19 +26,14 @@ class Layer:
 
     linear = True
     values: tuple[str, ...] = ()  # the attributes holding arrays of values, moved by to()
-    host_only: str | None = None  # why the layer computes on NumPy/SciPy only, if it does
 
     def to(self, kind: str, device: Any = None, memo: dict | None = None) -> Layer:
         """The same layer with its values on backend ``kind`` (``device``: PyTorch's).
 
         ``memo`` maps ``id(array)`` to its moved copy, so that an array two layers
-        share (tied weights) stays one array. ``TypeError`` for a layer that
-        computes on the host only, naming why; sparse weights move to
-        ``"numpy"`` or ``"cupy"`` only.
+        share (tied weights) stays one array. Sparse weights move to ``"numpy"``
+        or ``"cupy"`` only (``TypeError``).
         """
-        if self.host_only and kind not in ("numpy",):
-            raise TypeError(f"{self!r} computes on NumPy only ({self.host_only}); a graph "
-                            f"holding it cannot move to {kind!r}")
         memo = {} if memo is None else memo
         moved = copy.copy(self)
         for name in self.values:

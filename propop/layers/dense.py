@@ -291,8 +291,6 @@ class LogSumExp(Diagonal):
     (:func:`softmax_over`).
     """
 
-    values = ()
-
     def __init__(self, groups: Any) -> None:
         self.groups = np.asarray(groups, dtype=np.int64).reshape(-1)
         self.count = int(self.groups.max()) + 1 if self.groups.size else 0
