@@ -74,9 +74,12 @@ class Activation:
         """``write(y, out=z)`` that stores ``f(y)`` in ``z``, resolved once for ``xp``.
 
         The array module's own function where there is one (no dispatch per
-        call: the sequential loops call it once per layer or time step).
+        call: the sequential loops call it once per layer or time step); the
+        standard's functions take no ``out=``.
         """
-        direct = getattr(xp, self.elementwise, None) if self.elementwise else None
+        standard = getattr(xp, "__name__", "") == "array_api_strict"
+        direct = getattr(xp, self.elementwise, None) if self.elementwise and not standard \
+            else None
         if direct is not None:
             return direct
         f = self.f

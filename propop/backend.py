@@ -556,7 +556,7 @@ def outer_on_pattern(Wk: Any, vk: Any, zk: Any) -> Any:
     """``sum_i v_i z_i^T`` over samples, on the pattern of ``Wk`` if it is sparse."""
     be = of(Wk)
     if not be.sparse.issparse(Wk):
-        return be.xp.outer(vk, zk) if vk.ndim == 1 else vk @ zk.T
+        return vk[:, None] * zk[None, :] if vk.ndim == 1 else vk @ zk.T
     rows = be.xp.repeat(be.xp.arange(Wk.shape[0]), be.xp.diff(Wk.indptr))
     products = vk[rows] * zk[Wk.indices]
     data = products if vk.ndim == 1 else products.sum(axis=1)

@@ -50,7 +50,7 @@ def _float_dtype(arrays: Sequence[Any]) -> Any:
     be = backend.of(*arrays)
     if all(a.dtype == be.xp.float32 for a in arrays):
         return arrays[0].dtype
-    return be.xp.float64 if be.name == "torch" else np.dtype(np.float64)
+    return be.xp.float64 if be.name in ("torch", "array_api_strict") else np.dtype(np.float64)
 
 
 class FNN:
@@ -296,10 +296,11 @@ class FNN:
         xp = self.backend.xp
         Y = xp.empty((self.depth,) + x.shape, dtype=self.dtype)
         Z = xp.empty((self.depth + 1,) + x.shape, dtype=self.dtype)
-        Z[0] = x
+        Z[0, ...] = x
         biases = self.b if x.ndim == 1 else [bk[:, None] for bk in self.b]
-        zs, matmul = list(Z), backend.matmul_out(xp)  # views, made in C
-        for Wk, bk, write, y, z, z_next in zip(self.W, biases, self._writers, Y, zs, zs[1:]):
+        zs, matmul = xp.unstack(Z), backend.matmul_out(xp)  # views
+        for Wk, bk, write, y, z, z_next in zip(self.W, biases, self._writers, xp.unstack(Y), zs,
+                                               zs[1:]):
             matmul(Wk, z, out=y)
             y += bk
             write(y, out=z_next)
@@ -345,7 +346,8 @@ class FNN:
         For equal widths one ``(l + 1, n[, r])`` array (a view), else a list.
         """
         if self.equal_widths:
-            return x.reshape((self.depth + 1, self.sizes[0]) + x.shape[1:])
+            shape = (self.depth + 1, self.sizes[0]) + tuple(x.shape[1:])
+            return self.backend.xp.reshape(x, shape)
         return system.split(x)
 
     def state_shapes(self, x: Any) -> tuple[list, list]:
@@ -361,15 +363,16 @@ class FNN:
         xp = self.backend.xp
         x = self.check_input(x)
         if z is None:
-            z = [x] + [xp.zeros((n,) + x.shape[1:], dtype=self.dtype) for n in self.sizes[1:]]
+            z = [x] + [xp.zeros((n,) + tuple(x.shape[1:]), dtype=self.dtype,
+                                device=backend.device(x)) for n in self.sizes[1:]]
         if self.equal_widths:  # all layers in one batched product
-            later = xp.stack(z[1:]) if isinstance(z, (list, tuple)) else z[1:]
-            Z = xp.concat([x[None], later])
+            later = xp.stack(z[1:]) if isinstance(z, (list, tuple)) else z[1:, ...]
+            Z = xp.concat([x[None, ...], later])
             stacks = self.stacks()
             if x.ndim == 1:  # one vector per layer: (l, n, n) @ (l, n, 1)
                 return _stacked_trace(x, (stacks["W"] @ Z[:-1, :, None])[..., 0]
                                       + stacks["b"], Z)
-            return _stacked_trace(x, stacks["W"] @ Z[:-1] + stacks["b"][:, :, None], Z)
+            return _stacked_trace(x, stacks["W"] @ Z[:-1, ...] + stacks["b"][:, :, None], Z)
         y = [Wk @ zk + column(bk, x) for Wk, bk, zk in zip(self.W, self.b, [x] + list(z[1:-1]))]
         return Trace(x=x, y=tuple(y), z=tuple([x] + list(z[1:])))
 
@@ -380,19 +383,23 @@ class FNN:
 
         A sparse ``W[k]`` gets a sparse gradient on its own pattern.
         """
-        if len(v) != self.depth + 1:
-            raise ValueError(f"v has {len(v)} blocks, expected {self.depth + 1} (v[0..l])")
+        blocks = len(v) if isinstance(v, (list, tuple)) else v.shape[0]  # a list or a stack
+        if blocks != self.depth + 1:
+            raise ValueError(f"v has {blocks} blocks, expected {self.depth + 1} (v[0..l])")
         if self.equal_widths:  # one batched product for all layers
             xp = self.backend.xp
-            V = v[1:] if not isinstance(v, (list, tuple)) else xp.stack(v[1:])
-            Z = trace.stacked["z"][:-1] if trace.stacked else xp.stack(trace.z[:-1])
+            stacked = not isinstance(v, (list, tuple))
+            V = v[1:, ...] if stacked else xp.stack(v[1:])
+            x = v[0, ...] if stacked else v[0]
+            Z = trace.stacked["z"][:-1, ...] if trace.stacked else xp.stack(trace.z[:-1])
             if V.ndim == 2:
-                return Gradients(W=tuple(V[:, :, None] * Z[:, None, :]), b=tuple(V), x=v[0])
-            return Gradients(W=tuple(V @ xp.permute_dims(Z, (0, 2, 1))), b=tuple(V.sum(axis=2)),
-                             x=v[0])
+                return Gradients(W=xp.unstack(V[:, :, None] * Z[:, None, :]), b=xp.unstack(V),
+                                 x=x)
+            return Gradients(W=xp.unstack(V @ xp.permute_dims(Z, (0, 2, 1))),
+                             b=xp.unstack(xp.sum(V, axis=2)), x=x)
         dW = tuple(backend.outer_on_pattern(Wk, vk, zk)
                    for Wk, vk, zk in zip(self.W, v[1:], trace.z[:-1]))
-        db = tuple(vk if vk.ndim == 1 else vk.sum(axis=1) for vk in v[1:])
+        db = tuple(vk if vk.ndim == 1 else self.backend.xp.sum(vk, axis=1) for vk in v[1:])
         return Gradients(W=dW, b=db, x=v[0])
 
     def slopes(self, trace: Trace) -> Any:
@@ -404,7 +411,7 @@ class FNN:
         first = self.activations[0]
         if self.equal_widths and all(act is first for act in self.activations):
             if trace.stacked and first.df_of_output is not None:  # z = f(y) is at hand
-                return first.df_of_output(trace.stacked["z"][1:])
+                return first.df_of_output(trace.stacked["z"][1:, ...])
             Y = trace.stacked["y"] if trace.stacked else self.backend.xp.stack(trace.y)
             return first.df(Y)
         return [act.df(y) for act, y in zip(self.activations, trace.y)]
@@ -412,7 +419,8 @@ class FNN:
 
 def _stacked_trace(x: Any, Y: Any, Z: Any) -> Trace:
     """The trace whose layers are the slices of ``Y`` and ``Z`` (``z[0]`` is ``x`` itself)."""
-    return Trace(x=x, y=tuple(Y), z=(x,) + tuple(Z[1:]), stacked={"y": Y, "z": Z})
+    xp = backend.namespace(Y)
+    return Trace(x=x, y=xp.unstack(Y), z=(x,) + xp.unstack(Z[1:, ...]), stacked={"y": Y, "z": Z})
 
 
 def _random_matrix(rng: np.random.Generator, shape: tuple[int, int], density: float,

@@ -156,6 +156,16 @@ class RNN:
             b.append(rng.uniform(-bound, bound, h).astype(dtype))
         return cls(W, U, b, activation)
 
+    def to(self, kind: str, device: Any = None) -> RNN:
+        """The same network with its arrays on backend ``kind``.
+
+        ``kind`` is ``"numpy"``, ``"torch"``, ``"cupy"`` or ``"array_api_strict"``;
+        ``device`` a PyTorch device such as ``"cuda"``. Sparse weights move to
+        ``"numpy"`` or ``"cupy"`` only.
+        """
+        return RNN(*([backend.convert(a, kind, device) for a in arrays]
+                     for arrays in (self.W, self.U, self.b)), self.activations)
+
     def check_input(self, xs: Any) -> Any:
         """Return ``xs`` as an array of the network's dtype, or raise naming the problem."""
         xs = real_array(xs, "xs", self.dtype)
@@ -191,12 +201,12 @@ class RNN:
         for Wk, Uk, bk, f in zip(self.W, self.U, self.b, self.activations):
             inputs = backend.over_time(Wk, z[-1]) + (bk[:, None] if z[-1].ndim == 3 else bk)
             yk, zk = xp.empty_like(inputs), xp.empty_like(inputs)
-            ys, zs = list(yk), list(zk)  # views of the steps, made in C
+            ys, zs = xp.unstack(yk), xp.unstack(zk)  # views of the steps
             write = f.writer(xp)
-            ys[0][...] = inputs[0]
+            ys[0][...] = inputs[0, ...]
             write(ys[0], out=zs[0])
             recur = backend.matmul_writer(Uk)
-            for y_s, input_s, z_before, z_s in zip(ys[1:], list(inputs)[1:], zs, zs[1:]):
+            for y_s, input_s, z_before, z_s in zip(ys[1:], xp.unstack(inputs)[1:], zs, zs[1:]):
                 recur(z_before, out=y_s)
                 y_s += input_s
                 write(y_s, out=z_s)
@@ -234,9 +244,9 @@ class RNN:
             slope = self.activations[k].df(trace.y[k])
             vk = xp.empty_like(above)
             for s in range(above.shape[0] - 1, -1, -1):
-                total = above[s] if s == above.shape[0] - 1 else above[s] + \
-                    self.U[k].T @ vk[s + 1]
-                vk[s] = slope[s] * total
+                total = above[s, ...] if s == above.shape[0] - 1 else above[s, ...] + \
+                    self.U[k].T @ vk[s + 1, ...]
+                vk[s, ...] = slope[s, ...] * total
             v[k + 1] = vk
             above = backend.over_time(self.W[k].T, vk)
         v[0] = above
@@ -251,8 +261,8 @@ class RNN:
             vk, zin, zk = v[k + 1], trace.z[k], trace.z[k + 1]
             dW.append(backend.outer_on_pattern(self.W[k], _steps_as_columns(vk),
                                                _steps_as_columns(zin)))
-            dU.append(backend.outer_on_pattern(self.U[k], _steps_as_columns(vk[1:]),
-                                               _steps_as_columns(zk[:-1])))
+            dU.append(backend.outer_on_pattern(self.U[k], _steps_as_columns(vk[1:, ...]),
+                                               _steps_as_columns(zk[:-1, ...])))
             db.append(self.backend.xp.sum(vk, axis=tuple(a for a in range(vk.ndim) if a != 1)))
         return RNNGradients(tuple(dW), tuple(dU), tuple(db), v[0])
 
@@ -270,10 +280,11 @@ class RNN:
         xs = self.check_input(xs)
         tau, batch = xs.shape[0], xs.shape[2:]
         z = [xs] + (list(z[1:]) if z is not None else
-                    [xp.zeros((tau, h) + batch, dtype=self.dtype) for h in self.sizes[1:]])
+                    [xp.zeros((tau, h) + tuple(batch), dtype=self.dtype, device=backend.device(xs))
+                     for h in self.sizes[1:]])
         y = []
         for k, (Wk, Uk, bk) in enumerate(zip(self.W, self.U, self.b)):
-            previous = xp.concat([xp.zeros_like(z[k + 1][:1]), z[k + 1][:-1]])
+            previous = xp.concat([xp.zeros_like(z[k + 1][:1, ...]), z[k + 1][:-1, ...]])
             y.append(backend.over_time(Wk, z[k]) + backend.over_time(Uk, previous)
                      + (bk[:, None] if batch else bk))
         return Trace(x=xs, y=tuple(y), z=tuple([xs] + list(z[1:])))
@@ -286,7 +297,7 @@ class RNN:
         sizes = self.sizes
         X = self.backend.xp.reshape(x, (x.shape[0] // sum(sizes), sum(sizes)) + tuple(x.shape[1:]))
         starts = [sum(sizes[:k]) for k in range(len(sizes))]
-        return [X[:, o: o + n] for o, n in zip(starts, sizes)]
+        return [X[:, o: o + n, ...] for o, n in zip(starts, sizes)]
 
 
 def _steps_as_columns(A: Any) -> Any:

@@ -90,7 +90,8 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     residual = getattr(net, "nonlinear_residual", None) or (
         lambda t: _nonlinear_residual(net, t))
     deviation = getattr(net, "input_deviation", None) or (  # the input block's error
-        lambda states, x: _relative(states[0], x))
+        lambda states, x: _relative(states[0] if isinstance(states, (list, tuple))
+                                    else states[0, ...], x))  # a list, or a stack
     residuals, solutions, changes, steps = [residual(trace)], [], [float("inf")], []
     best = (residuals[0], 0, trace)
     measure = residuals if stop == "residual" else changes

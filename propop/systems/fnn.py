@@ -27,7 +27,8 @@ def _fnn_backward(net: FNN, trace: Trace, eps: Any, *, form: str = "scaled") -> 
     _require_memory(net, eps)
     slopes = net.slopes(trace)
     rhs = xp.zeros((sum(net.sizes),) + eps.shape[1:], dtype=net.dtype)
-    xp.multiply(slopes[-1], eps, out=rhs[-net.sizes[-1]:])
+    last = slopes[-1] if isinstance(slopes, list) else slopes[-1, ...]  # list or stack
+    rhs[-net.sizes[-1]:, ...] = last * eps
     coupling, row_scale, stacks = _coefficients(net, net.WT if not net.equal_widths else (),
                                                 slopes, "WT")
     return TriangularSystem(

@@ -36,7 +36,7 @@ def _stack(xp: Any, rnn: RNN, tau: int, batch: tuple, blocks: dict) -> Any:
                    device=backend.device(rnn.W[0]))
     offsets = [sum(rnn.sizes[:k]) for k in range(rnn.depth + 1)]
     for k, values in blocks.items():
-        rhs[:, offsets[k]: offsets[k] + rnn.sizes[k]] = values
+        rhs[:, offsets[k]: offsets[k] + rnn.sizes[k], ...] = values
     return xp.reshape(rhs, (tau * per_step,) + tuple(batch))
 
 
@@ -74,13 +74,14 @@ def _rnn_forward(rnn: RNN, xs: Any, around: Any = None, *, linearization: str = 
     xp = rnn.backend.xp
     xs = rnn.check_input(xs)
     tau, batch = xs.shape[0], xs.shape[2:]
-    points = ([xp.zeros((tau, h) + batch, dtype=rnn.dtype) for h in rnn.sizes[1:]]
+    points = ([xp.zeros((tau, h) + tuple(batch), dtype=rnn.dtype, device=backend.device(xs))
+               for h in rnn.sizes[1:]]
               if around is None else list(around.y if isinstance(around, Trace) else around))
     blocks, scales_by_layer = {0: xs}, []
     for k, (act, bk, y) in enumerate(zip(rnn.activations, rnn.b, points)):
-        if tuple(y.shape) != (tau, rnn.sizes[k + 1]) + batch:
+        if tuple(y.shape) != (tau, rnn.sizes[k + 1]) + tuple(batch):
             raise ValueError(f"layer {k}: around.y[{k}] has shape {tuple(y.shape)}, expected "
-                             f"{(tau, rnn.sizes[k + 1]) + batch}")
+                             f"{(tau, rnn.sizes[k + 1]) + tuple(batch)}")
         a, beta = act.linearize(y, linearization)
         scales_by_layer.append(a)
         blocks[k + 1] = a * (bk[:, None] if batch else bk) + beta

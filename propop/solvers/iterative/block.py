@@ -307,8 +307,8 @@ class BlockBiCGStab(_BlockMethod):
 
 def _breakdown(xp: Any, it: int, R: Any) -> str:
     """Why ``R~^T A P`` became singular, and what to do."""
-    rank = int(xp.count_nonzero(xp.linalg.svdvals(R) > np.sqrt(backend.eps(R.dtype))
-                      * float(xp.linalg.vector_norm(R))))
+    rank = int(xp.count_nonzero(xp.linalg.svdvals(R) > float(np.sqrt(backend.eps(R.dtype)))
+                                * float(xp.linalg.vector_norm(R))))
     if rank < R.shape[1]:
         return (f"block BiCGStab breakdown at iteration {it}: the {R.shape[1]} residuals are "
                 f"linearly dependent (rank {rank}; a backward system's right-hand sides "
