@@ -196,8 +196,8 @@ def torch_mlp(W: Sequence[np.ndarray], b: Sequence[np.ndarray], dtype: str = "fl
     for Wk, bk in zip(W, b):
         linear = nn.Linear(Wk.shape[1], Wk.shape[0], dtype=getattr(torch, dtype), device=device)
         with torch.no_grad():
-            linear.weight.copy_(torch.tensor(Wk))
-            linear.bias.copy_(torch.tensor(bk))
+            linear.weight.copy_(torch.tensor(Wk, device=device))
+            linear.bias.copy_(torch.tensor(bk, device=device))
         layers += [linear, nn.Tanh()]
     model = nn.Sequential(*layers)
 
@@ -221,9 +221,9 @@ def torch_rnn(W: np.ndarray, U: np.ndarray, b: np.ndarray, dtype: str = "float64
     module = torch.nn.RNN(W.shape[1], U.shape[0], nonlinearity="tanh",
                           dtype=getattr(torch, dtype), device=device)
     with torch.no_grad():
-        module.weight_ih_l0.copy_(torch.tensor(W))
-        module.weight_hh_l0.copy_(torch.tensor(U))
-        module.bias_ih_l0.copy_(torch.tensor(b))
+        module.weight_ih_l0.copy_(torch.tensor(W, device=device))
+        module.weight_hh_l0.copy_(torch.tensor(U, device=device))
+        module.bias_ih_l0.copy_(torch.tensor(b, device=device))
         module.bias_hh_l0.zero_()
 
     def job(X: Any, T: Any) -> Any:

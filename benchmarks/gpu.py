@@ -152,8 +152,8 @@ def newton_row(device: Device, hidden: int, r: int, tau: int) -> dict:
     moved = pp.RNN([device.tensor(W) for W in rnn.W], [device.tensor(U) for U in rnn.U],
                    [device.tensor(b) for b in rnn.b])
     xd = device.tensor(xs)
-    module = torch.nn.RNN(hidden, hidden, nonlinearity="tanh").to(
-        device=device.name, dtype=getattr(torch, device.dtype))
+    module = torch.nn.RNN(hidden, hidden, nonlinearity="tanh", device=device.name,
+                          dtype=getattr(torch, device.dtype))
     with torch.no_grad():
         module.weight_ih_l0.copy_(device.tensor(rnn.W[0]))
         module.weight_hh_l0.copy_(device.tensor(rnn.U[0]))

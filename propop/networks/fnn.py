@@ -37,7 +37,8 @@ def _as_weight(W: Any, what: str) -> Any:
 def _as_biases(b: Sequence[Any] | None, weights: Sequence[Any], xp: Any) -> list:
     """The biases as real arrays (zeros if ``b`` is ``None``), as many as ``weights``."""
     if b is None:
-        return [xp.zeros(Wk.shape[0], dtype=Wk.dtype) for Wk in weights]
+        return [xp.zeros(Wk.shape[0], dtype=Wk.dtype, device=backend.device(Wk))
+                for Wk in weights]
     if isinstance(b, (str, bytes)) or not isinstance(b, Sequence):
         raise ValueError("b must be a sequence of bias vectors, one per layer")
     if len(b) != len(weights):
@@ -294,8 +295,9 @@ class FNN:
 
     def _stacked_forward(self, x: Any) -> Trace:
         xp = self.backend.xp
-        Y = xp.empty((self.depth,) + x.shape, dtype=self.dtype)
-        Z = xp.empty((self.depth + 1,) + x.shape, dtype=self.dtype)
+        Y = xp.empty((self.depth,) + tuple(x.shape), dtype=self.dtype, device=backend.device(x))
+        Z = xp.empty((self.depth + 1,) + tuple(x.shape), dtype=self.dtype,
+                     device=backend.device(x))
         Z[0, ...] = x
         biases = self.b if x.ndim == 1 else [bk[:, None] for bk in self.b]
         zs, matmul = xp.unstack(Z), backend.matmul_out(xp)  # views

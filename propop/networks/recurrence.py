@@ -418,7 +418,8 @@ class _TorchCell:
         self.home, self.device, self.numpy_dtype = "numpy", torch.device("cpu"), dtype
         self.dtype = getattr(torch, dtype.name)
         self.parameters = {k: _tensor_parameter(k, v, self.dtype) if isinstance(v, torch.Tensor)
-                           else torch.as_tensor(_parameter(k, v, dtype), dtype=self.dtype).clone()
+                           else torch.as_tensor(_parameter(k, v, dtype), dtype=self.dtype,
+                                                device="cpu").clone()
                            for k, v in parameters.items()}
         devices = {t.device for t in self.parameters.values()}
         if len(devices) > 1:

@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .. import backend
 
 __all__ = ["EdgeGroups"]
@@ -81,8 +83,8 @@ class EdgeGroups:
             M = xp.stack([e.matrix for e, _ in edges])
             coupling = xp.permute_dims(M, (0, 2, 1)) if t else M
         scale = None if edges[0][1] is None else xp.stack([s for _, s in edges])
-        return _Group(_entries(xp, offsets, target, size_t), _entries(xp, offsets, source, size_u),
-                      coupling, scale, t)
+        return _Group(_entries(first.matrix, offsets, target, size_t),
+                      _entries(first.matrix, offsets, source, size_u), coupling, scale, t)
 
     def subtract_from(self, out: Any, x: Any) -> Any:
         """``out - (sum over edges)`` in place: ``out`` and ``x`` are ``(N,)`` or ``(N, c)``."""
@@ -103,10 +105,10 @@ class EdgeGroups:
         return out
 
 
-def _entries(xp: Any, offsets: Any, blocks: list, size: int) -> Any:
-    """The entry indices of ``blocks`` (each of ``size`` entries) as a ``(g, size)`` array."""
-    starts = xp.asarray([offsets[k] for k in blocks])
-    return starts[:, None] + xp.arange(size)[None, :]
+def _entries(like: Any, offsets: Any, blocks: list, size: int) -> Any:
+    """The entry indices of ``blocks`` (``size`` entries each), ``(g, size)``, beside ``like``."""
+    starts = np.asarray([int(offsets[k]) for k in blocks])
+    return backend.like(starts[:, None] + np.arange(size)[None, :], like)
 
 
 def _block_diagonal(be: backend.Backend, matrices: list) -> Any:

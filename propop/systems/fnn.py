@@ -26,7 +26,8 @@ def _fnn_backward(net: FNN, trace: Trace, eps: Any, *, form: str = "scaled") -> 
     eps = net.check_eps(trace, eps)
     _require_memory(net, eps)
     slopes = net.slopes(trace)
-    rhs = xp.zeros((sum(net.sizes),) + eps.shape[1:], dtype=net.dtype)
+    rhs = xp.zeros((sum(net.sizes),) + tuple(eps.shape[1:]), dtype=net.dtype,
+                   device=backend.device(eps))
     last = slopes[-1] if isinstance(slopes, list) else slopes[-1, ...]  # list or stack
     rhs[-net.sizes[-1]:, ...] = last * eps
     coupling, row_scale, stacks = _coefficients(net, net.WT if not net.equal_widths else (),
@@ -62,7 +63,8 @@ def _points(net: FNN, x: Any, around: Any) -> list[Any]:
     xp = net.backend.xp
     batch = x.shape[1:]
     if around is None:
-        return [xp.zeros((n,) + batch, dtype=net.dtype) for n in net.sizes[1:]]
+        return [xp.zeros((n,) + tuple(batch), dtype=net.dtype, device=backend.device(x))
+                for n in net.sizes[1:]]
     ys = list(around.y if isinstance(around, Trace) else around)
     if len(ys) != net.depth:
         raise ValueError(f"around has {len(ys)} layers, expected {net.depth}")

@@ -218,6 +218,12 @@ class Operator:
         return self.offsets[-1]
 
     @property
+    def device(self) -> Any:
+        """The device of the stored arrays, where new ones are made (``None``: none stored)."""
+        stored = self.couplings.arrays() + self.scalings.arrays()
+        return backend.device(stored[0]) if stored else None
+
+    @property
     def dtype(self) -> Any:
         """The floating type of the operator."""
         return self._dtype

@@ -62,10 +62,11 @@ class _Cycle:
     def __init__(self, xp: Any, R: Any, beta: Any, m: int, dot: Any) -> None:
         r = R.shape[1]
         self.xp, self.dot, self.V = xp, dot, [_safe(xp, R, beta)]
-        self.H = xp.zeros((m + 1, m, r), dtype=R.dtype)
-        self.cs = xp.zeros((m, r), dtype=R.dtype)
-        self.sn = xp.zeros((m, r), dtype=R.dtype)
-        self.g = xp.zeros((m + 1, r), dtype=R.dtype)
+        at = backend.device(R)
+        self.H = xp.zeros((m + 1, m, r), dtype=R.dtype, device=at)
+        self.cs = xp.zeros((m, r), dtype=R.dtype, device=at)
+        self.sn = xp.zeros((m, r), dtype=R.dtype, device=at)
+        self.g = xp.zeros((m + 1, r), dtype=R.dtype, device=at)
         self.g[0, ...] = beta
 
     def step(self, j: int, W: Any) -> tuple[Any, Any]:
@@ -98,7 +99,7 @@ class _Cycle:
         """``sum_i V_i y_i`` with ``y`` from the triangular ``H``, ``steps[c]`` rows per column."""
         xp, H, g = self.xp, self.H, self.g
         k = int(xp.max(steps))
-        y = xp.zeros((k,) + tuple(steps.shape), dtype=H.dtype)
+        y = xp.zeros((k,) + tuple(steps.shape), dtype=H.dtype, device=backend.device(H))
         for i in range(k - 1, -1, -1):
             rest = xp.sum(H[i, i + 1: k, ...] * y[i + 1:, ...], axis=0)
             y[i, ...] = xp.where(steps > i, _safe(xp, g[i, ...] - rest, H[i, i, ...]), 0.0)

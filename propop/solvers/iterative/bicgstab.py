@@ -90,7 +90,7 @@ def iterate(block: Block, X: Any, tol: Tolerance, maxiter: int, callback: Callab
     R = true_residual(X)
     Rhat = (xp.astype(backend.like(np.random.default_rng(seed).standard_normal(R.shape), R),
                       R.dtype) if shadow == "random" else xp.asarray(R, copy=True))
-    ones = xp.ones(R.shape[1], dtype=R.dtype)
+    ones = xp.ones(R.shape[1], dtype=R.dtype, device=backend.device(R))
     rho_old, alpha, omega = ones, ones, ones
     V = xp.zeros_like(R)
     P = xp.zeros_like(R)

@@ -88,4 +88,5 @@ def groups_factored(system: Any, shared_diagonal: str | None, counter: Counter) 
 def standing(operator: Any, columns: int | None = None) -> TriangularSystem:
     """``operator`` with a zero right-hand side: the system a plan's matrix work sees."""
     return TriangularSystem.of(operator, operator.backend.xp.zeros(
-        (operator.size, columns or operator.samples), dtype=operator.dtype))
+        (operator.size, columns or operator.samples), dtype=operator.dtype,
+        device=operator.device))
