@@ -1,7 +1,8 @@
 """One system of every layout, built in NumPy: what every backend must solve alike.
 
 A chain of unequal widths, a stacked chain, a chain with per-sample couplings (a
-recurrence's), an RNN's time layout, a residual graph and a linear network's batch
+recurrence's), an RNN's time layout, a GRU's (per-sample Jacobians over time), a
+residual graph and a linear network's batch
 (one matrix for every sample: the block methods' case). ``tests/test_backends.py``
 solves them on every backend with every native method; ``python -m benchmarks.gpu
 --record`` does the same on a GPU.
@@ -45,6 +46,14 @@ def rnn(r: int) -> pp.TriangularSystem:
     return pp.backward_system(net, trace, np.ones_like(trace.output))
 
 
+def gru(r: int) -> pp.TriangularSystem:
+    """The backward system of a 2-layer GRU over 6 steps: per-sample Jacobians in time."""
+    net = pp.GRU(3, 4, num_layers=2, seed=0)
+    trace = net.forward(np.random.default_rng(8).standard_normal((6, 3, r)))
+    return pp.backward_system(net, trace, net.loss_gradient(
+        trace, np.zeros(net.outputs(trace).shape)))
+
+
 def graph(r: int) -> pp.TriangularSystem:
     """The backward system of a residual MLP: a graph with identity (sparse) couplings."""
     net = pp.Graph.residual_mlp(4, 3, seed=0)
@@ -60,4 +69,4 @@ def linear(r: int) -> pp.TriangularSystem:
 
 
 SYSTEMS = {"fnn-unequal": fnn_unequal, "fnn-stacked": fnn_stacked, "per-sample": per_sample,
-           "rnn": rnn, "graph": graph, "linear": linear}
+           "rnn": rnn, "gru": gru, "graph": graph, "linear": linear}

@@ -499,6 +499,44 @@ def convert(array: Any, kind: str, device: Any = None) -> Any:
     return _named("torch").xp.asarray(host, device=device)
 
 
+def torch_device(kind: str, device: Any = None) -> Any:
+    """The PyTorch device that computes for arrays of backend ``kind``.
+
+    ``device`` for PyTorch's own; CuPy's current CUDA device; else the CPU.
+    """
+    import torch
+
+    if kind == "cupy":
+        _named("cupy")  # a missing CuPy names its extra
+        return torch.device("cuda", importlib.import_module("cupy").cuda.Device().id)
+    return torch.device(device or "cpu") if kind == "torch" else torch.device("cpu")
+
+
+def to_torch(array: Any, dtype: Any, device: Any) -> Any:
+    """``array`` of any backend as a PyTorch tensor of ``dtype`` on ``device``.
+
+    CuPy's arrays by DLPack (no copy on their device), the strict namespace's
+    through the host.
+    """
+    import torch
+
+    name = _name_of(array)
+    if name == "cupy":
+        return torch.from_dlpack(array).to(dtype=dtype, device=device)
+    return torch.as_tensor(to_host(array) if name == "array_api_strict" else array,
+                           dtype=dtype, device=device)
+
+
+def from_torch(tensor: Any, kind: str) -> Any:
+    """A PyTorch tensor as an array of backend ``kind`` (to CuPy by DLPack, no copy)."""
+    if kind == "torch":
+        return tensor
+    if kind == "cupy":
+        return importlib.import_module("cupy").from_dlpack(tensor.detach())
+    host = tensor.detach().cpu().numpy()
+    return host if kind == "numpy" else convert(host, kind)
+
+
 def dense(array: Any) -> Any:
     """``array`` as a dense array of its backend (sparse arrays expanded)."""
     return array.toarray() if is_sparse(array) else array

@@ -68,3 +68,44 @@ def test_a_moved_network_runs_newton_forward_as_on_numpy(kind, device, name):
     assert trace.info["converged"] and backend.of(trace.output).name == kind
     np.testing.assert_allclose(backend.to_host(trace.output), net.forward(x).output,
                                rtol=1e-9, atol=1e-12)
+
+
+def recurrence(cell):
+    rng = np.random.default_rng(0)
+    if cell != "recurrence":
+        return (pp.GRU if cell == "gru" else pp.LSTM)(2, 3, num_layers=2, seed=0)
+    import torch
+
+    def step(p, h, x):
+        return torch.tanh(p["W"] @ h + p["U"] @ x)
+
+    return pp.Recurrence(step, {"W": rng.standard_normal((3, 3)) * 0.5,
+                                "U": rng.standard_normal((3, 2))}, state_size=3, input_size=2)
+
+
+@pytest.mark.parametrize(("kind", "device"), [
+    pytest.param("array_api_strict", None, id="array_api_strict"), *gpu_backends()])
+@pytest.mark.parametrize("cell", ["gru", "lstm", "recurrence"])
+def test_a_recurrence_moved_anywhere_runs_every_pass_there(kind, device, cell):
+    """PyTorch differentiates the step where the arrays are; the solves run on their backend."""
+    net = recurrence(cell)
+    xs = np.random.default_rng(1).standard_normal((12, 2, 3))
+    moved, X = net.to(kind, device), backend.convert(xs, kind, device)
+    assert moved.backend.name == kind and net.backend.name == "numpy"
+    exact = net.forward(xs)
+    ours = moved.forward(X)
+    assert backend.of(ours.z[1]).name == kind
+    np.testing.assert_allclose(backend.to_host(ours.z[1]), exact.z[1], rtol=1e-13, atol=1e-14)
+    for linearization in ("newton", "quasi", "damped"):
+        trace = pp.forward(moved, X, method="cyclic-reduction", linearization=linearization)
+        assert backend.of(trace.z[1]).name == kind, linearization
+        np.testing.assert_allclose(backend.to_host(trace.z[1]), exact.z[1], rtol=0, atol=1e-9)
+    target = np.random.default_rng(2).standard_normal(net.outputs(exact).shape)
+    reference = pp.backprop(net, xs, target, method="substitution")
+    for method in ("substitution", "cyclic-reduction", "batched-gmres"):
+        g = pp.backprop(moved, X, backend.convert(target, kind, device), method=method)
+        for name, value in reference.parameters.items():
+            assert backend.of(g.parameters[name]).name == kind, (method, name)
+            np.testing.assert_allclose(backend.to_host(g.parameters[name]), value, rtol=1e-9,
+                                       atol=1e-11, err_msg=f"{method} {name}")
+        np.testing.assert_allclose(backend.to_host(g.x), reference.x, rtol=1e-9, atol=1e-11)

@@ -28,6 +28,7 @@ written in PyTorch then never leaves its device): the same code for both.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -190,15 +191,18 @@ class Recurrence:
         return backend.of(self.cell.like)
 
     def to(self, kind: str, device: Any = None) -> Recurrence:
-        """The same recurrence with its arrays on backend ``kind`` (``"numpy"``, ``"torch"``).
+        """The same recurrence with its arrays on backend ``kind``.
 
-        ``device`` is a PyTorch device (``"cuda"``, say). A step written in PyTorch
-        (``backend="torch"``, GRU and LSTM) then runs, is differentiated and is
-        solved on that device; a NumPy step (``backend="numpy"``) stays on NumPy.
+        ``kind`` is ``"numpy"``, ``"torch"``, ``"cupy"`` or ``"array_api_strict"``;
+        ``device`` a PyTorch device (``"cuda"``, say). A step written in PyTorch
+        (``backend="torch"``, GRU and LSTM) runs and is differentiated by PyTorch
+        where the arrays are (CuPy's CUDA device, exchanged by DLPack; the CPU for
+        the strict namespace) and solved on the arrays' backend; a NumPy step
+        (``backend="numpy"``) stays on NumPy.
         """
-        if kind not in ("numpy", "torch"):
-            raise ValueError(f"a recurrence's step runs in PyTorch or NumPy: kind must be "
-                             f"'numpy' or 'torch' (a device with device=), got {kind!r}")
+        if kind not in backend.KINDS:
+            raise ValueError(f"kind must be one of {backend.KINDS} (a PyTorch device with "
+                             f"device=), got {kind!r}")
         moved = copy.copy(self)
         moved.cell = self.cell.to(kind, device)
         return moved
@@ -344,7 +348,7 @@ class Recurrence:
         if J.shape[0] == 0:
             return float("-inf")
         device = backend.device(J)
-        q = xp.ones(tuple(J.shape[1:3]), dtype=J.dtype, device=device) / np.sqrt(J.shape[2])
+        q = xp.ones(tuple(J.shape[1:3]), dtype=J.dtype, device=device) / math.sqrt(J.shape[2])
         total = xp.zeros(J.shape[1], dtype=J.dtype, device=device)
         last = J.shape[0]
         for s, step in enumerate(backend.walk(J), start=1):
@@ -404,7 +408,9 @@ class _TorchCell:
     """A step on one sample's tensors, batched and differentiated by ``torch.func``.
 
     ``vmap``, ``jacrev`` and ``vjp``, on the cell's device; its arrays in and out
-    are NumPy arrays (``home = "numpy"``) or tensors of that device (``"torch"``).
+    are of its home backend: NumPy (``home = "numpy"``), tensors of that device
+    (``"torch"``), CuPy arrays (``"cupy"``: the work on their CUDA device, by
+    DLPack) or the strict namespace's (``"array_api_strict"``, through the host).
     """
 
     def __init__(self, step: Callable, parameters: Mapping[str, Any], jacobian: Any,
@@ -415,7 +421,7 @@ class _TorchCell:
         if vjp is not None:
             raise ValueError("vjp is for backend='numpy'; torch.func differentiates a "
                              "PyTorch step")
-        self.home, self.device, self.numpy_dtype = "numpy", torch.device("cpu"), dtype
+        self.home, self.device = "numpy", torch.device("cpu")
         self.dtype = getattr(torch, dtype.name)
         self.parameters = {k: _tensor_parameter(k, v, self.dtype) if isinstance(v, torch.Tensor)
                            else torch.as_tensor(_parameter(k, v, dtype), dtype=self.dtype,
@@ -426,31 +432,22 @@ class _TorchCell:
             raise ValueError(f"the parameters live on several devices {sorted(map(str, devices))}"
                              ": move them to one")
         self.device = devices.pop() if devices else self.device
+        self.like = np.zeros(0, dtype=dtype)  # an empty array of the home backend and dtype
         self.step = step
         self._batched = step if batched else vmap(step, in_dims=(None, 0, 0))
         self._jacobian = vmap(jacobian or jacrev(step, argnums=1), in_dims=(None, 0, 0))
 
     @property
-    def like(self) -> Any:
-        """An empty array of the cell's home backend, dtype and device."""
-        if self.home == "numpy":
-            return np.zeros(0, dtype=self.numpy_dtype)
-        import torch
-
-        return torch.empty(0, dtype=self.dtype, device=self.device)
-
-    @property
     def array_dtype(self) -> Any:
         """The dtype of the cell's home arrays."""
-        return self.numpy_dtype if self.home == "numpy" else self.dtype
+        return self.like.dtype
 
     def to(self, kind: str, device: Any) -> _TorchCell:
-        """The cell with ``kind`` arrays, its parameters and its work on ``device``."""
-        import torch
-
+        """The cell with ``kind`` arrays, its parameters and its work where they are."""
         moved = copy.copy(self)
-        moved.home, moved.device = kind, torch.device(device or "cpu")
+        moved.home, moved.device = kind, backend.torch_device(kind, device)
         moved.parameters = {k: v.to(moved.device) for k, v in self.parameters.items()}
+        moved.like = moved.home_array(moved.tensor(np.zeros(0)))
         return moved
 
     def __call__(self, H: Any, X: Any) -> Any:
@@ -479,13 +476,11 @@ class _TorchCell:
 
     def tensor(self, a: Any) -> Any:
         """``a`` as a tensor of the cell's dtype on its device."""
-        import torch
-
-        return torch.as_tensor(a, dtype=self.dtype, device=self.device)
+        return backend.to_torch(a, self.dtype, self.device)
 
     def home_array(self, t: Any) -> Any:
         """A result tensor as a home array."""
-        return t.cpu().numpy() if self.home == "numpy" else t
+        return backend.from_torch(t, self.home)
 
 
 class _NumpyCell:
