@@ -168,3 +168,17 @@ def test_a_network_of_tensors_becomes_a_graph_of_tensors():
     for k in range(2):
         np.testing.assert_allclose(g.parameters[f"fc{k}"]["W"].numpy(), reference.W[k],
                                    rtol=1e-12)
+
+
+def test_a_moved_conv1d_keeps_its_kernel_one_array():
+    """``parameters()["W"]`` is the moved kernel, and the 2-D one a view of it (in place)."""
+    layer = L.Conv1d(np.random.default_rng(0).standard_normal((3, 2, 2)), input_shape=(2, 5))
+    moved = layer.to("torch")
+    kernel = moved.parameters()["W"]
+    assert isinstance(kernel, torch.Tensor) and kernel.shape == (3, 2, 2)
+    x = np.random.default_rng(1).standard_normal((10, 2))
+    with torch.no_grad():
+        kernel.mul_(3.0)
+    layer.kernel_1d *= 3.0  # NumPy's 2-D kernel is a view too
+    np.testing.assert_allclose(moved.forward([torch.from_numpy(x)]).numpy(),
+                               layer.forward([x]), rtol=1e-13)

@@ -160,6 +160,14 @@ class Conv1d(Conv2d):
                          dilation=(1, int(dilation)), groups=groups)
         self.kernel_1d = W
 
+    values = ("kernel_1d", "b")
+
+    def to(self, kind: str, device: Any = None, memo: dict | None = None) -> Conv1d:
+        """The layer with its values on ``kind``; its 2-D kernel a view of the 1-D one."""
+        moved = super().to(kind, device, memo)
+        moved.W = moved.kernel_1d[:, :, None, :]
+        return moved
+
     def parameters(self) -> dict:
         """Trainable arrays by name."""
         return {"W": self.kernel_1d} if self.b is None else {"W": self.kernel_1d, "b": self.b}

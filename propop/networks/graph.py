@@ -198,7 +198,8 @@ class Graph:
     @property
     def backend(self) -> backend.Backend:
         """The array backend of the layers' values (NumPy for a graph of no values)."""
-        return backend.of(*self._values()) if self._values() else backend.of(np.zeros(1))
+        values = self._values()
+        return backend.of(*values) if values else backend.of(np.zeros(1))
 
     @property
     def dtype(self) -> Any:
@@ -213,12 +214,12 @@ class Graph:
     def to(self, kind: str, device: Any = None) -> Graph:
         """The same graph with its layers' values on backend ``kind``.
 
-        ``kind`` is ``"numpy"``, ``"torch"`` or ``"cupy"``; ``device`` a PyTorch
-        device such as ``"cuda"``. Parameters shared by several nodes (tied) stay
-        one array; the layers' structure (selections, placements) stays on the
-        host and meets the values where they are. ``TypeError`` naming the node
-        whose layer cannot move (sparse weights to PyTorch, a layer that
-        computes on NumPy only).
+        ``kind`` is ``"numpy"``, ``"torch"``, ``"cupy"`` or ``"array_api_strict"``;
+        ``device`` a PyTorch device such as ``"cuda"``. Parameters shared by several
+        nodes (tied) stay one array; the layers' structure (selections, placements)
+        stays on the host and meets the values where they are. ``TypeError``
+        naming the node whose layer cannot move (sparse weights to a backend
+        without sparse arrays).
         """
         memo: dict = {}
         moved = Graph(self.input_size, outputs=self._outputs)
