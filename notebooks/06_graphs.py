@@ -104,3 +104,17 @@ Xw = torch.tensor(xw.T, requires_grad=True)
 gw = pp.backprop(traced, xw, np.zeros((3, 5)), method="level-scheduled")
 print(gw.solution.status.name, "dE/dx error", f"{np.abs(gw.x - Xw.grad.numpy().T).max():.1e}")
 written.load_state_dict(pp.state_dict(traced), strict=False)
+
+# %% [markdown]
+# The same graph on PyTorch tensors: `traced.to("torch")` moves every layer's values
+# (weights, biases, the batch norm's statistics; `.to("torch", "cuda")` on a GPU), and
+# the forward pass, the backward system, the solve and the gradients then run on the
+# tensors, through the same code as on NumPy. Cyclic reduction over groups makes each
+# residual block one node of the chain it reduces.
+
+# %%
+on_torch = traced.to("torch")
+gt = pp.backprop(on_torch, torch.from_numpy(xw), torch.zeros((3, 5), dtype=torch.float64),
+                 method="cyclic-reduction", groups=True)
+print(type(gt.x).__name__, gt.solution.status.name, "dE/dx error",
+      f"{np.abs(gt.x.numpy() - Xw.grad.numpy().T).max():.1e}")
