@@ -3,11 +3,14 @@
 DEER's setting (a 1-layer GRU, hidden 2, batch 16, tau = 10000) in float64 on
 this machine's CPU, and a wider one (hidden 8, 2 layers, batch 4, tau = 2000).
 Contenders: ``torch.nn.GRU`` (PyTorch's C++ loop, the strongest sequential
-peer here), propop's sequential reference (``gru.forward``, one batched step
-function call per time step) and ``pp.forward(gru, xs, method="cyclic-reduction",
-linearization=...)`` for each member of the Newton family; the deviation is the
-largest absolute difference of the states from ``torch.nn.GRU``'s. Times: a
-warm-up, then the median of 5, round-robin; ratios against ``torch.nn.GRU``.
+peer here), propop's sequential reference (``gru.forward``: PyTorch's GRU kernel
+one layer at a time, every layer's states kept) and ``pp.forward(gru, xs,
+method="cyclic-reduction", linearization=...)`` for each member of the Newton
+family; the deviation is the largest absolute difference of the states from
+``torch.nn.GRU``'s. Times: a warm-up, then the median of 5, round-robin; ratios
+against ``torch.nn.GRU``. A second table times the sequential passes of
+``pp.LSTM`` and propop's Elman cell against ``torch.nn.LSTM`` and ``torch.nn.RNN``
+at the same sizes.
 
 Where propop loses: every Newton iteration computes ``tau r`` Jacobians with
 ``torch.func`` and reduces a chain of ``tau`` dense blocks (``O(tau r n^3)``
@@ -75,10 +78,46 @@ def table(rows: list[dict]) -> str:
             "torch.nn.GRU's\n\n" + "\n".join(out))
 
 
+SEQUENTIAL = {"LSTM": ("LSTM", {}), "RNN": ("ElmanRNN", {"nonlinearity": "tanh"})}
+
+
+def sequential_row(kind: str, layers: int, hidden: int, batch: int, tau: int) -> dict:
+    """The sequential pass of propop against a ``torch.nn`` recurrent module of one kind."""
+    import torch
+
+    from propop.networks import gated
+
+    torch.manual_seed(0)
+    ours, options = SEQUENTIAL[kind]
+    module = getattr(torch.nn, kind)(2, hidden, num_layers=layers, **options).double()
+    net = getattr(gated, ours).from_torch(module)
+    xs = np.random.default_rng(1).standard_normal((tau, 2, batch))
+    X = torch.tensor(xs.transpose(0, 2, 1).copy())
+    with torch.no_grad():
+        reference = module(X)[0].numpy().transpose(0, 2, 1)
+        times = median_times({"torch": lambda: module(X), "propop": lambda: net.forward(xs)},
+                             repeats=5, settle=False)
+    return {"case": f"{kind} layers={layers} hidden={hidden} batch={batch} tau={tau}",
+            "seconds": times, "ratio": times["propop"] / times["torch"],
+            "deviation": float(np.abs(net.outputs(net.forward(xs)) - reference).max())}
+
+
+def sequential_table(rows: list[dict]) -> str:
+    """The sequential passes of propop against ``torch.nn``, as a Markdown table."""
+    out = ["| case | torch.nn [ms] | propop sequential | deviation |", "|---|---:|---:|---:|"]
+    out += [f"| {r['case']} | {1e3 * r['seconds']['torch']:.0f} | {r['ratio']:.2f}x | "
+            f"{r['deviation']:.0e} |" for r in rows]
+    return ("**Sequential passes (float64, CPU)**: propop's `forward` of `pp.LSTM` and the "
+            "Elman cell / `torch.nn.LSTM` and `torch.nn.RNN` (lower is better)\n\n"
+            + "\n".join(out))
+
+
 def main() -> None:
-    """Measure every case, print and save the table."""
+    """Measure every case, print and save the tables."""
     rows = [row(*case) for case in each(CASES, "gru")]
-    publish("gru", rows, table(rows))
+    more = [sequential_row(kind, *case) for kind in SEQUENTIAL
+            for case in each(CASES, kind.lower())]
+    publish("gru", rows + more, table(rows) + "\n\n" + sequential_table(more))
 
 
 if __name__ == "__main__":

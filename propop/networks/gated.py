@@ -113,15 +113,17 @@ class _Gated(Recurrence):
         return torch.cat(new, dim=-1)
 
     def _states(self, X: Any) -> Any:
-        """The sequential pass layer by layer, as ``torch.nn.GRU``/``LSTM`` computes it.
+        """The sequential pass layer by layer, by PyTorch's own loop over the steps.
 
-        A layer's input projection ``W_ih x + b_ih`` for every step and sample is one
-        product; only ``W_hh h`` and the gates run step by step. The same arithmetic
-        as :meth:`_step` at every step, in another order (layers outermost).
+        Each layer's states at every step come from :meth:`_sequence`: the C++
+        kernel ``torch.nn.GRU`` and ``torch.nn.RNN`` run (one layer at a time, so
+        that every layer's states are kept), or ``torch.lstm_cell`` step by step
+        for an LSTM, whose cell states ``torch.nn.LSTM`` does not return. The same
+        function as :meth:`_step`, computed as PyTorch computes it.
         """
         import torch
 
-        cell, (tau, r) = self.cell, tuple(X.shape[:2])
+        cell, r = self.cell, X.shape[1]
         p, width, H = cell.parameters, self.carries * self.hidden_size, self.hidden_size
         inputs = cell.tensor(X)
         shape = (1, r, self.state_size)  # h_{-1}: zeros, or the initial state
@@ -130,15 +132,11 @@ class _Gated(Recurrence):
         layers = []
         with torch.no_grad():
             for k in range(self.num_layers):
-                gi = inputs @ p[f"weight_ih_l{k}"].T + p[f"bias_ih_l{k}"]  # every step at once
-                W_hh, b_hh = p[f"weight_hh_l{k}"].T, p[f"bias_hh_l{k}"]
-                own = start[:, k * width: (k + 1) * width]
-                out = inputs.new_empty((tau, r, width))
-                for gi_s, out_s in zip(gi.unbind(0), out.unbind(0)):  # views, made at once
-                    h = own if width == H else own[:, :H]
-                    own = self._layer(gi_s, torch.addmm(b_hh, h, W_hh), own, out=out_s)
-                layers.append(out)
-                inputs = out[..., :H]
+                weights = [p[f"{kind}_{side}_l{k}"] for kind in ("weight", "bias")
+                           for side in ("ih", "hh")]  # PyTorch's order: W_ih, W_hh, b_ih, b_hh
+                layers.append(self._sequence(inputs, start[:, k * width: (k + 1) * width],
+                                             weights))
+                inputs = layers[-1][..., :H]
         return cell.home_array(torch.cat(layers, dim=-1))
 
     def _jacobian(self, p: Mapping[str, Any], state: Any, x: Any) -> Any:
@@ -179,14 +177,20 @@ class GRU(_Gated):
 
     gates = 3
 
-    def _layer(self, gi: Any, gh: Any, own: Any, out: Any = None) -> Any:
+    def _layer(self, gi: Any, gh: Any, own: Any) -> Any:
         """``(1 - z) n + z h``, ``n = tanh(i_n + r h_n)``; ``r, z`` by one sigmoid."""
         import torch
 
         H = self.hidden_size
         (i_rz, i_n), (h_rz, h_n) = gi.split((2 * H, H), -1), gh.split((2 * H, H), -1)
         r, z = (i_rz + h_rz).sigmoid_().chunk(2, -1)
-        return torch.lerp(torch.addcmul(i_n, r, h_n).tanh_(), own, z, out=out)
+        return torch.lerp(torch.addcmul(i_n, r, h_n).tanh_(), own, z)
+
+    def _sequence(self, inputs: Any, own: Any, weights: list) -> Any:
+        """One layer's ``h`` at every step: ``torch.nn.GRU``'s kernel, ``(tau, r, H)``."""
+        import torch
+
+        return torch.gru(inputs, own[None, ...], weights, True, 1, 0.0, False, False, False)[0]
 
     def _layer_jacobian(self, p: Mapping[str, Any], k: int, x: Any, h: Any) -> tuple:
         """``(h', dh'/dh, dh'/dx)`` of layer ``k``: the GRU's equations differentiated."""
@@ -219,7 +223,7 @@ class LSTM(_Gated):
     gates = 4
     carries = 2
 
-    def _layer(self, gi: Any, gh: Any, own: Any, out: Any = None) -> Any:
+    def _layer(self, gi: Any, gh: Any, own: Any) -> Any:
         """``[h'; c']``: ``c' = s(f) c + s(i) tanh(g)``, ``h' = s(o) tanh(c')``."""
         import torch
 
@@ -227,12 +231,20 @@ class LSTM(_Gated):
         a = gi + gh
         s = torch.sigmoid(a)  # every gate's (g's unused): one call
         c = torch.addcmul(s[..., H: 2 * H] * own[..., H:], s[..., :H],
-                          torch.tanh(a[..., 2 * H: 3 * H]),
-                          out=None if out is None else out[..., H:])
-        if out is None:
-            return torch.cat([s[..., 3 * H:] * torch.tanh(c), c], dim=-1)
-        torch.mul(s[..., 3 * H:], torch.tanh(c), out=out[..., :H])
-        return out
+                          torch.tanh(a[..., 2 * H: 3 * H]))
+        return torch.cat([s[..., 3 * H:] * torch.tanh(c), c], dim=-1)
+
+    def _sequence(self, inputs: Any, own: Any, weights: list) -> Any:
+        """One layer's ``[h; c]`` at every step, ``(tau, r, 2 H)``, by ``torch.lstm_cell``."""
+        import torch
+
+        H, hs, cs = self.hidden_size, [], []
+        state = (own[:, :H], own[:, H:])
+        for x_s in inputs.unbind(0):
+            state = torch.lstm_cell(x_s, state, *weights)
+            hs.append(state[0])
+            cs.append(state[1])
+        return torch.cat([torch.stack(hs), torch.stack(cs)], dim=-1)
 
     def _layer_jacobian(self, p: Mapping[str, Any], k: int, x: Any, own: Any) -> tuple:
         """``([h'; c'], d[h'; c']/d[h; c], d[h'; c']/dx)`` of layer ``k``, differentiated."""
@@ -287,14 +299,18 @@ class ElmanRNN(_Gated):
     def _options_of(cls, module: Any) -> dict:
         return {"nonlinearity": module.nonlinearity}
 
-    def _layer(self, gi: Any, gh: Any, own: Any, out: Any = None) -> Any:
+    def _layer(self, gi: Any, gh: Any, own: Any) -> Any:
         """``f(gi + gh)``."""
         import torch
 
-        if out is None:
-            return torch.tanh(gi + gh) if self.nonlinearity == "tanh" else torch.relu(gi + gh)
-        a = torch.add(gi, gh, out=out)
-        return a.tanh_() if self.nonlinearity == "tanh" else a.relu_()
+        return torch.tanh(gi + gh) if self.nonlinearity == "tanh" else torch.relu(gi + gh)
+
+    def _sequence(self, inputs: Any, own: Any, weights: list) -> Any:
+        """One layer's ``h`` at every step: ``torch.nn.RNN``'s kernel, ``(tau, r, H)``."""
+        import torch
+
+        run = torch.rnn_tanh if self.nonlinearity == "tanh" else torch.rnn_relu
+        return run(inputs, own[None, ...], weights, True, 1, 0.0, False, False, False)[0]
 
     def _layer_jacobian(self, p: Mapping[str, Any], k: int, x: Any, h: Any) -> tuple:
         """``(h', dh'/dh, dh'/dx)`` of layer ``k``: ``f'(a) W``."""
