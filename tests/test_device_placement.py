@@ -125,3 +125,19 @@ def test_a_stray_allocation_is_caught():
     with default_device_elsewhere() as strays:
         backend.namespace(x).zeros(3, dtype=x.dtype)  # no device: the default one
     assert strays == {"outside propop"}
+
+
+def test_a_parallelized_module_on_its_tensors_makes_its_arrays_beside_them():
+    """``propop.torch.parallelize(..., backend="torch")``: a training step, no stray arrays."""
+    import propop.torch as ptorch
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(),
+                                 torch.nn.Linear(6, 3)).double()
+    x = torch.randn(5, 4, dtype=torch.float64)
+    ours = ptorch.parallelize(module, method="cyclic-reduction", example_input=x,
+                              backend="torch")
+    with default_device_elsewhere() as strays:
+        ours(x).sum().backward()
+    assert not strays, strays
+    assert module[0].weight.grad.device.type == "cpu"

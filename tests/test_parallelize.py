@@ -56,17 +56,20 @@ def gradients(module, x):
     return out, x.grad, {n: p.grad.clone() for n, p in module.named_parameters()}
 
 
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
 @pytest.mark.parametrize("build", [mlp, cnn], ids=["mlp", "cnn"])
 @pytest.mark.parametrize(("method", "forward", "options"), [
     ("substitution", "sequential", {}), ("cyclic-reduction", "sequential", {"groups": True}),
     ("jacobi", "newton", {})])
-def test_outputs_and_gradients_are_autograds(build, method, forward, options):
+def test_outputs_and_gradients_are_autograds(build, method, forward, options, backend):
+    """On the host, and (``backend="torch"``) with the graph on the inputs' device."""
     module = build()
     reference = copy.deepcopy(module)
     shape = (6,) if build is mlp else (2, 6, 6)
     x = torch.randn((5,) + shape, dtype=torch.float64)
     ours = ptorch.parallelize(module, method=method, forward=forward, example_input=x,
-                              **options)
+                              backend=backend, **options)
+    assert ours.propop.graph_on(x.device).backend.name == backend
     assert [n for n, _ in ours.named_parameters()] == [n for n, _ in module.named_parameters()]
     assert all(p is q for p, q in zip(ours.parameters(), module.parameters()))  # shared
     out, dx, grads = gradients(ours, x)
@@ -76,6 +79,7 @@ def test_outputs_and_gradients_are_autograds(build, method, forward, options):
     for name, g in grads_ref.items():
         torch.testing.assert_close(grads[name], g, rtol=1e-9, atol=1e-12, msg=name)
     assert ours.propop.last["backward"].converged
+    assert isinstance(ours.propop.last["backward"].x, torch.Tensor) == (backend == "torch")
     assert ours.state_dict().keys() == module.state_dict().keys()
 
 
@@ -93,12 +97,14 @@ def train(module, x, target, steps=5):
     return seen
 
 
-def test_five_adam_steps_of_a_cnn_equal_plain_autograds():
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_five_adam_steps_of_a_cnn_equal_plain_autograds(backend):
     module = cnn()
     plain = copy.deepcopy(module)
     x = torch.randn(6, 2, 6, 6, dtype=torch.float64)
     target = torch.randint(0, 4, (6,), generator=torch.Generator().manual_seed(3))
-    ours = ptorch.parallelize(module, method="cyclic-reduction", example_input=x, groups=True)
+    ours = ptorch.parallelize(module, method="cyclic-reduction", example_input=x, groups=True,
+                              backend=backend)
     seen_ours, seen_plain = train(ours, x, target), train(plain, x, target)
     assert len(seen_ours) == 5
     torch.testing.assert_close(torch.stack(seen_ours), torch.stack(seen_plain), rtol=1e-9,
@@ -179,3 +185,10 @@ def test_the_training_step_benchmark_runs_end_to_end(tmp_path, monkeypatch):
     for row in rows:
         assert len(row["seconds"]) >= 3  # every contender took its steps (times not judged)
         assert all(set(t) == {"median", "min", "max"} for t in row["seconds"].values())
+
+
+def test_a_backend_the_method_cannot_use_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"'scipy.gmres' does not run on torch.*substitution"):
+        ptorch.parallelize(mlp(), method="scipy.gmres", backend="torch")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        ptorch.parallelize(mlp(), backend="jax")

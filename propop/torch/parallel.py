@@ -11,11 +11,13 @@ sequential pass or a Newton-family forward (``forward=``), and, inside a
 system (``method=``): ``loss.backward()`` fills the parameters' ``.grad`` under
 their own names, so ``torch.optim``, clipping and hooks work unchanged.
 
-The graph computes in float64 NumPy arrays on the host, where every registered
-method (SciPy's and PyAMG's included) and sparse convolution Jacobians work:
-float32 and CUDA tensors are taken there and their results brought back (a copy
-per call). A graph moved with ``Graph.to("torch", device)`` computes on the device
-itself, outside this wrapper.
+By default (``backend="numpy"``) the graph computes in float64 NumPy arrays on
+the host, where every registered method (SciPy's and PyAMG's included) and sparse
+convolution Jacobians work: float32 and CUDA tensors are taken there and their
+results brought back (a copy per call). With ``backend="torch"`` the graph's values
+are float64 tensors on the inputs' device (:meth:`propop.Graph.to`, moved once per
+device) and the passes, the solve and the gradients run there with propop's native
+methods: nothing goes to the host, and a convolution's Jacobian is a dense matrix.
 """
 
 from __future__ import annotations
@@ -30,19 +32,21 @@ import torch
 from ..interop.torch_import import from_torch
 from ..newton.loop import forward as newton_forward
 from ..solvers.plan import prepare, solve
-from ..solvers.registry import info
+from ..solvers.registry import available, info
 from ..systems.builders import backward_system
 
-__all__ = ["parallelize", "FORWARDS"]
+__all__ = ["parallelize", "FORWARDS", "BACKENDS"]
 
 FORWARDS = ("sequential", "newton", "secant")
+BACKENDS = ("numpy", "torch")
 _TRAINING_ONLY = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.Dropout, torch.nn.Dropout1d,
                   torch.nn.Dropout2d)
 
 
 def parallelize(module: torch.nn.Module, *, method: str = "auto", forward: str = "sequential",
                 example_input: Any = None, input_shape: Sequence[int] | None = None,
-                rtol: float | None = None, **options: Any) -> torch.nn.Module:
+                rtol: float | None = None, backend: str = "numpy",
+                **options: Any) -> torch.nn.Module:
     """``module`` with propop's backward (and optionally its parallel forward).
 
     Parameters
@@ -63,6 +67,9 @@ def parallelize(module: torch.nn.Module, *, method: str = "auto", forward: str =
         One sample's shape, where the module does not start with ``nn.Linear``.
     rtol : float, optional
         Tolerance of the solves (default: propop's, ``1e-10`` in float64).
+    backend : {"numpy", "torch"}
+        Where the graph computes: float64 NumPy on the host (every registered
+        method), or float64 tensors on the inputs' device (propop's native methods).
     **options
         The method's own options.
 
@@ -74,23 +81,29 @@ def parallelize(module: torch.nn.Module, *, method: str = "auto", forward: str =
     """
     if forward not in FORWARDS:
         raise ValueError(f"forward must be one of {FORWARDS}, got {forward!r}")
-    info(method)  # an unknown method is named now
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend not in info(method).backends:  # an unknown method is named here too
+        here = [s.name for s in available() if backend in s.backends]
+        raise ValueError(f"method {method!r} does not run on {backend} arrays; with "
+                         f"backend={backend!r} use one of {', '.join(here)}")
     if example_input is not None and input_shape is None:
         input_shape = tuple(example_input.shape[1:])
     graph = from_torch(module, input_shape)
     if len(graph.outputs) != 1:
         raise ValueError(f"parallelize takes a module with one output; this one has "
                          f"{len(graph.outputs)} ({', '.join(graph.outputs)})")
+    state = _State(graph, method, forward, rtol, options, _input_shape(graph, input_shape),
+                   backend)
     if example_input is not None:  # the method and its options, checked on this graph now
-        columns = example_input.detach().reshape(example_input.shape[0], -1).T
-        trace = graph.forward(columns.double().cpu().numpy())
-        eps = np.ones_like(graph.output_values(trace)[0])
-        prepare(backward_system(graph, trace, [eps]), method, rtol=rtol, **options)
+        on = state.graph_on(example_input.device)
+        trace = on.forward(state.columns(example_input))
+        eps = on.backend.xp.ones_like(on.output_values(trace)[0])
+        prepare(backward_system(on, trace, [eps]), method, rtol=rtol, **options)
     wrapped = copy.copy(module)  # the same parameters, buffers and submodules: shared
     wrapped.__class__ = type(f"Parallel{type(module).__name__}", (_Parallelized, type(module)),
                              {})
-    wrapped.propop = _State(graph, method, forward, rtol, options,
-                            _input_shape(graph, input_shape))
+    wrapped.propop = state
     return wrapped
 
 
@@ -98,11 +111,26 @@ class _State:
     """What a parallelized module keeps: the graph, the choices, the last call's facts."""
 
     def __init__(self, graph: Any, method: str, forward: str, rtol: float | None,
-                 options: dict, input_shape: tuple) -> None:
+                 options: dict, input_shape: tuple, backend: str) -> None:
         self.graph, self.method, self.forward, self.rtol = graph, method, forward, rtol
-        self.options, self.input_shape = options, input_shape
+        self.options, self.input_shape, self.backend = options, input_shape, backend
         self.names = graph.parameter_names()
         self.last: dict = {}
+        self._moved: dict = {}  # device -> the graph on it (backend="torch")
+
+    def graph_on(self, device: Any) -> Any:
+        """The graph that computes for inputs on ``device``: the host's, or moved there."""
+        if self.backend == "numpy":
+            return self.graph
+        key = str(device)
+        if key not in self._moved:
+            self._moved[key] = self.graph.to("torch", device)
+        return self._moved[key]
+
+    def columns(self, x: Any) -> Any:
+        """A batch of tensors ``(N, *shape)`` as the graph's float64 columns ``(n, N)``."""
+        columns = x.detach().reshape(x.shape[0], -1).T.double()
+        return columns.cpu().numpy() if self.backend == "numpy" else columns
 
 
 def _input_shape(graph: Any, shape: Sequence[int] | None) -> tuple:
@@ -134,9 +162,9 @@ class _Graph(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, state: _State, names: list, x: Any, *parameters: Any) -> Any:
-        graph = state.graph
-        _load(state, dict(zip(names, parameters)))
-        columns = x.detach().reshape(x.shape[0], -1).T.double().cpu().numpy()
+        graph = state.graph_on(x.device)
+        _load(state, graph, dict(zip(names, parameters)))
+        columns = state.columns(x)
         if state.forward == "sequential":
             trace = graph.forward(columns)
         else:
@@ -146,36 +174,38 @@ class _Graph(torch.autograd.Function):
             state.last["forward"] = trace.info
         ctx.state, ctx.names, ctx.trace, ctx.x = state, names, trace, (x.shape, x.dtype,
                                                                       x.device)
-        output = graph.output_values(trace)[0]
-        return torch.as_tensor(np.ascontiguousarray(output.T), dtype=x.dtype, device=x.device)
+        return _rows(graph.output_values(trace)[0], x.dtype, x.device)
 
     @staticmethod
     def backward(ctx: Any, grad_output: Any) -> tuple:
         state, trace = ctx.state, ctx.trace
-        graph = state.graph
-        eps = grad_output.detach().reshape(grad_output.shape[0], -1).T.double().cpu().numpy()
-        system = backward_system(graph, trace, [eps])
+        graph = state.graph_on(grad_output.device)
+        system = backward_system(graph, trace, [state.columns(grad_output)])
         solution = solve(system, state.method, rtol=state.rtol, **state.options)
         state.last["backward"] = solution
         gradients = graph.gradients(trace, graph.unstack(system, solution.x))
         by_name = dict(gradients.named_parameters())
         shape, dtype, device = ctx.x
-
-        def tensor(a: Any) -> Any:
-            return torch.as_tensor(np.ascontiguousarray(a), dtype=dtype, device=device)
-
-        grads = [None if by_name.get(name) is None else tensor(by_name[name])
-                 for name in ctx.names]
-        return (None, None, tensor(gradients.x.T).reshape(shape), *grads)
+        grads = [None if by_name.get(name) is None else
+                 torch.as_tensor(by_name[name], device=device).to(dtype) for name in ctx.names]
+        return (None, None, _rows(gradients.x, dtype, device).reshape(shape), *grads)
 
 
-def _load(state: _State, parameters: dict) -> None:
-    """Write the module's current parameters into the graph, in place (ties stay tied)."""
-    graph, done = state.graph, set()
+def _rows(columns: Any, dtype: Any, device: Any) -> Any:
+    """The graph's columns ``(n, N)`` (NumPy or a tensor) as PyTorch's rows ``(N, n)``."""
+    return torch.as_tensor(columns, device=device).T.to(dtype).contiguous()
+
+
+def _load(state: _State, graph: Any, parameters: dict) -> None:
+    """Write the module's current parameters into ``graph``, in place (ties stay tied)."""
+    done = set()
     for (node, ours), name in state.names.items():
         target = graph.layers[node].parameters()[ours]
         if id(target) in done:
             continue
-        value = parameters[name].detach().double().cpu().numpy()
-        np.copyto(target, value.reshape(target.shape))
+        value = parameters[name].detach()
+        if isinstance(target, torch.Tensor):
+            target.copy_(value.reshape(target.shape))  # to its dtype, on its device
+        else:
+            np.copyto(target, value.double().cpu().numpy().reshape(target.shape))
         done.add(id(target))
