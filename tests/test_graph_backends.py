@@ -182,3 +182,13 @@ def test_a_moved_conv1d_keeps_its_kernel_one_array():
     layer.kernel_1d *= 3.0  # NumPy's 2-D kernel is a view too
     np.testing.assert_allclose(moved.forward([torch.from_numpy(x)]).numpy(),
                                layer.forward([x]), rtol=1e-13)
+
+
+def test_a_moved_graph_writes_its_state_dict_back():
+    module, graph, _, _ = imported("swiglu")
+    moved = graph.to("torch")
+    for name, value in pp.state_dict(moved).items():
+        assert value.device.type == "cpu" and value.dtype == torch.float64
+        torch.testing.assert_close(value, pp.state_dict(graph)[name], rtol=0, atol=0)
+    loaded = module.load_state_dict(pp.state_dict(moved), strict=False)
+    assert not loaded.unexpected_keys

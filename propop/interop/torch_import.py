@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .. import backend
 from ..networks.gated import GRU, LSTM
 from ..networks.recurrence import Recurrence
 from ..networks.rnn import RNN
@@ -112,8 +113,8 @@ def state_dict(network: Any) -> OrderedDict:
 
 
 def _tensor(a: Any) -> torch.Tensor:
-    return torch.tensor(np.asarray(a.toarray() if hasattr(a, "toarray") else a),
-                        dtype=torch.float64)
+    """A parameter of any backend (sparse, on a device) as a float64 tensor on the host."""
+    return torch.tensor(backend.to_host(backend.dense(a)), dtype=torch.float64)
 
 
 def _refuse_hooks(module: nn.Module) -> None:
