@@ -234,6 +234,12 @@ def train(model: Any, x: Any, y: Any, *, epochs: int = 1, batch_size: int = 32,
     >>> len(history.epochs), len(history.steps), history.steps[0]["status"]
     (2, 6, 'MAX_ITER')
     """
+    kind = model.backend.name
+    if kind != "numpy":
+        raise TypeError(f"pp.train is propop's own training loop on NumPy arrays; this model's "
+                        f"are {kind} arrays: train it with .to('numpy'), or, in PyTorch, "
+                        "wrap the module with propop.torch.parallelize(module, "
+                        "backend='torch') and use torch.optim")
     x, y = _as_data(x, "x"), _as_targets(y, "y")
     if (x_test is None) != (y_test is None):
         raise ValueError("x_test and y_test go together: give both or neither")

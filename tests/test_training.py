@@ -225,3 +225,11 @@ def test_newton_forward_trains_rnns_and_graphs_like_the_sequential_forward(kind)
     for name, value in reference.items():
         assert relative_error(newton[name], value) < 1e-10
         assert relative_error(before[name], value) > 1e-4  # training moved it
+
+
+def test_a_model_on_another_backend_is_refused_by_name():
+    torch = pytest.importorskip("torch")
+    net = pp.FNN.random([4, 6, 3], seed=0).to("torch")
+    x, y = torch.randn(4, 8, dtype=torch.float64), torch.randn(3, 8, dtype=torch.float64)
+    with pytest.raises(TypeError, match=r"NumPy arrays; this model's are torch.*parallelize"):
+        pp.train(net, x, y, loss="mse")
