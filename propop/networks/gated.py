@@ -26,6 +26,10 @@ from .recurrence import Recurrence
 
 __all__ = ["GRU", "LSTM", "ElmanRNN"]
 
+# torch.gru / torch.rnn_tanh's options after the weights, as torch.nn.GRU passes them for one
+# layer: has_biases, num_layers, dropout, train, bidirectional, batch_first
+ONE_LAYER = (True, 1, 0.0, False, False, False)
+
 
 class _Gated(Recurrence):
     """Layers of one gated cell kind: :class:`GRU` (``gates = 3``) or :class:`LSTM` (``4``)."""
@@ -190,7 +194,7 @@ class GRU(_Gated):
         """One layer's ``h`` at every step: ``torch.nn.GRU``'s kernel, ``(tau, r, H)``."""
         import torch
 
-        return torch.gru(inputs, own[None, ...], weights, True, 1, 0.0, False, False, False)[0]
+        return torch.gru(inputs, own[None, ...], weights, *ONE_LAYER)[0]
 
     def _layer_jacobian(self, p: Mapping[str, Any], k: int, x: Any, h: Any) -> tuple:
         """``(h', dh'/dh, dh'/dx)`` of layer ``k``: the GRU's equations differentiated."""
@@ -310,7 +314,7 @@ class ElmanRNN(_Gated):
         import torch
 
         run = torch.rnn_tanh if self.nonlinearity == "tanh" else torch.rnn_relu
-        return run(inputs, own[None, ...], weights, True, 1, 0.0, False, False, False)[0]
+        return run(inputs, own[None, ...], weights, *ONE_LAYER)[0]
 
     def _layer_jacobian(self, p: Mapping[str, Any], k: int, x: Any, h: Any) -> tuple:
         """``(h', dh'/dh, dh'/dx)`` of layer ``k``: ``f'(a) W``."""
