@@ -225,3 +225,45 @@ def test_the_built_in_cells_jacobians_in_closed_form_are_torch_funcs(cell, optio
     reference = vmap(jacrev(net._step, argnums=1), in_dims=(None, 0, 0))(net.parameters,
                                                                          states, inputs)
     torch.testing.assert_close(ours, reference, rtol=1e-13, atol=1e-14)
+
+
+@pytest.mark.parametrize("tau", [1, 2, 7, 64, 1000])
+def test_the_linear_scan_is_the_recurrence_step_by_step(tau):
+    """``x_s = a_s x_{s-1} + b_s`` by the parallel prefix, against the loop (zeros included)."""
+    from propop.networks.gated import linear_scan
+
+    rng = np.random.default_rng(tau)
+    a = torch.from_numpy(rng.uniform(-1.2, 1.2, (tau, 3, 4)))
+    a[tau // 2] = 0.0  # a step that forgets everything before it
+    b, first = torch.from_numpy(rng.standard_normal((tau, 3, 4))), torch.ones(3, 4).double()
+    expected, x = [], first
+    for s in range(tau):
+        x = a[s] * x + b[s]
+        expected.append(x)
+    expected = torch.stack(expected)
+    torch.testing.assert_close(linear_scan(a, b, first), expected, rtol=1e-12,
+                               atol=1e-12 * float(expected.abs().max()))
+
+
+def test_the_lstm_cell_states_at_every_step_are_the_sequential_ones():
+    """``h`` from ``torch.nn.LSTM``'s kernel, ``c`` by the scan: as ``torch.lstm_cell`` steps."""
+    torch.manual_seed(3)
+    module = nn.LSTM(3, 5, num_layers=2).double()
+    net = pp.from_torch(module)
+    xs = np.random.default_rng(3).standard_normal((300, 3, 4))
+    states = net.forward(xs).z[1]  # (tau, state, r): [h; c] per layer
+    inputs = torch.from_numpy(xs.transpose(0, 2, 1).copy())
+    for k in range(2):
+        weights = [getattr(module, f"{n}_l{k}") for n in ("weight_ih", "weight_hh", "bias_ih",
+                                                           "bias_hh")]
+        h = c = torch.zeros(4, 5, dtype=torch.float64)
+        hs, cs = [], []
+        with torch.no_grad():
+            for x_s in inputs:
+                h, c = torch.lstm_cell(x_s, (h, c), *weights)
+                hs.append(h)
+                cs.append(c)
+        ours = torch.from_numpy(states[:, 10 * k: 10 * (k + 1), :]).permute(0, 2, 1)
+        torch.testing.assert_close(ours[..., :5], torch.stack(hs), rtol=1e-13, atol=1e-14)
+        torch.testing.assert_close(ours[..., 5:], torch.stack(cs), rtol=1e-13, atol=1e-14)
+        inputs = torch.stack(hs)
