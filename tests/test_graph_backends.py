@@ -192,3 +192,13 @@ def test_a_moved_graph_writes_its_state_dict_back():
         torch.testing.assert_close(value, pp.state_dict(graph)[name], rtol=0, atol=0)
     loaded = module.load_state_dict(pp.state_dict(moved), strict=False)
     assert not loaded.unexpected_keys
+
+
+def test_a_graph_of_no_parameters_moves_too():
+    """Sums and activations only: the graph remembers where it was moved."""
+    graph = pp.Graph(3).add("act", L.Activation("tanh")).add("sum", L.Add(), ["input", "act"])
+    moved = graph.to("torch")
+    assert moved.backend.name == "torch" and moved.dtype == torch.float64
+    x, t = np.random.default_rng(0).standard_normal((3, 2)), np.zeros((3, 2))
+    g = pp.backprop(moved, torch.from_numpy(x), torch.from_numpy(t), method="substitution")
+    np.testing.assert_allclose(g.x.numpy(), pp.backprop(graph, x, t).x, rtol=1e-14)

@@ -105,6 +105,7 @@ class Graph:
         self._outputs = None if outputs is None else tuple(outputs)
         self._order: list[str] = [INPUT]
         self._size = {INPUT: self.input_size}
+        self._like = np.zeros(0)  # where a graph of no values computes (set by to())
         for name, layer, inputs in _topological(list(nodes)):
             self.add(name, layer, inputs)
 
@@ -197,9 +198,9 @@ class Graph:
 
     @property
     def backend(self) -> backend.Backend:
-        """The array backend of the layers' values (NumPy for a graph of no values)."""
+        """The array backend of the layers' values (a graph of none: where :meth:`to` put it)."""
         values = self._values()
-        return backend.of(*values) if values else backend.of(np.zeros(1))
+        return backend.of(*values) if values else backend.of(self._like)
 
     @property
     def dtype(self) -> Any:
@@ -231,6 +232,7 @@ class Graph:
             moved.add(name, layer, self.inputs[name])
         if hasattr(self, "origins"):
             moved.origins = self.origins
+        moved._like = backend.convert(self._like, kind, device)
         return moved
 
     def parameter_names(self) -> dict:
