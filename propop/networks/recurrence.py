@@ -245,14 +245,9 @@ class Recurrence:
 
     def _states(self, X: Any) -> Any:
         """Every step's state ``(tau, r, n)`` from inputs ``X`` ``(tau, r, m)``, step by step."""
-        xp = self._xp()
-        states = xp.empty(tuple(X.shape[:2]) + (self.state_size,), dtype=self.dtype,
-                          device=backend.device(X))
-        h = self._first(states)[0, ...]
-        for s in range(X.shape[0]):
-            h = self.cell(h, X[s, ...])
-            states[s, ...] = h
-        return states
+        shape = (1, X.shape[1], self.state_size)
+        first = self._first(self._xp().empty(shape, dtype=self.dtype, device=backend.device(X)))
+        return self.cell.sequence(first[0, ...], X)
 
     def outputs(self, trace: Trace) -> Any:
         """The output rows of the states, ``(tau, len(output)[, r])``."""
@@ -457,6 +452,24 @@ class _TorchCell:
             out = self._batched(self.parameters, self.tensor(H), self.tensor(X))
         return self.home_array(_checked(out, H.shape, self.dtype, "the step"))
 
+    def sequence(self, first: Any, X: Any) -> Any:
+        """The states ``(tau, r, n)`` from ``h_{-1} = first`` and inputs ``X``, step by step.
+
+        One loop on the cell's device: the arrays cross from and to the home backend
+        once, and the step's output is checked at the first step (its shape and
+        dtype cannot change from one step to the next).
+        """
+        import torch
+
+        inputs, h, states = self.tensor(X), self.tensor(first), []
+        with torch.no_grad():
+            for s, x_s in enumerate(inputs.unbind(0)):
+                h = self._batched(self.parameters, h, x_s)
+                if s == 0:
+                    _checked(h, tuple(first.shape), self.dtype, "the step")
+                states.append(h)
+        return self.home_array(torch.stack(states))
+
     def jacobians(self, H: Any, X: Any) -> Any:
         import torch
 
@@ -509,6 +522,14 @@ class _NumpyCell:
     def __call__(self, H: Any, X: Any) -> Any:
         return _checked(np.asarray(self.step(self.parameters, H, X)), H.shape, self.dtype,
                         "the step")
+
+    def sequence(self, first: Any, X: Any) -> Any:
+        """The states ``(tau, r, n)`` from ``h_{-1} = first`` and inputs ``X``, step by step."""
+        states = np.empty(tuple(X.shape[:2]) + tuple(first.shape[1:]), dtype=self.dtype)
+        h = first
+        for s in range(X.shape[0]):
+            h = states[s, ...] = self(h, X[s, ...])
+        return states
 
     def jacobians(self, H: Any, X: Any) -> Any:
         return _checked(np.asarray(self._jacobian(self.parameters, H, X)),
