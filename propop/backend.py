@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from . import memory
+
 __all__ = ["Backend", "of", "namespace", "is_sparse", "all_finite", "is_real_floating",
            "matmul_into",
            "outer_on_pattern", "over_time", "adopt", "walk", "matmul_out", "DENSE_ONLY",
@@ -308,6 +310,10 @@ def matrix_on(M: Any, array: Any) -> Any:
         return M
     host = to_host(M)
     if kind in DENSE_ONLY and is_sparse(host):
+        rows, cols = host.shape
+        memory.require(rows * cols * itemsize(array.dtype), f"a sparse {rows} x {cols} matrix "
+                       f"(a layer's structure) as a dense {kind} array",
+                       "keep the network on 'numpy' or 'cupy', which have sparse arrays")
         host = host.toarray()
     return astype(convert(host, kind, getattr(array, "device", None)), array.dtype)
 

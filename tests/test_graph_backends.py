@@ -202,3 +202,13 @@ def test_a_graph_of_no_parameters_moves_too():
     x, t = np.random.default_rng(0).standard_normal((3, 2)), np.zeros((3, 2))
     g = pp.backprop(moved, torch.from_numpy(x), torch.from_numpy(t), method="substitution")
     np.testing.assert_allclose(g.x.numpy(), pp.backprop(graph, x, t).x, rtol=1e-14)
+
+
+def test_a_structure_too_large_to_expand_is_refused_by_the_memory_budget():
+    """A convolution's sparse Jacobian becomes dense on PyTorch: within the budget, or named."""
+    _, graph, x, _ = imported("conv2d")
+    moved = graph.to("torch")
+    with pp.memory.limit(100_000), pytest.raises(pp.MemoryBudgetError,
+                                                 match=r"sparse \d+ x \d+ matrix.*'numpy'"):
+        moved.forward(torch.from_numpy(x))
+    assert graph.forward(x).z[-1].shape[0] == graph.sizes[-1]  # NumPy keeps it sparse
