@@ -168,34 +168,20 @@ class _Gated(Recurrence):
 def linear_scan(a: Any, b: Any, first: Any) -> Any:
     """``x_s = a_s * x_{s-1} + b_s`` for every step ``s`` (axis 0), ``x_{-1} = first``.
 
-    Odd-even (cyclic) reduction of the diagonal recurrence, the paper's parallel
-    algorithm on ``1 x 1`` blocks: each level pairs every odd step with the even
-    one before it, ``x_{2i+1} = a_{2i+1} a_{2i} x_{2i-1} + (a_{2i+1} b_{2i} + b_{2i+1})``,
-    solves that half-length recurrence, then fills in the even steps; about
-    ``3 tau`` elementwise operations in ``log2 tau`` whole-array levels.
+    The chain of diagonal blocks ``diag(a_s)`` reduced by propop's odd-even loop
+    (:func:`~propop.solvers.reduction.odd_even.factor` and ``substitute``) on
+    :class:`~propop.solvers.reduction.odd_even.DiagonalKernels`: ``log2 tau``
+    whole-array levels, ``O(tau n)`` work, an overflowing product named.
     """
-    import torch
+    from ..solvers.reduction import odd_even
+    from ..solvers.reduction.chain import Chain, Counter
 
-    b = torch.cat([torch.addcmul(b[:1, ...], a[:1, ...], first[None, ...]), b[1:, ...]])
-    return _odd_even(a, b)
-
-
-def _odd_even(a: Any, b: Any) -> Any:
-    """:func:`linear_scan` with ``x_{-1} = 0`` (the first step's ``b`` holds it)."""
-    import torch
-
-    pairs = a.shape[0] // 2
-    if pairs == 0:
-        return b
-    odd, even = slice(1, 2 * pairs, 2), slice(0, 2 * pairs, 2)
-    x_odd = _odd_even(a[odd, ...] * a[even, ...],
-                      torch.addcmul(b[odd, ...], a[odd, ...], b[even, ...]))
-    x = torch.empty_like(b)
-    x[odd, ...], x[:1, ...] = x_odd, b[:1, ...]
-    rest = slice(2, None, 2)  # x_{2i} = a_{2i} x_{2i-1} + b_{2i}, i >= 1
-    torch.addcmul(b[rest, ...], a[rest, ...], x_odd[: b[rest, ...].shape[0], ...],
-                  out=x[rest, ...])
-    return x
+    xp, counter = backend.namespace(b), Counter()
+    G = xp.concat([a[:1, ...] * first[None, ...] + b[:1, ...], b[1:, ...]])
+    ones = xp.ones((a.shape[0],) + (1,) * (a.ndim - 1), dtype=a.dtype, device=a.device)
+    chain = Chain(ones, a[1:, ...], None, range(a.shape[0]), ())  # no scalings: L = 1
+    kernels = odd_even.DiagonalKernels(xp)
+    return odd_even.substitute(odd_even.factor(chain, counter, kernels), G, counter)
 
 
 class GRU(_Gated):

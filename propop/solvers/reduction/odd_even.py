@@ -7,7 +7,9 @@ Written for propop. The one loop of each reduction of :mod:`.cyclic`, on the cha
 standard's, or the shape-only arrays of :mod:`.shapes`, on which the memory guard
 (:mod:`.footprint`) runs these same loops), or the sparse kernels of :mod:`.sparse`
 (lists of sparse cores), which hand the remaining levels to dense ones once the
-fill-in passes their threshold (a :class:`Switch` among the levels).
+fill-in passes their threshold (a :class:`Switch` among the levels), or
+:class:`DiagonalKernels` (diagonal cores stored as their diagonals, whose products
+are entrywise: a diagonal linear recurrence in ``O(tau n)``).
 
 - :func:`factor` / :func:`substitute`: odd-even (work-efficient) cyclic
   reduction, eq. def_back_prop2_even's pairing: the cores of every level once,
@@ -30,8 +32,8 @@ import numpy as np
 from ... import backend
 from .chain import Chain, Counter, apply, product
 
-__all__ = ["ReductionOverflow", "DenseKernels", "Switch", "factor", "substitute",
-           "parallel_factor", "parallel_substitute"]
+__all__ = ["ReductionOverflow", "DenseKernels", "DiagonalKernels", "Switch", "factor",
+           "substitute", "parallel_factor", "parallel_substitute"]
 
 
 class ReductionOverflow(Exception):  # noqa: N818 (a failed solve's reason, reported)
@@ -105,6 +107,26 @@ class DenseKernels:
     def densify(L: Any, C: Any, counter: Counter) -> None:
         """Dense kernels stay dense."""
         return None
+
+
+class DiagonalKernels(DenseKernels):
+    """Dense kernels whose cores are diagonal, stored as diagonals ``C`` ``(m - 1, b, n)``.
+
+    ``diag(L1) diag(C1) diag(L2) diag(C2)`` and ``diag(L) diag(C) X`` are
+    entrywise products: ``n`` flops a block where dense cores take ``n^3``.
+    """
+
+    @staticmethod
+    def product(L1: Any, C1: Any, L2: Any, C2: Any, counter: Counter) -> Any:
+        """The diagonal of ``diag(C1) diag(L2) diag(C2)`` (the left scaling stays ``L1``)."""
+        counter.flops += 2 * C1.shape[0] * max(C1.shape[1], L2.shape[1]) * C1.shape[2]
+        return C1 * L2 * C2
+
+    @staticmethod
+    def apply(L: Any, C: Any, X: Any, counter: Counter) -> Any:
+        """``diag(L) diag(C) X`` for ``X`` ``(p, r, n)``."""
+        counter.flops += 2 * X.shape[0] * X.shape[1] * X.shape[2]
+        return L * C * X
 
 
 class Switch:
