@@ -157,8 +157,8 @@ def test_a_users_method_returning_something_else_is_named():
 def test_a_direct_method_whose_rounding_misses_rtol_is_inaccurate():
     net, trace, eps, _ = Case((4, 5, 3), r=2).problem()
     B = pp.backward_system(net, trace, eps)
-    sol = pp.solve(B, "substitution", rtol=0.0)  # nothing but exact zeros would meet it
-    if sol.residuals[-1] > 0:
+    sol = pp.solve(B, "substitution", rtol=0.0, recheck=True)  # only exact zeros meet it
+    if sol.residuals[-1] > 0:  # two kernels' sums can agree to the last bit
         assert sol.status is pp.Status.INACCURATE
     perturbed = pp.solve(B, lambda s, **o: pp.Solution(
         x=pp.solve(s, "substitution").x * (1 + 1e-6), status=pp.Status.CONVERGED))
@@ -357,3 +357,54 @@ def test_the_cli_refuses_a_network_beyond_memory_in_one_line(capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "fnn of 100000000 layers of width 100000" in err and "Traceback" not in err
+
+
+# -- substitution's rows are its residual check -------------------------------------------
+
+@pytest.mark.parametrize("r", [None, 3])
+def test_substitution_rows_hold_exactly_with_the_same_products(r):
+    """Each block is its row evaluated: recomputing the row with np.dot gives it bit for bit.
+
+    What lets substitution skip the second product (``finish(evaluated=True)``):
+    the residual with the same products is zero, so only finiteness is checked.
+    """
+    net, trace, eps, _ = Case((6, 6, 6, 6, 6), r=r).problem()
+    B = pp.backward_system(net, trace, eps)
+    sol = pp.solve(B, "substitution")
+    assert sol.converged and sol.residuals[-1] == 0.0 and sol.info["residual"] == "rows evaluated"
+    v = net.unstack(B, sol.x)
+    slopes = net.slopes(trace)
+    for k in range(net.depth - 1, -1, -1):  # v_k = f'_(k-1)(y) * (W_k^T v_(k+1)), k > 0
+        row = np.dot(net.W[k].T, v[k + 1])  # the coupling as the system holds it: a view
+        expected = row * slopes[k - 1] if k > 0 else row
+        assert np.array_equal(v[k], expected), k
+    rechecked = pp.solve(B, "substitution", recheck=True)
+    assert rechecked.converged and np.array_equal(rechecked.x, sol.x)
+    true = np.linalg.norm(B.residual(sol.x).reshape(B.rhs.shape[0], -1), axis=0).max()
+    assert rechecked.residuals[-1] == pytest.approx(true, abs=1e-300)
+    assert true < 1e-14 * np.linalg.norm(sol.x)
+
+
+def test_substitution_overflow_takes_the_full_check_and_names_the_block():
+    net = pp.FNN([1e30 * np.eye(3)] * 12, activation="identity")
+    x = np.ones(3) * 1e-300
+    B = pp.backward_system(net, net.forward(x), np.ones(3))
+    for recheck in (False, True):
+        sol = pp.solve(B, "substitution", recheck=recheck)
+        assert sol.status is pp.Status.NONFINITE and "first in v[1]" in sol.message
+        assert not np.isfinite(sol.residuals[-1])
+
+
+def test_a_right_hand_side_is_checked_on_its_support_naming_the_block():
+    rng = np.random.default_rng(0)
+    coupling, rhs = [rng.standard_normal((2, 2)) for _ in range(2)], np.zeros((6, 2))
+    rhs[5, 0] = np.nan
+    with pytest.raises(ValueError, match=r"rhs \(block last\)"):
+        pp.TriangularSystem(coupling, None, rhs, lower=False, sizes=(2, 2, 2),
+                            names=["first", "middle", "last"], rhs_support=[2])
+    rhs[5, 0], rhs[0, 1] = 1.0, np.nan  # outside the support: never read, not looked at
+    B = pp.TriangularSystem(coupling, None, rhs, lower=False, sizes=(2, 2, 2), rhs_support=[2])
+    sol = pp.solve(B, "substitution")
+    assert sol.converged and np.isfinite(sol.x).all() and sol.x[4:, 0] @ [0, 1] == 1.0
+    with pytest.raises(ValueError, match="rhs"):  # without a support, every block
+        pp.TriangularSystem(coupling, None, rhs, lower=False, sizes=(2, 2, 2))

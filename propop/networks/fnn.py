@@ -155,13 +155,15 @@ class FNN:
         """
         if not self.equal_widths:
             return {}
+        return {"W": self.weight_stack(transposed), "b": self.backend.xp.stack(self.b)}
+
+    def weight_stack(self, transposed: bool = False) -> Any:
+        """The ``"W"`` of :meth:`stacks` alone (equal widths only): no stack of the biases."""
         xp, stack = self.backend.xp, self._shape()[3]
         if stack is not None:
-            W = xp.permute_dims(stack, (0, 2, 1)) if transposed else stack
-        else:
-            W = xp.stack(self.W)
-            W = backend.contiguous(xp.permute_dims(W, (0, 2, 1))) if transposed else W
-        return {"W": W, "b": xp.stack(self.b)}
+            return xp.permute_dims(stack, (0, 2, 1)) if transposed else stack
+        W = xp.stack(self.W)
+        return backend.contiguous(xp.permute_dims(W, (0, 2, 1))) if transposed else W
 
     @property
     def depth(self) -> int:
@@ -300,7 +302,7 @@ class FNN:
                      device=backend.device(x))
         Z[0, ...] = x
         biases = self.b if x.ndim == 1 else [bk[:, None] for bk in self.b]
-        zs, matmul = xp.unstack(Z), backend.matmul_out(xp)  # views
+        zs, matmul = xp.unstack(Z), backend.matmul_out(xp, plain=True)  # views; W of dtype
         for Wk, bk, write, y, z, z_next in zip(self.W, biases, self._writers, xp.unstack(Y), zs,
                                                zs[1:]):
             matmul(Wk, z, out=y)

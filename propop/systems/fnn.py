@@ -54,7 +54,7 @@ def _coefficients(net: FNN, couplings: Any, scales: Any, key: str) -> tuple[Any,
     if not net.equal_widths:
         return list(couplings), [None] + list(scales), {}
     scales = scales if not isinstance(scales, (list, tuple)) else net.backend.xp.stack(scales)
-    return None, None, {"coupling_stack": net.stacks(transposed=key == "WT")["W"],
+    return None, None, {"coupling_stack": net.weight_stack(transposed=key == "WT"),
                         "scale_stack": scales}
 
 

@@ -113,11 +113,15 @@ class TriangularSystem:
         if rhs.ndim not in (1, 2) or rhs.shape[0] != op.size:
             raise ValueError(f"rhs has shape {tuple(rhs.shape)}, expected ({op.size},) or "
                              f"({op.size}, r)")
-        if check:
-            require_finite(rhs, "rhs")
-        self._scaled_rhs = rhs
         self.rhs_support = None if rhs_support is None else frozenset(int(k)
                                                                        for k in rhs_support)
+        if check and self.rhs_support is None:
+            require_finite(rhs, "rhs")
+        elif check:  # the blocks methods read; the others are zero by the caller's word
+            o = op.offsets
+            for k in sorted(self.rhs_support):
+                require_finite(rhs[o[k]:o[k + 1], ...], f"rhs (block {op.names[k]})")
+        self._scaled_rhs = rhs
 
     def __getattr__(self, name: str) -> Any:
         """The operator's attribute (matrix facts and views are the operator's)."""

@@ -24,7 +24,8 @@ __all__ = ["substitution", "LevelScheduled", "substitute", "sweep", "row",
 
 
 @register("substitution", kind="direct", exact=True, native=True)
-def substitution(system: Any, *, rtol: float | None = None, atol: float = 0.0) -> Solution:
+def substitution(system: Any, *, rtol: float | None = None, atol: float = 0.0,
+                 recheck: bool = False) -> Solution:
     """Block forward/back substitution: the sequential baseline.
 
     Eqs. def_forw_prop2 and def_back_prop2, written on the system's blocks.
@@ -32,16 +33,21 @@ def substitution(system: Any, *, rtol: float | None = None, atol: float = 0.0) -
     Block row ``k`` is ``x_k = c_k + s_k * (M x_nbr)`` in the scaled form (the
     paper's form has the same solution); one product with the shared coupling
     matrix serves all samples. ``levels`` is the number of
-    blocks, each a sequential step. The true residual is computed at the end (one
-    product, parallel over the blocks) and judged by ``rtol``/``atol``: rounding
-    amplified beyond the tolerance is ``INACCURATE``, overflow ``NONFINITE``.
+    blocks, each a sequential step. Each block is its row evaluated at final
+    blocks, so the true residual with the same products is zero wherever the
+    result is finite: what is checked is that every block is finite (overflow is
+    ``NONFINITE``, naming the first block), and the loop costs what a hand-written
+    one does. ``recheck=True`` computes ``c - A x`` with a second product, the
+    operator's own (as many flops again), and judges it by ``rtol``/``atol``:
+    a check of the loop itself, where rounding between the two kernels' sums
+    beyond ``rtol`` is ``INACCURATE``.
 
     One loop for every layout (:func:`substitute`): a chain's blocks, a graph's
     in topological order, an RNN's layers step by step on their stacked arrays,
     never unrolled into per-block objects.
     """
     return finish(system, substitute(system), tol=Tolerance.of(system, rtol, atol),
-                  levels=system.nblocks, direct=True)
+                  levels=system.nblocks, direct=True, evaluated=not recheck)
 
 
 def substitute(system: Any, order: Any = None) -> Any:
@@ -54,11 +60,13 @@ def substitute(system: Any, order: Any = None) -> Any:
     """
     op, C = system.operator_of, system._scaled_rhs
     X = op.backend.xp.empty_like(C)
-    sweep(op.backend.xp, _rows(op, X, C, _rhs_blocks(system), order))
+    plain = op.layout.kind != "time" and op.coupling_stack is not None and \
+        op.coupling_stack.dtype == X.dtype  # C-ordered blocks of one dtype: NumPy's dot
+    sweep(op.backend.xp, _rows(op, X, C, _rhs_blocks(system), order), plain)
     return X
 
 
-def sweep(xp: Any, rows: Any) -> None:
+def sweep(xp: Any, rows: Any, plain: bool = False) -> None:
     """Block substitution: the one loop, over ``rows`` in solve order.
 
     Each row ``(out, M, x, kind, more, scale, c)`` is
@@ -69,9 +77,10 @@ def sweep(xp: Any, rows: Any) -> None:
     a dense ``M_e`` broadcasts over leading axes of ``x_e``), ``scale`` and ``c``
     ``None`` where they are one and zero. The first product is written into
     ``out`` directly. The rows are made as the loop reaches them, so they may
-    read what earlier rows wrote.
+    read what earlier rows wrote. ``plain``: every dense product is of one dtype
+    into a C-ordered block (:func:`~propop.backend.matmul_out`).
     """
-    matmul = backend.matmul_out(xp)
+    matmul = backend.matmul_out(xp, plain)
     with backend.quiet(xp):  # overflow is reported by finish()
         for out, M, x, kind, more, scale, c in rows:
             if M is None:
@@ -124,7 +133,7 @@ class LevelScheduled(Method):
         x = substitute(unrolled, state["order"])
         return finish(system, x, tol=Tolerance.of(system, state["rtol"], state["atol"]),
                       levels=len(state["sizes"]), info={"level_sizes": state["sizes"]},
-                      direct=True)
+                      direct=True, evaluated=True)
 
 
 def _rhs_blocks(system: Any) -> Any:
