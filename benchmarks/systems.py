@@ -2,7 +2,8 @@
 
 A chain of unequal widths, a stacked chain, a chain with per-sample couplings (a
 recurrence's), an RNN's time layout, a GRU's (per-sample Jacobians over time), a
-residual graph and a linear network's batch
+residual graph, a diagonal recurrence (quasi-Newton's: identity couplings) and a
+linear network's batch
 (one matrix for every sample: the block methods' case). ``tests/test_backends.py``
 solves them on every backend with every native method; ``python -m benchmarks.gpu
 --record`` does the same on a GPU.
@@ -61,6 +62,13 @@ def graph(r: int) -> pp.TriangularSystem:
     return pp.backward_system(net, trace, net.loss_gradient(trace, np.zeros((4, r))))
 
 
+def diagonal(r: int) -> pp.TriangularSystem:
+    """Quasi-Newton's forward system of a GRU over 9 steps: identity couplings, diagonals."""
+    net = pp.GRU(3, 4, num_layers=2, seed=0)
+    xs = np.random.default_rng(9).standard_normal((9, 3, r))
+    return pp.forward_system(net, xs, around=net.forward(xs), linearization="quasi")
+
+
 def linear(r: int) -> pp.TriangularSystem:
     """A linear network's batch: every sample has the same matrix."""
     net = pp.FNN.random([4, 5, 5, 3], activation="identity", seed=0, bias=0.1)
@@ -69,4 +77,4 @@ def linear(r: int) -> pp.TriangularSystem:
 
 
 SYSTEMS = {"fnn-unequal": fnn_unequal, "fnn-stacked": fnn_stacked, "per-sample": per_sample,
-           "rnn": rnn, "gru": gru, "graph": graph, "linear": linear}
+           "rnn": rnn, "gru": gru, "graph": graph, "diagonal": diagonal, "linear": linear}

@@ -363,23 +363,33 @@ class Recurrence:
         """
         return {"lyapunov": self.lyapunov(trace, jacobians)}
 
-    def linearized(self, xs: Any, trace: Trace | None, linearization: str) -> tuple[Any, Any]:
-        """``(A, c)`` of the forward system around ``trace``: ``A`` ``(tau, r, n, n)``."""
+    def linearized(self, xs: Any, trace: Trace | None, linearization: str,
+                   diagonal: bool = False) -> tuple[Any, Any]:
+        """``(A, c)`` of the forward system around ``trace``: ``A`` ``(tau, r, n, n)``.
+
+        ``diagonal=True`` with ``linearization="quasi"``: ``A`` holds the
+        Jacobians' diagonals alone, ``(tau, r, n)`` (the chain of identity
+        couplings scaled by them, ``O(tau r n)``).
+        """
         if linearization not in LINEARIZATIONS:
             raise ValueError(f"unknown linearization {linearization!r} for a recurrence; "
                              f"choose one of {LINEARIZATIONS}")
         xp = self._xp()
         trace = trace if trace is not None else self.trace_from_states(xs, None)
-        self._require_jacobians(trace.x)
         previous, X, r = self._rows(trace.x, trace.z[1])
-        F, J = self.cell(previous, X), self.cell.jacobians(previous, X)
+        F, tau = self.cell(previous, X), trace.x.shape[0]
+        if diagonal and linearization == "quasi":
+            d = self.cell.jacobian_diagonals(previous, X)
+            c = xp.concat([F[:r, ...], F[r:, ...] - d[r:, ...] * previous[r:, ...]])
+            return xp.reshape(d, (tau, r, -1)), xp.reshape(c, (tau, r, -1))
+        self._require_jacobians(trace.x)
+        J = self.cell.jacobians(previous, X)
         if linearization != "newton":  # the diagonal blocks only (quasi: of size one)
             size = 1 if linearization == "quasi" else self.block_size
             block = np.arange(self.state_size) // size
             J = J * xp.astype(backend.like(block[:, None] == block[None, :], J), J.dtype)
         c = F - (J @ previous[..., None])[..., 0]
         c = xp.concat([F[:r, ...], c[r:, ...]])  # step 0: h_{-1} is given, no unknown
-        tau = trace.x.shape[0]
         return (xp.reshape(J, (tau, r, self.state_size, -1)), xp.reshape(c, (tau, r, -1)))
 
     def _require_jacobians(self, xs: Any) -> None:
@@ -478,6 +488,10 @@ class _TorchCell:
         return self.home_array(_checked(out, tuple(H.shape) + tuple(H.shape[-1:]), self.dtype,
                                   "the Jacobian"))
 
+    def jacobian_diagonals(self, H: Any, X: Any) -> Any:
+        """The Jacobians' diagonals ``(rows, n)`` (:func:`_diagonals`)."""
+        return _diagonals(self.jacobians, H, X)
+
     def pullback(self, H: Any, X: Any, V: Any) -> tuple[dict, Any]:
         from torch.func import vjp
 
@@ -535,6 +549,10 @@ class _NumpyCell:
         return _checked(np.asarray(self._jacobian(self.parameters, H, X)),
                         H.shape + H.shape[-1:], self.dtype, "jacobian()")
 
+    def jacobian_diagonals(self, H: Any, X: Any) -> Any:
+        """The Jacobians' diagonals ``(rows, n)`` (:func:`_diagonals`)."""
+        return _diagonals(self.jacobians, H, X)
+
     def pullback(self, H: Any, X: Any, V: Any) -> tuple[dict, Any]:
         if self._vjp is None:
             raise ValueError("gradients of a backend='numpy' recurrence need vjp(parameters, "
@@ -544,6 +562,22 @@ class _NumpyCell:
 
 
 CELLS = {"torch": _TorchCell, "numpy": _NumpyCell}
+
+
+# Rows of Jacobians formed at a time for their diagonals: 2^20 entries (8 MB in float64).
+DIAGONAL_CHUNK = 1 << 20
+
+
+def _diagonals(jacobians: Callable, H: Any, X: Any) -> Any:
+    """``diag(dF/dh)`` of every row ``(rows, n)``, from the full Jacobians of a few rows at a time.
+
+    A general step's diagonal needs its Jacobian; formed in chunks of
+    :data:`DIAGONAL_CHUNK` entries, the memory held stays ``O(rows n)`` (quasi-Newton's).
+    """
+    xp, (rows, n) = backend.namespace(H), H.shape
+    step = max(1, DIAGONAL_CHUNK // (n * n))
+    ends = [(i, min(i + step, rows)) for i in range(0, rows, step)]
+    return xp.concat([xp.linalg.diagonal(jacobians(H[i:j, ...], X[i:j, ...])) for i, j in ends])
 
 
 def _parameter(name: str, value: Any, dtype: Any) -> Any:

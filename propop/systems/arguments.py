@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import backend
 from .._checks import require_finite
-from .coefficients import DenseCouplings, Scalings, couplings_of
+from .coefficients import DenseCouplings, IdentityCouplings, Scalings, couplings_of
 from .layout import ChainLayout, GraphLayout, Template, TimeLayout
 
 __all__ = ["read", "one_dtype"]
@@ -38,10 +38,22 @@ def read(coupling: Sequence[Any] | None, row_scale: Sequence[Any] | None, *, low
         raise ValueError(f"block sizes must be >= 1, got {sizes}")
     _require_one(coupling, row_scale, edges, structure, layer_scales, coupling_stack,
                  scale_stack)
-    layout, couplings = _couplings(coupling, lower=lower, sizes=sizes, edges=edges,
-                                   structure=structure, coupling_stack=coupling_stack,
-                                   samples=samples)
+    identity = isinstance(coupling_stack, str)
+    if identity and (coupling_stack != "identity" or scale_stack is None):
+        raise ValueError(f"coupling_stack={coupling_stack!r}: the one name it takes is "
+                         "'identity', with the diagonals as scale_stack (a chain "
+                         "x_k = c_k + s_k * x_(k-1))")
+    if identity:  # a chain of one width whose couplings are the identity
+        layout = ChainLayout(lower, sizes)
+    else:
+        layout, couplings = _couplings(coupling, lower=lower, sizes=sizes, edges=edges,
+                                       structure=structure, coupling_stack=coupling_stack,
+                                       samples=samples)
     scalings = _scalings(row_scale, layer_scales, scale_stack, layout, samples, name)
+    if identity:
+        S = scalings.stacks[0]
+        eye = backend.namespace(S).eye(sizes[0], dtype=S.dtype, device=backend.device(S))
+        couplings = IdentityCouplings(eye, len(sizes) - 1)
     return layout, couplings, scalings
 
 

@@ -1,7 +1,7 @@
 """The coefficients of an operator: couplings and row scalings, stored stacked.
 
 An operator (:mod:`.operator`) is a :mod:`.layout` plus these arrays. Couplings
-come in one of two storages behind one interface (``len``, ``[j]``, ``shape(j)``,
+come in one of three storages behind one interface (``len``, ``[j]``, ``shape(j)``,
 :meth:`~DenseCouplings.map`):
 
 - :class:`DenseCouplings`: dense stacks, ``(g, m, n)`` shared by every sample or
@@ -9,6 +9,8 @@ come in one of two storages behind one interface (``len``, ``[j]``, ``shape(j)``
   ``j``-th of their concatenation. A chain of one width is one stack, a network's
   own array (:meth:`FNN.stacks`); blocks of other widths are stacks of one, views
   of the weights, never copies.
+- :class:`IdentityCouplings`: dense stacks of the identity (a stride-zero view),
+  for chains whose scalings carry all: diagonal linear recurrences.
 - :class:`SparseCouplings`: a list of matrices, sparse (``scipy.sparse``,
   ``cupyx.scipy.sparse``) or dense: the storage of any system with a sparse
   coupling (a convolution's Jacobian, pruned weights).
@@ -29,8 +31,8 @@ from typing import Any
 
 from .. import backend
 
-__all__ = ["DenseCouplings", "SparseCouplings", "Scalings", "couplings_of", "DENSE", "SPARSE",
-           "PER_SAMPLE"]
+__all__ = ["DenseCouplings", "IdentityCouplings", "SparseCouplings", "Scalings", "couplings_of",
+           "DENSE", "SPARSE", "PER_SAMPLE"]
 
 # What a coupling is, as a product with it needs to know (:attr:`DenseCouplings.kinds`):
 DENSE = "dense"  # one dense matrix (m, n) for every sample: ``M @ x`` broadcasts
@@ -49,6 +51,7 @@ class DenseCouplings:
     """
 
     sparse = False
+    identity = False  # :class:`IdentityCouplings` are
 
     def __init__(self, stacks: Sequence[Any]) -> None:
         self.stacks = tuple(stacks)
@@ -114,6 +117,37 @@ class DenseCouplings:
         return DenseCouplings([f(s) for s in self.stacks])
 
 
+class IdentityCouplings(DenseCouplings):
+    """Couplings that are all the identity: a chain ``x_k = c_k + s_k * x_{k-1}``.
+
+    A diagonal linear recurrence (quasi-Newton's linearisation, an LSTM's cell
+    states) stored as its row scalings alone. The stack is the ``n x n``
+    identity broadcast over the couplings (a view with stride zero, no memory),
+    so a method that reads it as dense matrices is exact; :attr:`identity` lets
+    substitution, the operator's product and cyclic reduction work entrywise,
+    ``O(nb n)`` a sample where dense couplings take ``O(nb n^2)`` and more.
+
+    Parameters
+    ----------
+    eye : array, shape (n, n)
+        The identity, of the operator's backend, dtype and device.
+    count : int
+        How many couplings (``nb - 1``).
+    """
+
+    identity = True
+
+    def __init__(self, eye: Any, count: int) -> None:
+        self.eye, self.count = eye, int(count)
+        n = eye.shape[0]
+        super().__init__([backend.namespace(eye).broadcast_to(eye[None, ...],
+                                                              (self.count, n, n))])
+
+    def map(self, f: Callable[[Any], Any]) -> IdentityCouplings:
+        """The identity with ``f`` applied to its one ``n x n`` matrix (moved, not expanded)."""
+        return IdentityCouplings(f(self.eye), self.count)
+
+
 class SparseCouplings:
     """Couplings as a list of matrices, each sparse (``scipy.sparse``, ``cupyx``) or dense.
 
@@ -122,6 +156,7 @@ class SparseCouplings:
     """
 
     sparse = True
+    identity = False
     per_sample = False
     stack = None
 

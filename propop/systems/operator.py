@@ -589,7 +589,8 @@ class Operator:
 
         Block rows ``out_k = d_k x_k - s_k M_j x_nbr`` (scaled form: ``d = 1``;
         paper form: ``d = 1/s`` and no ``s`` on the coupling); the transpose
-        moves each coupling's term to its column block.
+        moves each coupling's term to its column block. Identity couplings
+        (:class:`~.coefficients.IdentityCouplings`) take no product at all.
         """
         xp, nb = self.backend.xp, self.nblocks
         X = xp.reshape(x, (nb, self.sizes[0]) + tuple(x.shape[1:]))
@@ -604,11 +605,13 @@ class Operator:
         if self.per_sample_couplings:  # columns as a batch axis: (nb - 1, r, n, 1)
             inner = lambda v: xp.permute_dims(v, (0, 2, 1))[..., None]  # noqa: E731
             outer = lambda v: xp.permute_dims(v[..., 0], (0, 2, 1))  # noqa: E731
+        identity = self.couplings.identity
         if transpose:
             source = X[rows, ...] if scales is None else scales * X[rows, ...]
-            out[cols, ...] -= outer(xp.matrix_transpose(M) @ inner(source))
-        else:
-            product = outer(M @ inner(X[cols, ...]))  # a new array: scaled in place
+            out[cols, ...] -= source if identity else outer(
+                xp.matrix_transpose(M) @ inner(source))
+        else:  # a new array, scaled in place
+            product = X[cols, ...] * 1 if identity else outer(M @ inner(X[cols, ...]))
             if scales is not None:
                 product *= scales
             out[rows, ...] -= product

@@ -54,7 +54,15 @@ def _recurrence_forward(net: Recurrence, xs: Any, around: Any = None, *,
                         ) -> TriangularSystem:
     """``h_s - A_s h_{s-1} = F(h_{s-1}^(i), x_s) - A_s h_{s-1}^(i)`` around ``around``."""
     xs = net.check_input(xs)
-    A, c = net.linearized(xs, around if isinstance(around, Trace) else None, linearization)
-    rhs = (backend.contiguous(net.backend.xp.permute_dims(c, (0, 2, 1))) if xs.ndim == 3
-           else c[:, 0, :])
+    A, c = net.linearized(xs, around if isinstance(around, Trace) else None, linearization,
+                          diagonal=True)
+    xp = net.backend.xp
+    rhs = (backend.contiguous(xp.permute_dims(c, (0, 2, 1))) if xs.ndim == 3 else c[:, 0, :])
+    if A.ndim == 3:  # quasi: the Jacobians' diagonals scale identity couplings, O(tau r n)
+        tau, n = rhs.shape[:2]
+        D = backend.contiguous(xp.permute_dims(A[1:, ...], (0, 2, 1))) if xs.ndim == 3 \
+            else A[1:, 0, :]
+        return TriangularSystem(None, None, xp.reshape(rhs, (tau * n,) + tuple(rhs.shape[2:])),
+                                lower=True, sizes=[n] * tau, form=form, names=_names("h"),
+                                coupling_stack="identity", scale_stack=D)
     return _chain(net, A[1:, ...], rhs, True, "h", form, xs.ndim == 3)

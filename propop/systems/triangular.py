@@ -68,7 +68,11 @@ class TriangularSystem:
         For a chain of blocks of one width ``n`` with dense couplings: the
         couplings as one ``(nb - 1, n, n)`` array (:meth:`FNN.stacks`), instead
         of ``coupling``; checked once, not per block, and read by reductions
-        with one index.
+        with one index. ``"identity"``: every coupling is the identity and
+        ``scale_stack`` holds the diagonals, ``x_k = c_k + s_k * x_{k-1}`` (a
+        diagonal linear recurrence, quasi-Newton's): stored as the scalings alone
+        (:class:`~propop.systems.coefficients.IdentityCouplings`), solved
+        entrywise by substitution and cyclic reduction.
     scale_stack : array, optional
         For a chain of blocks of one width whose first block is unscaled (the
         input): the row scalings of blocks ``1..nb-1`` as one ``(nb - 1, n)``,
@@ -82,9 +86,11 @@ class TriangularSystem:
                  structure: Any = None, layer_scales: Sequence[Any] | None = None,
                  rhs_support: Sequence[int] | None = None, coupling_stack: Any = None,
                  scale_stack: Any = None) -> None:
+        named = coupling_stack if isinstance(coupling_stack, str) else None  # "identity"
         coupling, row_scale, rhs, edges, structure, layer_scales, coupling_stack, \
             scale_stack = one_dtype(coupling, row_scale, rhs, edges, structure, layer_scales,
-                                    coupling_stack, scale_stack)
+                                    None if named else coupling_stack, scale_stack)
+        coupling_stack = named or coupling_stack
         if not backend.is_real_floating(rhs):
             raise ValueError(f"rhs has dtype {getattr(rhs, 'dtype', type(rhs).__name__)}, "
                              "expected a real floating type")

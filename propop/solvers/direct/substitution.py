@@ -66,6 +66,10 @@ def substitute(system: Any, order: Any = None) -> Any:
     return X
 
 
+# A row kind of the sweep alone: the coupling is the identity, its term the block it reads.
+IDENTITY = "identity"
+
+
 def sweep(xp: Any, rows: Any, plain: bool = False) -> None:
     """Block substitution: the one loop, over ``rows`` in solve order.
 
@@ -75,7 +79,8 @@ def sweep(xp: Any, rows: Any, plain: bool = False) -> None:
     the first product (``M`` is ``None`` for a row that reads no block), ``more``
     the other terms ``(M_e, x_e, kind)`` (kinds of :mod:`propop.systems.coefficients`;
     a dense ``M_e`` broadcasts over leading axes of ``x_e``), ``scale`` and ``c``
-    ``None`` where they are one and zero. The first product is written into
+    ``None`` where they are one and zero; a row of kind :data:`IDENTITY` copies
+    ``x`` (identity couplings). The first product is written into
     ``out`` directly. The rows are made as the loop reaches them, so they may
     read what earlier rows wrote. ``plain``: every dense product is of one dtype
     into a C-ordered block (:func:`~propop.backend.matmul_out`).
@@ -88,6 +93,8 @@ def sweep(xp: Any, rows: Any, plain: bool = False) -> None:
                 continue
             if kind is DENSE:
                 matmul(M, x, out=out)
+            elif kind is IDENTITY:
+                out[...] = x
             else:
                 out[...] = _product(xp, M, x, kind)
             for term in more:
@@ -190,7 +197,8 @@ def _chain_rows(op: Any, xs: Any, cs: Any, nonzero: Any) -> Any:
         given = {int(k): cs[int(k)] if isinstance(cs, list) else cs[int(k), ...]
                  for k in np.flatnonzero(nonzero)}
         rhs = map(given.get, backend.walk(range(op.nblocks), up))
-    kinds = reversed(op.couplings.kinds) if up else iter(op.couplings.kinds)
+    kinds = itertools.repeat(IDENTITY) if op.couplings.identity else (
+        reversed(op.couplings.kinds) if up else iter(op.couplings.kinds))
     scales = op.scalings.in_order(reverse=up)
     first = (next(outs), None, None, None, (), next(scales), next(rhs))
     return itertools.chain((first,), zip(outs, op.couplings.in_order(up), sources, kinds,

@@ -64,16 +64,21 @@ class Chain:
     sizes: tuple  # block sizes in chain order
 
     @classmethod
-    def of(cls, system: Any, shared_diagonal: str | None = None) -> Chain:
+    def of(cls, system: Any, shared_diagonal: str | None = None, diagonal: bool = False
+           ) -> Chain:
         """The padded chain of a :class:`~propop.TriangularSystem` (any form, batch or not).
 
         ``shared_diagonal="mean"`` replaces every per-sample scaling by its batch
         mean: an approximation that makes all cores shared. Equal block sizes
-        take a stacked path with no per-block Python work.
+        take a stacked path with no per-block Python work. ``diagonal``: the
+        couplings are the identity, and the cores are kept as their diagonals,
+        ``C`` ``(m - 1, 1, n)`` of ones (for :class:`~.odd_even.DiagonalKernels`).
         """
-        stacked = _stacked(system, shared_diagonal)
+        stacked = _stacked(system, shared_diagonal, diagonal)
         if stacked is not None:
             return stacked
+        if diagonal:
+            raise ValueError("diagonal cores need a chain given by its stacks")
         xp = system.backend.xp
         rows = chain_rows(system, shared_diagonal)
         n, m, dtype = system.width, len(rows), system.dtype
@@ -203,7 +208,8 @@ def _stack_columns(xp: Any, arrays: list, n: int, dtype: Any) -> Any:
     return out[:, :, None] if out.ndim == 2 else out
 
 
-def _stacked(system: Any, shared_diagonal: str | None) -> Chain | None:
+def _stacked(system: Any, shared_diagonal: str | None, diagonal: bool = False
+             ) -> Chain | None:
     """The chain of an equal-width system by whole-array operations (``None`` otherwise)."""
     if len(set(system.sizes)) != 1:
         return None
@@ -225,7 +231,9 @@ def _stacked(system: Any, shared_diagonal: str | None) -> Chain | None:
         S = xp.mean(S, axis=2, keepdims=True)
     L = xp.ones((m, S.shape[2], n), dtype=dtype, device=backend.device(S))  # samples first
     L[1:, ...] = xp.permute_dims(S, (0, 2, 1))
-    if system.coupling_stack is not None:  # the network's stack itself: no copy
+    if diagonal:  # identity couplings: the diagonals of their cores, ones
+        C = xp.ones((m - 1, 1, n), dtype=dtype, device=backend.device(S))
+    elif system.coupling_stack is not None:  # the network's stack itself: no copy
         stack = backend.astype(system.coupling_stack, dtype)
         C = stack if system.lower else xp.flip(stack, axis=0)
         if S.shape[2] > 1 and not system.per_sample_couplings:  # per-sample products run

@@ -173,6 +173,11 @@ def _prepare_cyclic_reduction(system: Any, *, rtol: float | None = None, atol: f
                          "connections pass groups=True (each residual block becomes one "
                          f"node, {len(system.blocks.groups)} groups here), or use "
                          "'substitution', 'level-scheduled' or a Krylov method")
+    if system.couplings.identity and not sparse:  # a diagonal recurrence: O(nb n) a sample
+        _applies("dense_threshold", dense_threshold, "sparse reductions (sparse=True)")
+        diagonal = plans.factored(odd_even.factor, odd_even.substitute, diagonal=True)
+        return _plan(system, diagonal, rtol, atol, shared_diagonal, footprint.reduction(
+            diagonal, system, shared_diagonal, name=("diagonal",)))
     dense_peak = footprint.dense_cyclic_reduction(system, shared, parallel_form=False)
     if _sparse(system, sparse):  # fill-in decides; a level's product and its split, at
         # worst dense, in CSR (12 bytes an entry): 3 times the dense path bounds it

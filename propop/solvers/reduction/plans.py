@@ -27,17 +27,19 @@ DENSE_FILL_IN = ("not followed: the blocks were reduced as dense arrays; sparse=
                  "the non-zeros of each level")
 
 
-def factored(factor: Callable, substitute: Callable) -> Callable:
+def factored(factor: Callable, substitute: Callable, diagonal: bool = False) -> Callable:
     """A reduction of the padded dense chain split in two: ``factor`` here, once.
 
     Returns ``prepare(system, shared_diagonal, counter)``, which reduces the
     chain's blocks and returns the per-rhs solve ``(s, counter) -> (x, levels,
-    info)`` running ``substitute`` on ``s``'s right-hand side.
+    info)`` running ``substitute`` on ``s``'s right-hand side. ``diagonal``: the
+    system's couplings are the identity (:class:`~propop.systems.coefficients.IdentityCouplings`),
+    reduced on :class:`~.odd_even.DiagonalKernels` (odd-even loops only).
     """
     def prepare(system: Any, shared_diagonal: str | None, counter: Counter) -> Callable:
         xp = system.backend.xp
-        chain = Chain.of(system, shared_diagonal)
-        levels = factor(chain, counter, xp)
+        chain = Chain.of(system, shared_diagonal, diagonal=diagonal)
+        levels = factor(chain, counter, odd_even.DiagonalKernels(xp) if diagonal else xp)
 
         def solve(s: Any, counter: Counter) -> tuple[Any, int, dict]:
             X = substitute(levels, chain.rhs_of(s), counter, xp)
