@@ -156,3 +156,49 @@ def test_quasi_newton_system_holds_the_jacobians_diagonals():
     f = pp.forward(net, xs, method="cyclic-reduction", linearization="quasi")
     assert f.info["converged"]
     np.testing.assert_allclose(f.z[1], exact, rtol=1e-9, atol=1e-10)
+
+
+def _built_in(kind):
+    from propop.networks.gated import ElmanRNN
+
+    torch.manual_seed(1)
+    if kind == "gru":
+        return pp.from_torch(torch.nn.GRU(3, 4, num_layers=2).double())
+    if kind == "lstm":
+        return pp.from_torch(torch.nn.LSTM(3, 4, num_layers=2).double())
+    return ElmanRNN(3, 4, num_layers=2, nonlinearity=kind.split("-")[1])
+
+
+@pytest.mark.parametrize("kind", ["gru", "lstm", "rnn-tanh", "rnn-relu"])
+def test_the_built_in_cells_diagonals_are_their_steps_jacobians(kind):
+    """The closed-form diagonals against ``torch.func.jacrev`` of the step, sample by sample."""
+    net = _built_in(kind)
+    rng = np.random.default_rng(3)
+    H, X = rng.standard_normal((9, net.state_size)), rng.standard_normal((9, 3))
+    d = net.cell.jacobian_diagonals(H, X)
+    step = torch.func.jacrev(lambda h, x: net.step(net.cell.parameters, h, x))
+    J = torch.func.vmap(step)(torch.tensor(H), torch.tensor(X)).numpy()
+    np.testing.assert_allclose(d, np.diagonal(J, axis1=1, axis2=2), rtol=1e-13, atol=1e-15)
+
+
+def test_a_users_diagonal_is_used_and_checked():
+    """``jacobian_diagonal=`` replaces the full Jacobians; a wrong shape is named."""
+    calls = []
+
+    def diagonal(p, h, x):
+        calls.append(h.shape)
+        return p["a"] * (1 - torch.tanh(p["a"] * h) ** 2)
+
+    def step(p, h, x):
+        return torch.tanh(p["a"] * h) + x
+
+    a = np.array([0.5, -0.8])
+    net = pp.Recurrence(step, {"a": a}, state_size=2, input_size=2, jacobian_diagonal=diagonal)
+    xs = np.random.default_rng(4).standard_normal((50, 2, 3))
+    f = pp.forward(net, xs, method="cyclic-reduction", linearization="quasi")
+    assert f.info["converged"] and calls and calls[0] == (150, 2)
+    np.testing.assert_allclose(f.z[1], net.forward(xs).z[1], rtol=1e-9, atol=1e-10)
+    wrong = pp.Recurrence(step, {"a": a}, state_size=2, input_size=2,
+                          jacobian_diagonal=lambda p, h, x: h[..., :1])
+    with pytest.raises(ValueError, match="jacobian_diagonal"):
+        pp.forward(wrong, xs, linearization="quasi")

@@ -51,7 +51,8 @@ class _Gated(Recurrence):
         super().__init__(self._step, {k: parameters[k] for k in self._names()},
                          state_size=self.num_layers * width, input_size=input_size,
                          output=np.arange(top, top + self.hidden_size), block_size=width,
-                         jacobian=self._jacobian, dtype=dtype, batched=True)
+                         jacobian=self._jacobian, dtype=dtype, batched=True,
+                         jacobian_diagonal=self._jacobian_diagonal)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.input_size}, {self.hidden_size}, "
@@ -142,6 +143,23 @@ class _Gated(Recurrence):
                                              weights))
                 inputs = layers[-1][..., :H]
         return cell.home_array(torch.cat(layers, dim=-1))
+
+    def _jacobian_diagonal(self, p: Mapping[str, Any], state: Any, x: Any) -> Any:
+        """``diag(dF/dstate)`` of a batch's rows in closed form, ``(r, n)``: quasi-Newton's.
+
+        The Jacobian is block lower triangular over layers, so its diagonal is each
+        layer's own block's (:meth:`_layer_diagonal`); every gate's dependence on
+        the state is a row scaling of a weight, whose diagonal is the weight's
+        diagonal scaled: ``O(r n)`` a step beyond the step itself, no ``n x n``.
+        """
+        import torch
+
+        width, out = self.carries * self.hidden_size, []
+        for k in range(self.num_layers):
+            new, diagonal = self._layer_diagonal(p, k, x, state[..., k * width: (k + 1) * width])
+            out.append(diagonal)
+            x = new[..., : self.hidden_size]
+        return torch.cat(out, dim=-1)
 
     def _jacobian(self, p: Mapping[str, Any], state: Any, x: Any) -> Any:
         """``dF/dstate`` of one sample in closed form: block lower triangular over layers.
@@ -235,6 +253,19 @@ class GRU(_Gated):
         d_own = through(W_h, r[:, None] * W_hn) + torch.diag_embed(z)
         return (1 - z) * n + z * h, d_own, through(W_x, W_x.chunk(3)[2]) if k else None
 
+    def _layer_diagonal(self, p: Mapping[str, Any], k: int, x: Any, h: Any) -> tuple:
+        """``(h', diag(dh'/dh))`` of layer ``k`` on rows: :meth:`_layer_jacobian`'s diagonal."""
+        import torch
+
+        gi = x @ p[f"weight_ih_l{k}"].T + p[f"bias_ih_l{k}"]
+        gh = h @ p[f"weight_hh_l{k}"].T + p[f"bias_hh_l{k}"]
+        (i_r, i_z, i_n), (h_r, h_z, h_n) = gi.chunk(3, -1), gh.chunk(3, -1)
+        r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
+        n = torch.tanh(i_n + r * h_n)
+        w_r, w_z, w_n = (torch.diagonal(W) for W in p[f"weight_hh_l{k}"].chunk(3))
+        d_n = (1 - n * n) * (r * w_n + h_n * (r * (1 - r)) * w_r)
+        return (1 - z) * n + z * h, (1 - z) * d_n + (h - n) * (z * (1 - z)) * w_z + z
+
 
 class LSTM(_Gated):
     """A multi-layer LSTM as ``torch.nn.LSTM`` (time first, unidirectional), by its Jacobians.
@@ -306,6 +337,22 @@ class LSTM(_Gated):
         d_own = torch.cat([torch.cat([dh_dh, out * keep], 1), torch.cat([dc_dh, keep], 1)])
         return torch.cat([so * tc, c_new]), d_own, torch.cat(through(W_x)) if k else None
 
+    def _layer_diagonal(self, p: Mapping[str, Any], k: int, x: Any, own: Any) -> tuple:
+        """``([h'; c'], [diag(dh'/dh); diag(dc'/dc)])`` of layer ``k`` on rows."""
+        import torch
+
+        H = self.hidden_size
+        h, c = own[..., :H], own[..., H:]
+        i, f, g, o = (x @ p[f"weight_ih_l{k}"].T + p[f"bias_ih_l{k}"] + h @ p[f"weight_hh_l{k}"].T
+                      + p[f"bias_hh_l{k}"]).chunk(4, -1)
+        si, sf, tg, so = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
+        c_new = sf * c + si * tg
+        tc = torch.tanh(c_new)
+        w_i, w_f, w_g, w_o = (torch.diagonal(W) for W in p[f"weight_hh_l{k}"].chunk(4))
+        d_c = c * (sf * (1 - sf)) * w_f + tg * (si * (1 - si)) * w_i + si * (1 - tg * tg) * w_g
+        d_h = tc * (so * (1 - so)) * w_o + so * (1 - tc * tc) * d_c
+        return torch.cat([so * tc, c_new], -1), torch.cat([d_h, sf], -1)
+
 
 class ElmanRNN(_Gated):
     """A multi-layer Elman RNN as ``torch.nn.RNN`` computes it, by its Jacobians.
@@ -354,4 +401,14 @@ class ElmanRNN(_Gated):
         slope = (1 - new * new if self.nonlinearity == "tanh" else
                  (new > 0).to(new.dtype))[:, None]
         return new, slope * W_h, slope * W_x if k else None
+
+    def _layer_diagonal(self, p: Mapping[str, Any], k: int, x: Any, h: Any) -> tuple:
+        """``(h', diag(dh'/dh))`` of layer ``k`` on rows: ``f'(a) diag(W_hh)``."""
+        import torch
+
+        W_h = p[f"weight_hh_l{k}"]
+        new = self._layer(x @ p[f"weight_ih_l{k}"].T + p[f"bias_ih_l{k}"],
+                          h @ W_h.T + p[f"bias_hh_l{k}"], h)
+        slope = 1 - new * new if self.nonlinearity == "tanh" else (new > 0).to(new.dtype)
+        return new, slope * torch.diagonal(W_h)
 

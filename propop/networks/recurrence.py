@@ -98,6 +98,11 @@ class Recurrence:
         ``jacobian(parameters, h, x) -> dF/dh``: of one sample, ``(n, n)``, instead
         of ``torch.func.jacrev`` (``"torch"``); of a batch, ``(b, n, n)``, needed
         (``"numpy"``).
+    jacobian_diagonal : callable, optional
+        ``jacobian_diagonal(parameters, h, x) -> diag(dF/dh)`` of a batch's rows,
+        ``(b, n)`` (tensors for ``"torch"``, arrays for ``"numpy"``): what
+        quasi-Newton needs, without the full Jacobians (by default their
+        diagonals, the Jacobians formed a few rows at a time).
     vjp : callable, optional
         ``"numpy"`` only: ``vjp(parameters, h, x, v) -> (dtheta, dx)``, the
         products ``v^T dF/dtheta`` (summed over the batch, by parameter name) and
@@ -119,14 +124,15 @@ class Recurrence:
                  input_size: int, output: Sequence[int] | None = None,
                  jacobian: Callable | None = None, vjp: Callable | None = None,
                  block_size: int = 1, backend: str = "torch", dtype: Any = "float64",
-                 batched: bool = False) -> None:
+                 batched: bool = False, jacobian_diagonal: Callable | None = None) -> None:
         if backend not in CELLS:
             raise ValueError(f"backend must be one of {tuple(CELLS)}, got {backend!r}")
         self._dtype = np.dtype(dtype)
         if self._dtype not in (np.float32, np.float64):
             raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
         self.step = step
-        self.cell = CELLS[backend](step, parameters, jacobian, vjp, self._dtype, batched)
+        self.cell = CELLS[backend](step, parameters, jacobian, vjp, self._dtype, batched,
+                                   jacobian_diagonal)
         self.state_size, self.input_size = int(state_size), int(input_size)
         self.output = np.arange(self.state_size) if output is None else _rows(output,
                                                                                self.state_size)
@@ -419,7 +425,7 @@ class _TorchCell:
     """
 
     def __init__(self, step: Callable, parameters: Mapping[str, Any], jacobian: Any,
-                 vjp: Any, dtype: Any, batched: bool = False) -> None:
+                 vjp: Any, dtype: Any, batched: bool = False, diagonal: Any = None) -> None:
         import torch
         from torch.func import jacrev, vmap
 
@@ -441,6 +447,7 @@ class _TorchCell:
         self.step = step
         self._batched = step if batched else vmap(step, in_dims=(None, 0, 0))
         self._jacobian = vmap(jacobian or jacrev(step, argnums=1), in_dims=(None, 0, 0))
+        self._diagonal = diagonal
 
     @property
     def array_dtype(self) -> Any:
@@ -489,8 +496,14 @@ class _TorchCell:
                                   "the Jacobian"))
 
     def jacobian_diagonals(self, H: Any, X: Any) -> Any:
-        """The Jacobians' diagonals ``(rows, n)`` (:func:`_diagonals`)."""
-        return _diagonals(self.jacobians, H, X)
+        """The Jacobians' diagonals ``(rows, n)``: the cell's own, or :func:`_diagonals`."""
+        import torch
+
+        if self._diagonal is None:
+            return _diagonals(self.jacobians, H, X)
+        with torch.no_grad():
+            out = self._diagonal(self.parameters, self.tensor(H), self.tensor(X))
+        return self.home_array(_checked(out, tuple(H.shape), self.dtype, "jacobian_diagonal()"))
 
     def pullback(self, H: Any, X: Any, V: Any) -> tuple[dict, Any]:
         from torch.func import vjp
@@ -514,7 +527,7 @@ class _NumpyCell:
     """A step on NumPy batches with the user's Jacobian (and vector-Jacobian product)."""
 
     def __init__(self, step: Callable, parameters: Mapping[str, Any], jacobian: Any,
-                 vjp: Any, dtype: Any, batched: bool = True) -> None:
+                 vjp: Any, dtype: Any, batched: bool = True, diagonal: Any = None) -> None:
         if jacobian is None:
             raise ValueError("backend='numpy' needs jacobian(parameters, h, x) -> (b, n, n): "
                              "nothing differentiates a NumPy step (or write the step in "
@@ -523,7 +536,7 @@ class _NumpyCell:
         self.like = np.zeros(0, dtype=dtype)
         self.parameters = {k: np.array(_parameter(k, v, dtype), dtype=dtype)
                            for k, v in parameters.items()}
-        self.step, self._jacobian, self._vjp = step, jacobian, vjp
+        self.step, self._jacobian, self._vjp, self._diagonal = step, jacobian, vjp, diagonal
 
     def to(self, kind: str, device: Any) -> _NumpyCell:
         """Itself on NumPy; a NumPy step runs nowhere else."""
@@ -550,8 +563,11 @@ class _NumpyCell:
                         H.shape + H.shape[-1:], self.dtype, "jacobian()")
 
     def jacobian_diagonals(self, H: Any, X: Any) -> Any:
-        """The Jacobians' diagonals ``(rows, n)`` (:func:`_diagonals`)."""
-        return _diagonals(self.jacobians, H, X)
+        """The Jacobians' diagonals ``(rows, n)``: the user's, or :func:`_diagonals`."""
+        if self._diagonal is None:
+            return _diagonals(self.jacobians, H, X)
+        return _checked(np.asarray(self._diagonal(self.parameters, H, X)), H.shape, self.dtype,
+                        "jacobian_diagonal()")
 
     def pullback(self, H: Any, X: Any, V: Any) -> tuple[dict, Any]:
         if self._vjp is None:
