@@ -202,3 +202,19 @@ def test_a_users_diagonal_is_used_and_checked():
                           jacobian_diagonal=lambda p, h, x: h[..., :1])
     with pytest.raises(ValueError, match="jacobian_diagonal"):
         pp.forward(wrong, xs, linearization="quasi")
+
+
+def test_quasi_newton_runs_where_the_full_jacobians_would_not_fit():
+    """Under a budget below the ``(tau, r, n, n)`` Jacobians, Newton is refused, quasi runs.
+
+    The Jacobians' diagonals and the Lyapunov walk form a chunk of steps at a time.
+    """
+    net = pp.GRU(2, 24, seed=0)
+    xs = np.random.default_rng(5).standard_normal((600, 2, 3))
+    full = 600 * 3 * 24 * 24 * 8  # 8.3 MB of Jacobians
+    with pp.memory.limit(full // 2):
+        with pytest.raises(pp.memory.MemoryBudgetError, match="Jacobians"):
+            pp.forward(net, xs, method="cyclic-reduction")
+        f = pp.forward(net, xs, method="cyclic-reduction", linearization="quasi")
+    assert f.info["converged"] and f.info["lyapunov"] < 0
+    np.testing.assert_allclose(f.z[1], net.forward(xs).z[1], rtol=1e-9, atol=1e-10)

@@ -341,25 +341,43 @@ class Recurrence:
         separate, and Newton-type parallel evaluation converges slowly
         (Gonzalez et al., NeurIPS 2025); negative: contractive, fast.
         ``jacobians`` are ``J_1..J_{tau-1}`` (``(tau - 1[, r], n, n)``) where the
-        caller has them, else they are computed at the trace.
+        caller has them, else they are computed at the trace a few steps at a time
+        (:meth:`_jacobian_steps`: the memory quasi-Newton saved is not spent here).
         """
-        xp = self._xp()
-        J = self.jacobians_along(trace)[1:, ...] if jacobians is None else (
-            jacobians if jacobians.ndim == 4 else jacobians[:, None, ...])
-        if J.shape[0] == 0:
+        xp, last = self._xp(), trace.x.shape[0] - 1
+        if last <= 0:
             return float("-inf")
-        device = backend.device(J)
-        q = xp.ones(tuple(J.shape[1:3]), dtype=J.dtype, device=device) / math.sqrt(J.shape[2])
-        total = xp.zeros(J.shape[1], dtype=J.dtype, device=device)
-        last = J.shape[0]
-        for s, step in enumerate(backend.walk(J), start=1):
+        if jacobians is not None:
+            steps = backend.walk(jacobians if jacobians.ndim == 4 else jacobians[:, None, ...])
+        else:
+            steps = self._jacobian_steps(trace)
+        r = trace.x.shape[2] if trace.x.ndim == 3 else 1
+        device, n = backend.device(trace.z[1]), self.state_size
+        q = xp.ones((r, n), dtype=self.dtype, device=device) / math.sqrt(n)
+        total = xp.zeros(r, dtype=self.dtype, device=device)
+        for s, step in enumerate(steps, start=1):
             q = (step @ q[..., None])[..., 0]
             if s % RENORMALISE and s != last:  # log ||J_s..J_1 q|| telescopes: no need
                 continue
             norm = xp.clip(xp.linalg.vector_norm(q, axis=1), min=1e-300)
             total += xp.log(norm)
             q /= norm[:, None]
-        return float(xp.max(total / J.shape[0]))
+        return float(xp.max(total / last))
+
+    def _jacobian_steps(self, trace: Trace) -> Any:
+        """``J_1, ..., J_{tau-1}`` at the trace, ``(r, n, n)`` each, formed a chunk at a time.
+
+        Each chunk holds about :data:`DIAGONAL_CHUNK` entries, so a walk over them
+        (:meth:`lyapunov`) holds ``O(r n^2)`` however long the sequence.
+        """
+        xp, n = self._xp(), self.state_size
+        previous, X, r = self._rows(trace.x, trace.z[1])
+        tau = trace.x.shape[0]
+        chunk = max(1, DIAGONAL_CHUNK // (r * n * n))
+        for a in range(1, tau, chunk):
+            b = min(a + chunk, tau)
+            J = self.cell.jacobians(previous[a * r: b * r, ...], X[a * r: b * r, ...])
+            yield from backend.walk(xp.reshape(J, (b - a, r, n, n)))
 
     def forward_diagnostics(self, trace: Trace, jacobians: Any = None) -> dict:
         """What :func:`propop.forward` adds to ``info``: the Lyapunov exponent's estimate.
