@@ -154,3 +154,27 @@ def test_the_newton_benchmark_runs_end_to_end_and_says_what_it_lacks(tmp_path, m
         assert max(row["deviation"].values()) < 1e-8  # every contender's states are right
     text = (tmp_path / "newton_quick.md").read_text()
     assert "DEER's code not given (--deer PATH or $PROPOP_DEER)" in text
+
+
+def test_the_step_is_evaluated_once_per_iterate_and_nothing_is_kept():
+    """The residual's F serves the next linearisation; after the call no value is held."""
+    calls = []
+
+    def step(p, h, x):
+        calls.append(1)
+        return torch.tanh(p["w"] * h + x)
+
+    def slope(p, h, x):
+        return p["w"] * (1 - torch.tanh(p["w"] * h + x) ** 2)
+
+    net = pp.Recurrence(step, {"w": np.array([0.5, -0.3])}, state_size=2, input_size=2,
+                        batched=True, jacobian_diagonal=slope,  # the step is called for F only
+                        jacobian=lambda p, h, x: torch.diag(slope(p, h, x)))
+    xs = np.random.default_rng(7).standard_normal((30, 2, 3))
+    f = pp.forward(net, xs, method="cyclic-reduction", linearization="quasi")
+    assert f.info["converged"]
+    iterations = f.info["iterations"]
+    # one F per iterate (the start and each solve's), none again to linearise
+    assert len(calls) == iterations + 1
+    assert getattr(net, "_kept", None) is None
+    np.testing.assert_allclose(f.z[1], net.forward(xs).z[1], rtol=1e-9, atol=1e-10)

@@ -27,9 +27,10 @@ written in PyTorch then never leaves its device): the same code for both.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -312,11 +313,36 @@ class Recurrence:
         """The input is no block of a recurrence's systems: nothing to deviate."""
         return 0.0
 
+    @contextlib.contextmanager
+    def reusing_steps(self) -> Iterator[None]:
+        """Within the block, the step at one trajectory is evaluated once.
+
+        The Newton loop's: its nonlinear residual and its next linearisation read
+        the same trace, so the residual's ``F(h_{s-1}, x_s)`` serves both. One
+        value is kept, for the trace object it was evaluated at, and dropped when
+        the block ends: nothing outlives the call that made it.
+        """
+        self._kept = []
+        try:
+            yield
+        finally:
+            self._kept = None
+
+    def _step_at(self, trace: Trace, previous: Any, X: Any) -> Any:
+        """``F`` of every row at the trace's states (kept within :meth:`reusing_steps`)."""
+        kept = getattr(self, "_kept", None)
+        if kept and kept[0][0] is trace.z[1]:
+            return kept[0][1]
+        F = self.cell(previous, X)
+        if kept is not None:
+            kept[:] = [(trace.z[1], F)]
+        return F
+
     def _defects(self, trace: Trace) -> tuple[Any, Any]:
         """``(h_s - F(h_{s-1}, x_s), F(h_{s-1}, x_s))``, each ``(tau, r, n)``."""
         xp = self._xp()
         previous, X, r = self._rows(trace.x, trace.z[1])
-        F = self.cell(previous, X)
+        F = self._step_at(trace, previous, X)
         H = xp.reshape(_samples_first(trace.z[1], self.dtype), tuple(F.shape))
         shape = (trace.x.shape[0], r, self.state_size)
         return xp.reshape(H - F, shape), xp.reshape(F, shape)
@@ -401,7 +427,7 @@ class Recurrence:
         xp = self._xp()
         trace = trace if trace is not None else self.trace_from_states(xs, None)
         previous, X, r = self._rows(trace.x, trace.z[1])
-        F, tau = self.cell(previous, X), trace.x.shape[0]
+        F, tau = self._step_at(trace, previous, X), trace.x.shape[0]
         if diagonal and linearization == "quasi":
             d = self.cell.jacobian_diagonals(previous, X)
             c = xp.concat([F[:r, ...], F[r:, ...] - d[r:, ...] * previous[r:, ...]])

@@ -8,6 +8,7 @@ quasi-DEER, block-diagonal, and ELK's damped steps, :mod:`.damped`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import warnings
@@ -92,10 +93,11 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     deviation = getattr(net, "input_deviation", None) or (  # the input block's error
         lambda states, x: _relative(states[0] if isinstance(states, (list, tuple))
                                     else states[0, ...], x))  # a list, or a stack
-    residuals, solutions, changes, steps = [residual(trace)], [], [float("inf")], []
-    best = (residuals[0], 0, trace)
-    measure = residuals if stop == "residual" else changes
-    with bar(progress, maxiter, f"{linearization} forward") as shown:
+    reusing = getattr(net, "reusing_steps", contextlib.nullcontext)  # F once per iterate
+    with bar(progress, maxiter, f"{linearization} forward") as shown, reusing():
+        residuals, solutions, changes, steps = [residual(trace)], [], [float("inf")], []
+        best = (residuals[0], 0, trace)
+        measure = residuals if stop == "residual" else changes
         while not measure[-1] <= rtol:
             previous = trace
             if damping is not None:  # Levenberg-Marquardt on a recurrence (ELK)

@@ -82,8 +82,9 @@ class DenseKernels:
 
     @staticmethod
     def add(A: Any, B: Any) -> Any:
-        """``A + B``."""
-        return A + B
+        """``A + B`` written into ``A``: always :meth:`apply`'s new array, of the sum's shape."""
+        A += B
+        return A
 
     def interleave(self, even: Any, odd: Any) -> Any:
         """Positions ``even[0], odd[0], even[1], ...``."""
@@ -120,13 +121,17 @@ class DiagonalKernels(DenseKernels):
     def product(L1: Any, C1: Any, L2: Any, C2: Any, counter: Counter) -> Any:
         """The diagonal of ``diag(C1) diag(L2) diag(C2)`` (the left scaling stays ``L1``)."""
         counter.flops += 2 * C1.shape[0] * max(C1.shape[1], L2.shape[1]) * C1.shape[2]
-        return C1 * L2 * C2
+        out = C1 * L2  # the wider of the two (shared or per sample): C2 multiplies in place
+        out *= C2
+        return out
 
     @staticmethod
     def apply(L: Any, C: Any, X: Any, counter: Counter) -> Any:
-        """``diag(L) diag(C) X`` for ``X`` ``(p, r, n)``."""
+        """``diag(L) diag(C) X`` for ``X`` ``(p, r, n)``: one new array, scaled in place."""
         counter.flops += 2 * X.shape[0] * X.shape[1] * X.shape[2]
-        return L * C * X
+        out = C * X
+        out *= L
+        return out
 
 
 class Switch:
