@@ -178,3 +178,21 @@ def test_the_step_is_evaluated_once_per_iterate_and_nothing_is_kept():
     assert len(calls) == iterations + 1
     assert getattr(net, "_kept", None) is None
     np.testing.assert_allclose(f.z[1], net.forward(xs).z[1], rtol=1e-9, atol=1e-10)
+
+
+def test_the_lyapunov_product_tree_is_the_product_and_does_not_overflow():
+    from propop.networks.recurrence import _normalised_product
+
+    rng = np.random.default_rng(8)
+    J = rng.standard_normal((7, 3, 4, 4))  # an odd number of steps: one goes up unpaired
+    P, logs = _normalised_product(np, J)
+    direct = J[0]
+    for step in J[1:]:
+        direct = step @ direct  # J_7 ... J_1, applied first to last
+    scale = np.linalg.norm(direct, axis=(1, 2))
+    np.testing.assert_allclose(P, direct / scale[:, None, None], rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(logs, np.log(scale), rtol=1e-12)
+    big = np.broadcast_to(10.0 * np.eye(2), (2000, 1, 2, 2))  # 10^2000: no float holds it
+    P, logs = _normalised_product(np, big)
+    np.testing.assert_allclose(P[0], np.eye(2) / np.sqrt(2), rtol=1e-12)
+    np.testing.assert_allclose(logs, 2000 * np.log(10.0) + 0.5 * np.log(2.0), rtol=1e-12)

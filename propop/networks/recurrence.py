@@ -72,10 +72,6 @@ class RecurrenceGradients:
         yield from self.parameters.items()
 
 
-# Steps between renormalisations of the Lyapunov estimate's vector: four products
-# stay finite in float32 while every ||J_s|| < 1e9, and the norms cost a third as much.
-RENORMALISE = 4
-
 
 class Recurrence:
     """``h_s = step(theta, h_{s-1}, x_s)`` for ``s = 0..tau-1`` from ``h_{-1} = 0``.
@@ -361,40 +357,41 @@ class Recurrence:
     def lyapunov(self, trace: Trace, jacobians: Any = None) -> float:
         """The largest Lyapunov exponent along the trajectory, estimated, worst sample.
 
-        ``(1 / (tau - 1)) log ||J_{tau-1} ... J_1 q||``, ``q`` renormalised every
-        :data:`RENORMALISE` steps and the logarithms of the norms summed (power
-        iteration along the trajectory). Positive: nearby trajectories
+        ``(1 / (tau - 1)) log ||J_{tau-1} ... J_1 q||`` with ``q`` the normalised
+        ones (power iteration along the trajectory). Positive: nearby trajectories
         separate, and Newton-type parallel evaluation converges slowly
-        (Gonzalez et al., NeurIPS 2025); negative: contractive, fast.
-        ``jacobians`` are ``J_1..J_{tau-1}`` (``(tau - 1[, r], n, n)``) where the
-        caller has them, else they are computed at the trace a few steps at a time
-        (:meth:`_jacobian_steps`: the memory quasi-Newton saved is not spent here).
+        (Gonzalez et al., NeurIPS 2025); negative: contractive, fast. The product
+        is formed as a tree, each level's pairs multiplied in one batched product
+        and normalised, their logarithms summed (:func:`_normalised_product`), so
+        no loop runs over the steps. ``jacobians`` are ``J_1..J_{tau-1}``
+        (``(tau - 1[, r], n, n)``) where the caller has them, else they are
+        computed at the trace a chunk of steps at a time (:meth:`_jacobian_chunks`:
+        the memory quasi-Newton saved is not spent here).
         """
         xp, last = self._xp(), trace.x.shape[0] - 1
         if last <= 0:
             return float("-inf")
         if jacobians is not None:
-            steps = backend.walk(jacobians if jacobians.ndim == 4 else jacobians[:, None, ...])
+            chunks = [jacobians if jacobians.ndim == 4 else jacobians[:, None, ...]]
         else:
-            steps = self._jacobian_steps(trace)
+            chunks = self._jacobian_chunks(trace)
         r = trace.x.shape[2] if trace.x.ndim == 3 else 1
         device, n = backend.device(trace.z[1]), self.state_size
         q = xp.ones((r, n), dtype=self.dtype, device=device) / math.sqrt(n)
         total = xp.zeros(r, dtype=self.dtype, device=device)
-        for s, step in enumerate(steps, start=1):
-            q = (step @ q[..., None])[..., 0]
-            if s % RENORMALISE and s != last:  # log ||J_s..J_1 q|| telescopes: no need
-                continue
+        for J in chunks:  # q <- P q for each chunk's normalised product P, scales summed
+            P, logs = _normalised_product(xp, J)
+            q = (P @ q[..., None])[..., 0]
             norm = xp.clip(xp.linalg.vector_norm(q, axis=1), min=1e-300)
-            total += xp.log(norm)
+            total += logs + xp.log(norm)
             q /= norm[:, None]
         return float(xp.max(total / last))
 
-    def _jacobian_steps(self, trace: Trace) -> Any:
-        """``J_1, ..., J_{tau-1}`` at the trace, ``(r, n, n)`` each, formed a chunk at a time.
+    def _jacobian_chunks(self, trace: Trace) -> Any:
+        """``J_1, ..., J_{tau-1}`` at the trace in chunks ``(steps, r, n, n)``, made as reached.
 
-        Each chunk holds about :data:`DIAGONAL_CHUNK` entries, so a walk over them
-        (:meth:`lyapunov`) holds ``O(r n^2)`` however long the sequence.
+        Each chunk holds about :data:`DIAGONAL_CHUNK` entries, so :meth:`lyapunov`
+        holds ``O(r n^2)`` of them at a time however long the sequence.
         """
         xp, n = self._xp(), self.state_size
         previous, X, r = self._rows(trace.x, trace.z[1])
@@ -403,7 +400,7 @@ class Recurrence:
         for a in range(1, tau, chunk):
             b = min(a + chunk, tau)
             J = self.cell.jacobians(previous[a * r: b * r, ...], X[a * r: b * r, ...])
-            yield from backend.walk(xp.reshape(J, (b - a, r, n, n)))
+            yield xp.reshape(J, (b - a, r, n, n))
 
     def forward_diagnostics(self, trace: Trace, jacobians: Any = None) -> dict:
         """What :func:`propop.forward` adds to ``info``: the Lyapunov exponent's estimate.
@@ -626,6 +623,26 @@ CELLS = {"torch": _TorchCell, "numpy": _NumpyCell}
 
 # Rows of Jacobians formed at a time for their diagonals: 2^20 entries (8 MB in float64).
 DIAGONAL_CHUNK = 1 << 20
+
+
+def _normalised_product(xp: Any, J: Any) -> tuple[Any, Any]:
+    """``(P, log s)`` with ``J_m ... J_1 = s P`` per sample and ``||P||_F = 1``, by a tree.
+
+    ``J`` is ``(m, r, n, n)``, ``J[0]`` applied first. Each level multiplies every
+    pair, later by earlier, in one batched product and divides each by its norm,
+    adding the logarithm to the pair's: ``log2 m`` levels, no overflow however
+    long the product. A zero product keeps the floor ``log(1e-300)``.
+    """
+    logs = xp.zeros(tuple(J.shape[:2]), dtype=J.dtype, device=backend.device(J))
+    while J.shape[0] > 1:
+        pairs = J.shape[0] // 2
+        P = J[1: 2 * pairs: 2, ...] @ J[0: 2 * pairs: 2, ...]
+        norm = xp.clip(xp.linalg.matrix_norm(P), min=1e-300)
+        P = P / norm[..., None, None]
+        level = logs[1: 2 * pairs: 2, ...] + logs[0: 2 * pairs: 2, ...] + xp.log(norm)
+        J = xp.concat([P, J[2 * pairs:, ...]])  # an odd one out goes up as it is
+        logs = xp.concat([level, logs[2 * pairs:, ...]])
+    return J[0, ...], logs[0, ...]
 
 
 def _diagonals(jacobians: Callable, H: Any, X: Any) -> Any:
