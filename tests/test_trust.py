@@ -402,9 +402,14 @@ def test_a_right_hand_side_is_checked_on_its_support_naming_the_block():
     with pytest.raises(ValueError, match=r"rhs \(block last\)"):
         pp.TriangularSystem(coupling, None, rhs, lower=False, sizes=(2, 2, 2),
                             names=["first", "middle", "last"], rhs_support=[2])
-    rhs[5, 0], rhs[0, 1] = 1.0, np.nan  # outside the support: never read, not looked at
+    rhs[5, 0], rhs[2, 1] = 1.0, 3.0  # outside the support: substitution would skip it
+    with pytest.raises(ValueError, match=r"non-zero in block middle, outside rhs_support \[2\]"):
+        pp.TriangularSystem(coupling, None, rhs, lower=False, sizes=(2, 2, 2),
+                            names=["first", "middle", "last"], rhs_support=[2])
+    rhs[2, 1] = np.nan
+    with pytest.raises(ValueError, match="outside rhs_support"):  # NaN is not zero either
+        pp.TriangularSystem(coupling, None, rhs, lower=False, sizes=(2, 2, 2), rhs_support=[2])
+    rhs[2, 1] = 0.0
     B = pp.TriangularSystem(coupling, None, rhs, lower=False, sizes=(2, 2, 2), rhs_support=[2])
-    sol = pp.solve(B, "substitution")
-    assert sol.converged and np.isfinite(sol.x).all() and sol.x[4:, 0] @ [0, 1] == 1.0
-    with pytest.raises(ValueError, match="rhs"):  # without a support, every block
-        pp.TriangularSystem(coupling, None, rhs, lower=False, sizes=(2, 2, 2))
+    assert pp.solve(B, "substitution").converged
+    assert B.with_rhs(np.ones_like(rhs)).rhs_support is None  # another rhs: every block read

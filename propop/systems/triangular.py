@@ -24,6 +24,24 @@ from .operator import FORMS, Operator
 __all__ = ["TriangularSystem", "Blocks", "Edge", "Step", "FORMS"]
 
 
+def _require_support(op: Operator, rhs: Any, support: list[int]) -> None:
+    """``rhs`` finite on its support and exactly zero elsewhere, or ``ValueError`` naming the block.
+
+    Substitution skips the blocks outside the support; a caller's support that
+    left out a non-zero block would make it solve another system, so the zeros
+    are read too (one comparison over the runs between support blocks).
+    """
+    xp, o, start = backend.namespace(rhs), op.offsets, 0
+    for k in support + [op.nblocks]:
+        if k > start and bool(xp.any(rhs[o[start]:o[k], ...] != 0)):
+            j = next(j for j in range(start, k) if bool(xp.any(rhs[o[j]:o[j + 1], ...] != 0)))
+            raise ValueError(f"rhs is non-zero in block {op.names[j]}, outside rhs_support "
+                             f"{support}: give every block where it is non-zero")
+        if k < op.nblocks:
+            require_finite(rhs[o[k]:o[k + 1], ...], f"rhs (block {op.names[k]})")
+        start = k + 1
+
+
 class TriangularSystem:
     """A block lower or upper triangular system ``A x = c``, block bi-diagonal or general.
 
@@ -123,10 +141,8 @@ class TriangularSystem:
                                                                        for k in rhs_support)
         if check and self.rhs_support is None:
             require_finite(rhs, "rhs")
-        elif check:  # the blocks methods read; the others are zero by the caller's word
-            o = op.offsets
-            for k in sorted(self.rhs_support):
-                require_finite(rhs[o[k]:o[k + 1], ...], f"rhs (block {op.names[k]})")
+        elif check:
+            _require_support(op, rhs, sorted(self.rhs_support))
         self._scaled_rhs = rhs
 
     def __getattr__(self, name: str) -> Any:
