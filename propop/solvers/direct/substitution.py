@@ -17,7 +17,7 @@ from ..convergence import Tolerance, block_squares, finish
 from ..method import Method
 from ..registry import register
 from ..solution import Solution, Status
-from ...systems.coefficients import DENSE, SPARSE
+from ...systems.coefficients import DENSE, PER_SAMPLE, SPARSE
 
 __all__ = ["substitution", "LevelScheduled", "substitute", "sweep", "row",
            "approximation_report"]
@@ -197,8 +197,12 @@ def _chain_rows(op: Any, xs: Any, cs: Any, nonzero: Any) -> Any:
         given = {int(k): cs[int(k)] if isinstance(cs, list) else cs[int(k), ...]
                  for k in np.flatnonzero(nonzero)}
         rhs = map(given.get, backend.walk(range(op.nblocks), up))
-    kinds = itertools.repeat(IDENTITY) if op.couplings.identity else (
-        reversed(op.couplings.kinds) if up else iter(op.couplings.kinds))
+    stack = op.couplings.stack if not op.couplings.sparse else None
+    if op.couplings.identity or stack is not None:  # one kind for all: no list of them
+        kinds = itertools.repeat(IDENTITY if op.couplings.identity else
+                                 PER_SAMPLE if stack.ndim == 4 else DENSE)
+    else:
+        kinds = reversed(op.couplings.kinds) if up else iter(op.couplings.kinds)
     scales = op.scalings.in_order(reverse=up)
     first = (next(outs), None, None, None, (), next(scales), next(rhs))
     return itertools.chain((first,), zip(outs, op.couplings.in_order(up), sources, kinds,
