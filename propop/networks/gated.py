@@ -196,8 +196,7 @@ def linear_scan(a: Any, b: Any, first: Any) -> Any:
 
     xp, counter = backend.namespace(b), Counter()
     G = xp.concat([a[:1, ...] * first[None, ...] + b[:1, ...], b[1:, ...]])
-    ones = xp.ones((a.shape[0],) + (1,) * (a.ndim - 1), dtype=a.dtype, device=a.device)
-    chain = Chain(ones, a[1:, ...], None, range(a.shape[0]), ())  # no scalings: L = 1
+    chain = Chain(None, a[1:, ...], None, range(a.shape[0]), ())  # no scalings: L is one
     kernels = odd_even.DiagonalKernels(xp)
     return odd_even.substitute(odd_even.factor(chain, counter, kernels), G, counter)
 

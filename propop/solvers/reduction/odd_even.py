@@ -114,15 +114,28 @@ class DiagonalKernels(DenseKernels):
     """Dense kernels whose cores are diagonal, stored as diagonals ``C`` ``(m - 1, b, n)``.
 
     ``diag(L1) diag(C1) diag(L2) diag(C2)`` and ``diag(L) diag(C) X`` are
-    entrywise products: ``n`` flops a block where dense cores take ``n^3``.
+    entrywise products: ``n`` flops a block where dense cores take ``n^3``. A
+    chain without scalings (a diagonal recurrence's own coefficients as its cores)
+    gives ``L = None``: every ``L`` is one, and no pass multiplies by it.
     """
+
+    @staticmethod
+    def rows(A: Any, positions: slice) -> Any:
+        """The entries of ``positions`` (``None``, the scalings of an unscaled chain, stays)."""
+        return None if A is None else A[positions, ...]
+
+    def join(self, first: Any, rest: Any) -> Any:
+        """``first`` then ``rest`` along positions (``None`` and ``None``: still none)."""
+        return None if first is None else super().join(first, rest)
 
     @staticmethod
     def product(L1: Any, C1: Any, L2: Any, C2: Any, counter: Counter) -> Any:
         """The diagonal of ``diag(C1) diag(L2) diag(C2)`` (the left scaling stays ``L1``)."""
-        counter.flops += 2 * C1.shape[0] * max(C1.shape[1], L2.shape[1]) * C1.shape[2]
-        out = C1 * L2  # the wider of the two (shared or per sample): C2 multiplies in place
-        out *= C2
+        wide = C1.shape[1] if L2 is None else max(C1.shape[1], L2.shape[1])
+        counter.flops += 2 * C1.shape[0] * wide * C1.shape[2]
+        out = C1 * C2 if L2 is None else C1 * L2  # the wider (shared or per sample) first
+        if L2 is not None:
+            out *= C2
         return out
 
     @staticmethod
@@ -130,7 +143,8 @@ class DiagonalKernels(DenseKernels):
         """``diag(L) diag(C) X`` for ``X`` ``(p, r, n)``: one new array, scaled in place."""
         counter.flops += 2 * X.shape[0] * X.shape[1] * X.shape[2]
         out = C * X
-        out *= L
+        if L is not None:
+            out *= L
         return out
 
 
