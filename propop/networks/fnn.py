@@ -302,13 +302,13 @@ class FNN:
                      device=backend.device(x))
         Z[0, ...] = x
         biases = self.b if x.ndim == 1 else [bk[:, None] for bk in self.b]
-        zs, matmul = xp.unstack(Z), backend.matmul_out(xp, plain=True)  # views; W of dtype
-        for Wk, bk, write, y, z, z_next in zip(self.W, biases, self._writers, xp.unstack(Y), zs,
-                                               zs[1:]):
+        ys, zs = xp.unstack(Y), xp.unstack(Z)  # views, made once: the trace keeps them
+        matmul = backend.matmul_out(xp, plain=True)  # W of the network's dtype
+        for Wk, bk, write, y, z, z_next in zip(self.W, biases, self._writers, ys, zs, zs[1:]):
             matmul(Wk, z, out=y)
             y += bk
             write(y, out=z_next)
-        return _stacked_trace(x, Y, Z)
+        return _stacked_trace(x, Y, Z, (ys, zs[1:]))
 
     @functools.cached_property
     def _writers(self) -> tuple:
@@ -421,10 +421,14 @@ class FNN:
         return [act.df(y) for act, y in zip(self.activations, trace.y)]
 
 
-def _stacked_trace(x: Any, Y: Any, Z: Any) -> Trace:
-    """The trace whose layers are the slices of ``Y`` and ``Z`` (``z[0]`` is ``x`` itself)."""
+def _stacked_trace(x: Any, Y: Any, Z: Any, views: tuple | None = None) -> Trace:
+    """The trace whose layers are the slices of ``Y`` and ``Z`` (``z[0]`` is ``x`` itself).
+
+    ``views``: the slices ``(Y[k]..., Z[1:][k]...)`` where the caller made them already.
+    """
     xp = backend.namespace(Y)
-    return Trace(x=x, y=xp.unstack(Y), z=(x,) + xp.unstack(Z[1:, ...]), stacked={"y": Y, "z": Z})
+    ys, zs = views if views is not None else (xp.unstack(Y), xp.unstack(Z[1:, ...]))
+    return Trace(x=x, y=tuple(ys), z=(x, *zs), stacked={"y": Y, "z": Z})
 
 
 def _random_matrix(rng: np.random.Generator, shape: tuple[int, int], density: float,
