@@ -19,7 +19,9 @@ sample's ``lambda`` follows Marquardt's schedule: a step that lowers the merit
 ``factor``, one that does not is refused and ``lambda`` multiplied, so the
 iteration becomes Newton's near the solution and stays stable far from it.
 ``A`` is the Jacobian (``"damped"``, ELK) or its diagonal (``"quasi-damped"``,
-quasi-ELK, whose blocks are diagonal: the reduction still runs on dense blocks).
+quasi-ELK): then every block of the normal equations is diagonal and each state
+component of each sample is its own scalar tridiagonal system, reduced as ``r n``
+"samples" of ``1 x 1`` blocks by the same code (``O(tau r n)``).
 """
 
 from __future__ import annotations
@@ -45,18 +47,25 @@ def damped_newton(net: Any, xs: Any, trace: Trace, linearization: str, damping: 
     ``info`` holds the next ``"damping"``, which samples ``"accepted"`` the
     step, and the reduction's ``"levels"``.
     """
-    A, c = net.linearized(xs, trace, DAMPED[linearization])  # (tau, r, n, n), (tau, r, n)
+    A, c = net.linearized(xs, trace, DAMPED[linearization], diagonal=True)
     xp, device = backend.namespace(A), backend.device(A)
     H = xp.moveaxis(trace.z[1], 1, 2) if xs.ndim == 3 else trace.z[1][:, None, :]
+    tau, r, n = H.shape
     lam = xp.astype(backend.like(np.broadcast_to(backend.to_host(damping) if hasattr(
-        damping, "shape") else np.asarray(damping), (A.shape[1],)).copy(), A), A.dtype)
+        damping, "shape") else np.asarray(damping), (r,)).copy(), A), A.dtype)
+    rows, G = lam, H  # the systems' samples: (tau, r, n, n) blocks, or r n of 1 x 1
+    if A.ndim == 3:  # (tau, r, n) diagonals: each component its own scalar system
+        A = xp.reshape(A, (tau, r * n, 1, 1))
+        c, G = (xp.reshape(a, (tau, r * n, 1)) for a in (c, H))
+        rows = xp.reshape(xp.broadcast_to(lam[:, None], (r, n)), (r * n,))
     after = xp.concat([A[1:, ...], xp.zeros_like(A[:1, ...])])  # A_{s+1}, zero after the last
     after_t = xp.matrix_transpose(after)
     eye = xp.eye(A.shape[2], dtype=A.dtype, device=device)
-    D = (1 + lam)[None, :, None, None] * eye + after_t @ after
+    D = (1 + rows)[None, :, None, None] * eye + after_t @ after
     c_after = xp.concat([c[1:, ...], xp.zeros_like(c[:1, ...])])
-    f = c - (after_t @ c_after[..., None])[..., 0] + lam[None, :, None] * H
+    f = c - (after_t @ c_after[..., None])[..., 0] + rows[None, :, None] * G
     candidate_states, levels = block_tridiagonal(-A, D, -after_t, f)
+    candidate_states = xp.reshape(candidate_states, (tau, r, n))
     candidate = net.trace_from_states(xs, [None, _layout(xp, candidate_states, xs)])
     accepted = net.merit(candidate) < net.merit(trace)
     states = xp.where(accepted[None, :, None], candidate_states, H)
