@@ -220,3 +220,25 @@ def test_quasi_newton_runs_where_the_full_jacobians_would_not_fit():
     for f in runs:
         assert f.info["converged"] and f.info["lyapunov"] < 0
         np.testing.assert_allclose(f.z[1], net.forward(xs).z[1], rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("columns", [1, 4])  # one scaling column for every sample, or each its own
+def test_shared_columns_and_float32_follow_the_dtype(dtype, columns):
+    """``(nb - 1, n, 1)`` diagonals serve every sample; float32 meets float32's tolerance."""
+    rng = np.random.default_rng(6)
+    tau, n, r = 300, 3, 4
+    d = rng.uniform(-0.95, 0.95, (tau - 1, n, columns))
+    c = rng.standard_normal((tau, n, r))
+    expected = recurrence(c, np.broadcast_to(d, (tau - 1, n, r)), True)
+    system = pp.TriangularSystem(None, None, c.reshape(tau * n, r).astype(dtype), lower=True,
+                                 sizes=[n] * tau, coupling_stack="identity",
+                                 scale_stack=d.astype(dtype))
+    assert system.dtype == np.dtype(dtype) and system.couplings.eye.dtype == np.dtype(dtype)
+    for method in ("substitution", "cyclic-reduction", "parallel-cyclic-reduction", "jacobi"):
+        exact = method in EXACT  # an iterative method is held to its rtol (by dtype)
+        bound = (1e-12 if exact else 1e-8) if dtype == "float64" else (2e-5 if exact else 1e-4)
+        solution = pp.solve(system, method, check=True)
+        assert solution.x.dtype == np.dtype(dtype)
+        error = np.abs(solution.x.reshape(tau, n, r) - expected).max()
+        assert error <= bound * max(np.abs(expected).max(), 1.0), (method, error)
