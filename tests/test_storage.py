@@ -204,3 +204,28 @@ def test_scalings_walk_in_either_order_as_indexed():
         for k in range(1, 5):
             np.testing.assert_array_equal(forward[k], scalings[k])
             np.testing.assert_array_equal(backward[4 - k], scalings[k])
+
+
+@pytest.mark.parametrize("where", ["scalings", "couplings"])
+def test_samples_that_differ_only_in_a_later_block_do_not_share_a_matrix(where):
+    """``shares_matrix`` reads the first block first: a difference further on still counts."""
+    rng = np.random.default_rng(11)
+    n, nb, r = 3, 6, 4
+    rhs = rng.standard_normal((n * nb, r))
+    if where == "scalings":
+        stack = rng.standard_normal((nb - 1, n, n))
+        scales = np.broadcast_to(rng.standard_normal((nb - 1, n, 1)), (nb - 1, n, r)).copy()
+        system = pp.TriangularSystem(None, None, rhs, lower=True, sizes=[n] * nb,
+                                     coupling_stack=stack, scale_stack=scales)
+        assert system.shares_matrix  # equal columns everywhere: one matrix
+        scales[4, 1, 2] += 1.0  # one entry of the last block, one sample
+    else:
+        stack = np.broadcast_to(rng.standard_normal((nb - 1, 1, n, n)), (nb - 1, r, n, n)).copy()
+        system = pp.TriangularSystem(None, None, rhs, lower=True, sizes=[n] * nb,
+                                     coupling_stack=stack)
+        assert system.shares_matrix
+        stack[3, 2, 0, 1] += 1.0
+    changed = pp.TriangularSystem(None, None, rhs, lower=True, sizes=[n] * nb,
+                                  coupling_stack=stack,
+                                  **({"scale_stack": scales} if where == "scalings" else {}))
+    assert not changed.shares_matrix

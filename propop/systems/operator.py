@@ -389,12 +389,23 @@ class Operator:
 
     @functools.cached_property
     def shares_matrix(self) -> bool:
-        """Whether every sample of a batch has the same matrix (equal scaling columns)."""
+        """Whether every sample of a batch has the same matrix (equal scaling columns).
+
+        Each stack's first entry is compared first: a batch whose samples differ
+        (a network's slopes) is told from one block, not the whole stack.
+        """
         xp = self.backend.xp
+
+        def equal(a: Any, axis: int) -> bool:
+            first = a[:1, ...]
+            same = (lambda b: bool(xp.all(b == b[:, :1, ...]))) if axis == 1 else (
+                lambda b: bool(xp.all(b == b[..., :1])))
+            return same(first) and same(a)
+
         couplings = not self.per_sample_couplings or all(
-            C.ndim == 3 or bool(xp.all(C == C[:, :1, ...])) for C in self.couplings.arrays())
+            C.ndim == 3 or equal(C, 1) for C in self.couplings.arrays())
         return couplings and (self.samples is None or all(
-            s.shape[-1] == 1 or bool(xp.all(s == s[..., :1])) for s in self.scalings.arrays()))
+            s.shape[-1] == 1 or equal(s, -1) for s in self.scalings.arrays()))
 
     @property
     def _scaled_once(self) -> bool:
