@@ -178,6 +178,11 @@ def test_the_step_is_evaluated_once_per_iterate_and_nothing_is_kept():
     assert len(calls) == iterations + 1
     assert getattr(net, "_kept", None) is None
     np.testing.assert_allclose(f.z[1], net.forward(xs).z[1], rtol=1e-9, atol=1e-10)
+    calls.clear()
+    damped = pp.forward(net, xs, method="cyclic-reduction", linearization="quasi-damped")
+    steps = damped.info["iterations"]
+    # a damped step: its candidate's F and the new iterate's, the iterate's own kept
+    assert damped.info["converged"] and len(calls) == 2 * steps + 1
 
 
 def test_the_lyapunov_product_tree_is_the_product_and_does_not_overflow():

@@ -314,9 +314,11 @@ class Recurrence:
         """Within the block, the step at one trajectory is evaluated once.
 
         The Newton loop's: its nonlinear residual and its next linearisation read
-        the same trace, so the residual's ``F(h_{s-1}, x_s)`` serves both. One
-        value is kept, for the trace object it was evaluated at, and dropped when
-        the block ends: nothing outlives the call that made it.
+        the same trace, so the residual's ``F(h_{s-1}, x_s)`` serves both (and a
+        damped step's merits, of the iterate and of its candidate). The values of
+        the last two trajectories are kept, for the trace objects they were
+        evaluated at, and dropped when the block ends: nothing outlives the call
+        that made them.
         """
         self._kept = []
         try:
@@ -327,11 +329,12 @@ class Recurrence:
     def _step_at(self, trace: Trace, previous: Any, X: Any) -> Any:
         """``F`` of every row at the trace's states (kept within :meth:`reusing_steps`)."""
         kept = getattr(self, "_kept", None)
-        if kept and kept[0][0] is trace.z[1]:
-            return kept[0][1]
+        for states, F in kept or ():
+            if states is trace.z[1]:
+                return F
         F = self.cell(previous, X)
         if kept is not None:
-            kept[:] = [(trace.z[1], F)]
+            kept[:] = [*kept[-1:], (trace.z[1], F)]
         return F
 
     def _defects(self, trace: Trace) -> tuple[Any, Any]:
