@@ -413,3 +413,7 @@ def test_a_right_hand_side_is_checked_on_its_support_naming_the_block():
     B = pp.TriangularSystem(coupling, None, rhs, lower=False, sizes=(2, 2, 2), rhs_support=[2])
     assert pp.solve(B, "substitution").converged
     assert B.with_rhs(np.ones_like(rhs)).rhs_support is None  # another rhs: every block read
+    for wrong in ([3], [-1]):
+        with pytest.raises(ValueError, match=r"names blocks outside 0\.\.2"):
+            pp.TriangularSystem(coupling, None, rhs, lower=False, sizes=(2, 2, 2),
+                                rhs_support=wrong)

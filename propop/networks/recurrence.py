@@ -393,17 +393,13 @@ class Recurrence:
     def _jacobian_chunks(self, trace: Trace) -> Any:
         """``J_1, ..., J_{tau-1}`` at the trace in chunks ``(steps, r, n, n)``, made as reached.
 
-        Each chunk holds about :data:`DIAGONAL_CHUNK` entries, so :meth:`lyapunov`
-        holds ``O(r n^2)`` of them at a time however long the sequence.
+        Whole steps a chunk (:func:`_jacobian_rows`), so :meth:`lyapunov` holds one
+        chunk at a time however long the sequence.
         """
         xp, n = self._xp(), self.state_size
         previous, X, r = self._rows(trace.x, trace.z[1])
-        tau = trace.x.shape[0]
-        chunk = max(1, DIAGONAL_CHUNK // (r * n * n))
-        for a in range(1, tau, chunk):
-            b = min(a + chunk, tau)
-            J = self.cell.jacobians(previous[a * r: b * r, ...], X[a * r: b * r, ...])
-            yield xp.reshape(J, (b - a, r, n, n))
+        for J in _jacobian_rows(self.cell.jacobians, previous[r:, ...], X[r:, ...], unit=r):
+            yield xp.reshape(J, (-1, r, n, n))
 
     def forward_diagnostics(self, trace: Trace, jacobians: Any = None) -> dict:
         """What :func:`propop.forward` adds to ``info``: the Lyapunov exponent's estimate.
@@ -648,16 +644,28 @@ def _normalised_product(xp: Any, J: Any) -> tuple[Any, Any]:
     return J[0, ...], logs[0, ...]
 
 
-def _diagonals(jacobians: Callable, H: Any, X: Any) -> Any:
-    """``diag(dF/dh)`` of every row ``(rows, n)``, from the full Jacobians of a few rows at a time.
+def _jacobian_rows(jacobians: Callable, H: Any, X: Any, unit: int = 1) -> Any:
+    """The Jacobians ``(rows, n, n)`` of the rows of ``H`` and ``X``, a chunk at a time.
 
-    A general step's diagonal needs its Jacobian; formed in chunks of
-    :data:`DIAGONAL_CHUNK` entries, the memory held stays ``O(rows n)`` (quasi-Newton's).
+    Each chunk is whole groups of ``unit`` rows (a step's samples) and about
+    :data:`DIAGONAL_CHUNK` entries, so a caller that keeps less than the chunk
+    holds ``O(r n^2)`` of them however many rows there are.
     """
-    xp, (rows, n) = backend.namespace(H), H.shape
-    step = max(1, DIAGONAL_CHUNK // (n * n))
-    ends = [(i, min(i + step, rows)) for i in range(0, rows, step)]
-    return xp.concat([xp.linalg.diagonal(jacobians(H[i:j, ...], X[i:j, ...])) for i, j in ends])
+    rows, n = H.shape
+    step = unit * max(1, DIAGONAL_CHUNK // (unit * n * n))
+    for i in range(0, rows, step):
+        j = min(i + step, rows)
+        yield jacobians(H[i:j, ...], X[i:j, ...])
+
+
+def _diagonals(jacobians: Callable, H: Any, X: Any) -> Any:
+    """``diag(dF/dh)`` of every row ``(rows, n)``, from the full Jacobians a chunk at a time.
+
+    A general step's diagonal needs its Jacobian; formed in chunks
+    (:func:`_jacobian_rows`), the memory held stays ``O(rows n)`` (quasi-Newton's).
+    """
+    xp = backend.namespace(H)
+    return xp.concat([xp.linalg.diagonal(J) for J in _jacobian_rows(jacobians, H, X)])
 
 
 def _parameter(name: str, value: Any, dtype: Any) -> Any:

@@ -396,11 +396,9 @@ class Operator:
         """
         xp = self.backend.xp
 
-        def equal(a: Any, axis: int) -> bool:
-            first = a[:1, ...]
-            same = (lambda b: bool(xp.all(b == b[:, :1, ...]))) if axis == 1 else (
-                lambda b: bool(xp.all(b == b[..., :1])))
-            return same(first) and same(a)
+        def equal(a: Any, axis: int) -> bool:  # every sample (along axis) as the first
+            column = (lambda b: b[:, :1, ...]) if axis == 1 else (lambda b: b[..., :1])
+            return all(bool(xp.all(b == column(b))) for b in (a[:1, ...], a))
 
         couplings = not self.per_sample_couplings or all(
             C.ndim == 3 or equal(C, 1) for C in self.couplings.arrays())

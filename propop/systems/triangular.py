@@ -32,6 +32,8 @@ def _require_support(op: Operator, rhs: Any, support: list[int]) -> None:
     are read too (one comparison over the runs between support blocks).
     """
     xp, o, start = backend.namespace(rhs), op.offsets, 0
+    if support and not 0 <= support[0] <= support[-1] < op.nblocks:
+        raise ValueError(f"rhs_support {support} names blocks outside 0..{op.nblocks - 1}")
     for k in support + [op.nblocks]:
         if k > start and bool(xp.any(rhs[o[start]:o[k], ...] != 0)):
             j = next(j for j in range(start, k) if bool(xp.any(rhs[o[j]:o[j + 1], ...] != 0)))
