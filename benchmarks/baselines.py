@@ -307,7 +307,7 @@ def jax_rnn_forward(W: Any, U: Any, b: Any, xs: Any) -> Any:
         out = jnp.tanh(W @ x + U @ h + b[:, None])
         return out, out
 
-    return jax.lax.scan(step, jnp.zeros((U.shape[0], xs.shape[2])), xs)[1]
+    return jax.lax.scan(step, jnp.zeros((U.shape[0], xs.shape[2]), dtype=xs.dtype), xs)[1]
 
 
 def jax_rnn_grad() -> Callable:

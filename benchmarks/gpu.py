@@ -1,34 +1,49 @@
-"""propop on a device against PyTorch autograd on the same device: backprop and Newton grids.
+"""propop on a device against PyTorch, JAX, DEER and pararnn-torch there: four grids.
 
 Every contender runs on one device (``--device cuda`` on a GPU machine, ``--device cpu``
 anywhere) in one dtype (``--dtype float32`` and/or ``float64``):
 
 - **backprop of deep narrow MLPs** (tanh, MSE) and **RNNs** (tanh, batch 16, the loss at
-  every step): PyTorch autograd (``nn.Sequential`` of ``nn.Linear``, ``nn.RNN``) against
-  ``pp.backprop`` of the same network moved with ``.to("torch", device)`` by
-  substitution, cyclic reduction, PCR, Jacobi and batched GMRES;
-- **Newton forward of an Elman RNN**: ``nn.RNN``'s sequential forward against
-  ``pp.forward(..., linearization="newton")`` by each method;
-- **JAX** (``jax.grad`` under ``jit`` on JAX's default device) where it is installed.
+  every step): PyTorch autograd (``nn.Sequential`` of ``nn.Linear``, ``nn.RNN``) and JAX
+  (``jax.grad`` of a ``lax.scan`` forward and the BPPSA backward, both under ``jit``, on
+  JAX's default device) against ``pp.backprop`` of the same network moved with
+  ``.to("torch", device)`` by substitution, cyclic reduction, PCR, Jacobi and batched
+  GMRES;
+- **Newton forward of an Elman RNN**: ``nn.RNN``'s sequential forward against DEER's own
+  ``seq1d`` and ``pp.forward(..., linearization="newton")`` by each method;
+- **Newton forward of a GRU** at DEER's demo setting (input 2, hidden 2, batch 16, 10000
+  steps) and at hidden 64: ``nn.GRU`` (cuDNN on CUDA) against DEER's ``seq1d`` (its DEER
+  method and its ``lax.scan``), pararnn-torch's ``ParaGRU`` Newton path (a diagonal
+  cell: its row is for scale) and ``pp.GRU`` by Newton and quasi-Newton with cyclic
+  reduction.
 
-Times are medians over interleaved rounds after a warm-up (``benchmarks.common.timings``),
-each job ending with a device synchronisation; the deviation is the largest relative
-difference of the weight gradients (the states, for the forward) from a float64 NumPy
-reference; peak device memory is PyTorch's ``max_memory_allocated`` (CUDA only).
-``pp.GRU``/``pp.LSTM``/``pp.Recurrence`` compute their Jacobians in NumPy arrays and do
-not run on a device yet: their Newton rows are NumPy only and say so.
+DEER's code is imported from the folder ``--deer PATH`` (or ``$PROPOP_DEER``) names,
+never from this tree, and skipped with a note where absent. Times are medians over
+interleaved rounds (``benchmarks.common.timings``) after a first run, each job ending
+with a device synchronisation; a contender whose second run still takes over ``SLOW``
+seconds is timed by that run alone (the table says "1 run"), one whose first run took
+over ``CAP`` seconds is left out of the larger cases of its grid ("skipped"), and one
+that raises is reported with its error. The deviation is the largest difference from a float64
+reference (NumPy's backprop; ``nn.GRU`` in float64), relative to the reference's
+largest entry; peak device memory is PyTorch's ``max_memory_allocated`` (CUDA, PyTorch
+contenders only: JAX allocates its own). ``--deadline`` seconds after the start no new
+row begins, and the tables are written after every row, so a run cut short keeps what
+it measured.
 
-Run: ``python -m benchmarks.gpu --device cuda --save`` on a GPU machine (about ten
-minutes); ``python -m benchmarks.gpu --device cpu --quick`` at tiny sizes anywhere (CI).
-``--record`` then solves every layout with every native method on CuPy and PyTorch CUDA
-against NumPy and writes the methods that agree, with the device, to
-``propop/solvers/gpu_runs.py`` (what ``propop solvers`` reports).
+Run: ``python -m benchmarks.gpu --device cuda --deer PATH --record --save`` on a GPU
+machine (about six minutes); ``python -m benchmarks.gpu --device cpu --quick`` at tiny
+sizes anywhere (CI). ``--record`` first solves every layout with every native method on
+CuPy and PyTorch CUDA against NumPy and writes the methods that agree, with the device,
+to ``propop/solvers/gpu_runs.py`` (what ``propop solvers`` reports).
 """
 
 from __future__ import annotations
 
+import copy
+import importlib
 import importlib.util
 import pathlib
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,17 +51,25 @@ import numpy as np
 
 import propop as pp
 
+from .baselines import (jax_mlp_bppsa, jax_mlp_grad, jax_modules, jax_rnn_bppsa, jax_rnn_grad,
+                        torch_mlp, torch_rnn)
 from .common import arguments, by_kind, publish, timings
+from .newton import deer_jobs, deer_seq1d, jax_gru_step, pararnn_gru
 
-MLP = [(256, 8, 1), (1024, 8, 1), (4096, 8, 1), (1024, 32, 1), (1024, 64, 32),
-       (4096, 16, 256)]  # (layers, width, samples)
-RNN = [(8, 16, 1024), (8, 16, 65536), (32, 16, 16384), (64, 16, 4096)]  # (hidden, batch, tau)
+MLP = [(256, 8, 1), (1024, 8, 1), (1024, 32, 1), (1024, 64, 32), (4096, 8, 1),
+       (4096, 16, 256)]  # (layers, width, samples), in order of cost
+RNN = [(8, 16, 1024), (64, 16, 4096), (32, 16, 16384), (8, 16, 65536)]  # (hidden, batch, tau)
 NEWTON = [(8, 16, 10000), (64, 16, 4096)]  # (hidden, batch, tau)
-QUICK = {"mlp": [(8, 4, 2)], "rnn": [(4, 2, 16)], "newton": [(4, 2, 16)]}
+GRU = [(2, 2, 16, 10000), (64, 64, 16, 10000)]  # (input, hidden, batch, tau)
+QUICK = {"gru": [(2, 2, 3, 20)], "mlp": [(8, 4, 2)], "rnn": [(4, 2, 16)],
+         "newton": [(4, 2, 16)]}
 BACKPROP = ("substitution", "cyclic-reduction", "parallel-cyclic-reduction", "jacobi",
             "batched-gmres")
 FORWARD = ("substitution", "cyclic-reduction")
 REPEATS = 5
+SLOW = 2.0  # seconds: a contender slower than this (its second run) is not run again
+CAP = 10.0  # seconds: a contender whose first run took longer is left out of larger cases
+SKIPPED: dict[str, set[str]] = {}  # dtype -> contenders over CAP at a smaller case
 
 
 class Device:
@@ -62,8 +85,13 @@ class Device:
         """``a`` as a tensor of this device and dtype."""
         return self.torch.as_tensor(np.asarray(a, dtype=self.dtype), device=self.name)
 
+    def jax(self, a: np.ndarray) -> Any:
+        """``a`` as a JAX array of this dtype on JAX's default device."""
+        _, jnp = jax_modules()
+        return jnp.asarray(np.asarray(a, dtype=self.dtype))
+
     def synced(self, job: Callable[[], Any]) -> Callable[[], Any]:
-        """``job`` followed by a wait for the device to finish."""
+        """``job`` followed by a wait for the device (and JAX) to finish."""
         def run() -> Any:
             out = job()
             if self.cuda:
@@ -72,33 +100,76 @@ class Device:
 
         return run
 
-    def peak(self, job: Callable[[], Any]) -> float | None:
-        """Peak device bytes of one run of ``job`` (CUDA), else ``None``."""
+    def peak(self, job: Callable[[], Any]) -> tuple[Any, float | None]:
+        """``job()`` and the peak device bytes of that run (CUDA), else ``None``."""
         if not self.cuda:
-            return None
+            return job(), None
         self.torch.cuda.reset_peak_memory_stats()
-        job()
-        self.torch.cuda.synchronize()
-        return float(self.torch.cuda.max_memory_allocated())
+        out = job()
+        return out, float(self.torch.cuda.max_memory_allocated())
+
+
+def _host(a: Any) -> np.ndarray:
+    """A NumPy float64 copy of a NumPy, CuPy, PyTorch or JAX array."""
+    if hasattr(a, "detach"):
+        return a.detach().cpu().numpy().astype(np.float64)
+    if type(a).__module__.startswith("jax"):
+        return np.asarray(a, dtype=np.float64)
+    return np.asarray(pp.backend.to_host(a), dtype=np.float64)
 
 
 def _deviation(ours: Any, reference: np.ndarray) -> float:
-    ours = np.asarray(pp.backend.to_host(ours), dtype=np.float64)
+    ours = _host(ours).reshape(reference.shape)
     return float(np.abs(ours - reference).max() / max(np.abs(reference).max(), 1e-300))
 
 
-def _measure(device: Device, jobs: dict) -> tuple[dict, dict]:
-    """Median times (interleaved rounds) and peak device bytes of ``jobs``."""
+def _jax_blocked(job: Callable[[], Any]) -> Callable[[], Any]:
+    """``job`` waiting for JAX's result (JAX dispatches asynchronously)."""
+    jax, _ = jax_modules()
+    return lambda: jax.block_until_ready(job())
+
+
+def _measure(device: Device, jobs: dict, values: dict, reference: np.ndarray
+             ) -> tuple[dict, dict, dict, dict]:
+    """Times, peak device bytes, deviations and errors of ``jobs``.
+
+    ``values[name]`` maps a job's result to the array compared with ``reference`` (no
+    entry: not compared). Each job runs once for its result and peak (its warm-up),
+    once timed, and in interleaved rounds if that took at most ``SLOW`` seconds; one
+    whose first run took over ``CAP`` seconds is timed by that run alone and left out
+    of the larger cases (:data:`SKIPPED`).
+    """
     synced = {name: device.synced(job) for name, job in jobs.items()}
-    times = timings(synced, repeats=REPEATS)
-    peaks = {name: device.peak(job) for name, job in synced.items()}
-    return times, peaks
+    first, peaks, deviation, errors = {}, {}, {}, {}
+    for name, job in synced.items():
+        if name in SKIPPED.get(device.dtype, set()):
+            errors[name] = f"skipped: over {CAP:.0f} s a run at a smaller case"
+            continue
+        try:
+            start = time.perf_counter()
+            out, peak = device.peak(job)
+            first[name] = time.perf_counter() - start
+            peaks[name] = None if name.startswith(("jax", "DEER")) else peak
+            if name in values:
+                deviation[name] = _deviation(values[name](out), reference)
+            if first[name] > CAP:
+                SKIPPED.setdefault(device.dtype, set()).add(name)
+            else:
+                start = time.perf_counter()
+                job()
+                first[name] = time.perf_counter() - start
+        except Exception as error:  # a contender that fails is reported, not fatal
+            errors[name] = f"{type(error).__name__}: {error}"[:300]
+            first.pop(name, None)
+    fast = {name: synced[name] for name in first if first[name] <= SLOW}
+    times = timings(fast, repeats=REPEATS, warmup=0, settle=False) if fast else {}
+    times = {name: dict(times[name], runs=REPEATS) if name in times else
+             {"median": t, "min": t, "max": t, "runs": 1} for name, t in first.items()}
+    return times, peaks, deviation, errors
 
 
 def mlp_row(device: Device, layers: int, width: int, r: int) -> dict:
-    """Backprop of an MLP: autograd against propop's methods, on ``device``."""
-    from .baselines import torch_mlp
-
+    """Backprop of an MLP: autograd, JAX and propop's methods, on ``device``."""
     net = pp.FNN.random([width] * (layers + 1), activation="tanh", seed=0, bias=0.1)
     rng = np.random.default_rng(1)
     x, t = rng.standard_normal((width, r)), rng.standard_normal((width, r))
@@ -108,21 +179,23 @@ def mlp_row(device: Device, layers: int, width: int, r: int) -> dict:
     xd, td = device.tensor(x), device.tensor(t)
     autograd = torch_mlp(net.W, net.b, dtype=device.dtype, device=device.name)
     X, T = device.tensor(x.T.copy()), device.tensor(t.T.copy())
-    jobs = {"torch": lambda: autograd(X, T)}
-    jobs.update({m: (lambda m=m: pp.backprop(moved, xd, td, method=m)) for m in BACKPROP})
-    deviation = {"torch": _deviation(np.stack([g.cpu().numpy() for g in autograd(X, T)]),
-                                     reference)}
-    deviation.update({m: _deviation(np.stack([pp.backend.to_host(g) for g in
-                                              pp.backprop(moved, xd, td, method=m).W]),
-                                    reference) for m in BACKPROP})
-    times, peaks = _measure(device, jobs)
-    return _row("mlp", f"l={layers} n={width} r={r}", times, peaks, deviation)
+    jobs: dict[str, Callable] = {"torch": lambda: autograd(X, T)}
+    values: dict[str, Callable] = {"torch": lambda out: np.stack([_host(g) for g in out])}
+    if importlib.util.find_spec("jax") is not None:
+        args = tuple(device.jax(a) for a in (np.stack(net.W), np.stack(net.b), x, t))
+        grad, bppsa = jax_mlp_grad(), jax_mlp_bppsa()
+        jobs |= {"jax.grad": _jax_blocked(lambda: grad(*args)),
+                 "jax.bppsa": _jax_blocked(lambda: bppsa(*args))}
+        values |= {"jax.grad": lambda out: out[0], "jax.bppsa": lambda out: out[0]}
+    for m in BACKPROP:
+        jobs[m] = lambda m=m: pp.backprop(moved, xd, td, method=m)
+        values[m] = lambda out: np.stack([_host(g) for g in out.W])
+    return _row("mlp", f"l={layers} n={width} r={r}", "torch",
+                *_measure(device, jobs, values, reference))
 
 
 def rnn_row(device: Device, hidden: int, r: int, tau: int) -> dict:
-    """Backprop through time of an Elman RNN: autograd through ``nn.RNN`` against propop."""
-    from .baselines import torch_rnn
-
+    """Backprop through time of an Elman RNN: autograd through ``nn.RNN``, JAX, propop."""
     rnn = pp.RNN.random([hidden, hidden], activation="tanh", seed=0)
     rng = np.random.default_rng(1)
     xs, t = rng.standard_normal((tau, hidden, r)), rng.standard_normal((tau, hidden, r))
@@ -132,23 +205,29 @@ def rnn_row(device: Device, hidden: int, r: int, tau: int) -> dict:
     xd, td = device.tensor(xs), device.tensor(t)
     autograd = torch_rnn(rnn.W[0], rnn.U[0], rnn.b[0], dtype=device.dtype, device=device.name)
     X, T = (device.tensor(a.transpose(0, 2, 1).copy()) for a in (xs, t))
-    jobs = {"torch": lambda: autograd(X, T)}
-    jobs.update({m: (lambda m=m: pp.backprop(moved, xd, td, method=m)) for m in BACKPROP
-                 if m != "parallel-cyclic-reduction"})
-    deviation = {"torch": _deviation(autograd(X, T).cpu().numpy(), reference)}
-    deviation.update({m: _deviation(pp.backprop(moved, xd, td, method=m).W[0], reference)
-                      for m in jobs if m != "torch"})
-    times, peaks = _measure(device, jobs)
-    return _row("rnn", f"H={hidden} r={r} tau={tau}", times, peaks, deviation)
+    jobs: dict[str, Callable] = {"torch": lambda: autograd(X, T)}
+    values: dict[str, Callable] = {"torch": _host}
+    if importlib.util.find_spec("jax") is not None:
+        args = tuple(device.jax(a) for a in (rnn.W[0], rnn.U[0], rnn.b[0], xs, t))
+        grad, bppsa = jax_rnn_grad(), jax_rnn_bppsa()
+        jobs |= {"jax.grad": _jax_blocked(lambda: grad(*args)),
+                 "jax.bppsa": _jax_blocked(lambda: bppsa(*args))}
+        values |= {"jax.grad": lambda out: out[0], "jax.bppsa": lambda out: out[0]}
+    for m in BACKPROP:
+        if m != "parallel-cyclic-reduction":  # PCR holds tau blocks at every level
+            jobs[m] = lambda m=m: pp.backprop(moved, xd, td, method=m)
+            values[m] = lambda out: out.W[0]
+    return _row("rnn", f"H={hidden} r={r} tau={tau}", "torch",
+                *_measure(device, jobs, values, reference))
 
 
-def newton_row(device: Device, hidden: int, r: int, tau: int) -> dict:
-    """The Newton forward of an Elman RNN against ``nn.RNN``'s sequential forward."""
+def newton_row(device: Device, hidden: int, r: int, tau: int, seq1d: Any = None) -> dict:
+    """The Newton forward of an Elman RNN against ``nn.RNN``'s sequential forward and DEER."""
     import torch
 
     rnn = pp.RNN.random([hidden, hidden], activation="tanh", seed=0)
     xs = np.random.default_rng(1).standard_normal((tau, hidden, r))
-    reference = rnn.forward(xs).output
+    reference = rnn.forward(xs).output  # (tau, hidden, r)
     moved = pp.RNN([device.tensor(W) for W in rnn.W], [device.tensor(U) for U in rnn.U],
                    [device.tensor(b) for b in rnn.b])
     xd = device.tensor(xs)
@@ -165,36 +244,103 @@ def newton_row(device: Device, hidden: int, r: int, tau: int) -> dict:
         with torch.no_grad():
             return module(X)[0]
 
-    jobs = {"torch": sequential}
-    jobs.update({m: (lambda m=m: pp.forward(moved, xd, method=m, linearization="newton"))
-                 for m in FORWARD})
-    deviation = {"torch": _deviation(sequential().cpu().numpy().transpose(0, 2, 1),
-                                     reference)}
-    deviation.update({m: _deviation(pp.forward(moved, xd, method=m, linearization="newton")
-                                    .output, reference) for m in FORWARD})
-    times, peaks = _measure(device, jobs)
-    return _row("newton", f"H={hidden} r={r} tau={tau}", times, peaks, deviation)
+    jobs: dict[str, Callable] = {"torch": sequential}
+    values: dict[str, Callable] = {"torch": lambda out: _host(out).transpose(0, 2, 1)}
+    if seq1d is not None:
+        _, jnp = jax_modules()
+        params = tuple(device.jax(a) for a in (rnn.W[0], rnn.U[0], rnn.b[0]))
+        deer = deer_jobs(seq1d, lambda h, x, p: jnp.tanh(p[0] @ x + p[1] @ h + p[2]),
+                         device.jax(np.zeros(hidden)), device.jax(xs.transpose(2, 0, 1)),
+                         params, batched=True)
+        jobs |= deer
+        values |= {name: lambda out: _host(out).transpose(1, 2, 0) for name in deer}
+    for m in FORWARD:
+        jobs[m] = lambda m=m: pp.forward(moved, xd, method=m, linearization="newton")
+        values[m] = lambda out: out.output
+    return _row("newton", f"H={hidden} r={r} tau={tau}", "torch",
+                *_measure(device, jobs, values, reference))
 
 
-def _row(kind: str, case: str, times: dict, peaks: dict, deviation: dict) -> dict:
-    base = times["torch"]["median"]
-    return {"kind": kind, "case": case, "seconds": dict(times),
-            "vs_torch": {k: v["median"] / base for k, v in times.items()},
-            "peak_bytes": peaks, "deviation": deviation}
+def gru_row(device: Device, inputs: int, hidden: int, r: int, tau: int,
+            seq1d: Any = None) -> dict:
+    """The Newton forward of a GRU: ``nn.GRU``, DEER, pararnn-torch and ``pp.GRU``."""
+    import torch
+
+    torch.manual_seed(0)
+    exact = torch.nn.GRU(inputs, hidden).double()
+    xs = np.random.default_rng(1).standard_normal((tau, inputs, r))
+    with torch.no_grad():
+        reference = exact(torch.tensor(xs.transpose(0, 2, 1).copy()))[0].numpy()
+    module = copy.deepcopy(exact).to(device=device.name, dtype=getattr(torch, device.dtype))
+    gru = pp.GRU.from_torch(exact, dtype=device.dtype).to("torch", device.name)
+    X, xd = device.tensor(xs.transpose(0, 2, 1).copy()), device.tensor(xs)
+
+    def sequential() -> Any:
+        with torch.no_grad():
+            return module(X)[0]
+
+    jobs: dict[str, Callable] = {"torch.nn.GRU": sequential}
+    values: dict[str, Callable] = {"torch.nn.GRU": _host}
+    if seq1d is not None:
+        params = {k: device.jax(v.detach().numpy()) for k, v in exact.named_parameters()}
+        deer = deer_jobs(seq1d, jax_gru_step, device.jax(np.zeros(hidden)),
+                         device.jax(xs.transpose(2, 0, 1)), params, batched=True)
+        jobs |= deer
+        values |= {name: lambda out: _host(out).transpose(1, 0, 2) for name in deer}
+    if importlib.util.find_spec("pararnn") is not None:  # a diagonal cell: scale only
+        jobs["pararnn ParaGRU (Newton)"] = pararnn_gru(inputs, hidden, X,
+                                                       "auto" if device.cuda else "eager")
+    for name, linearization in (("propop newton + CR", "newton"),
+                                ("propop quasi + CR", "quasi")):
+        jobs[name] = lambda lin=linearization: pp.forward(gru, xd, method="cyclic-reduction",
+                                                          linearization=lin)
+        values[name] = lambda out: _host(out.z[1]).transpose(0, 2, 1)
+    return _row("gru", f"in={inputs} H={hidden} r={r} tau={tau}", "torch.nn.GRU",
+                *_measure(device, jobs, values, reference))
+
+
+def _row(kind: str, case: str, base: str, times: dict, peaks: dict, deviation: dict,
+         errors: dict) -> dict:
+    reference = times[base]["median"] if base in times else float("nan")
+    return {"kind": kind, "case": case, "base": base, "seconds": dict(times),
+            "vs_base": {k: v["median"] / reference for k, v in times.items()},
+            "peak_bytes": peaks, "deviation": deviation, "errors": errors}
+
+
+TITLES = (("gru", "GRU Newton forward"), ("mlp", "MLP backprop"), ("rnn", "RNN backprop"),
+          ("newton", "Elman RNN Newton forward"))
+
+
+def _cell(row: dict, name: str) -> str:
+    if name in row["errors"]:
+        return "skipped" if row["errors"][name].startswith("skipped") else "failed"
+    if name not in row["seconds"]:
+        return "-"
+    seconds, peak = row["seconds"][name], row["peak_bytes"].get(name)
+    text = f"{1e3 * seconds['median']:.2f}<br>{row['vs_base'][name]:.2f}x"
+    if name in row["deviation"]:
+        text += f" ({row['deviation'][name]:.0e})"
+    if peak is not None:
+        text += f"<br>{peak / 2**20:.0f} MiB"
+    return text + ("<br>1 run" if seconds["runs"] == 1 else "")
 
 
 def table(rows: list[dict], device: str, dtype: str) -> str:
-    """Markdown: per case, each contender's median time, its ratio to autograd, deviation."""
+    """Markdown: per case, each contender's time, ratio, deviation and peak memory.
+
+    The ratio is to the row's baseline (PyTorch); failed contenders' errors follow.
+    """
     out = []
-    for title, chosen, names in by_kind(rows, (("mlp", "MLP backprop"), ("rnn", "RNN backprop"),
-                        ("newton", "Elman RNN Newton forward"))):
-        out += [f"**{title}** on {device}, {dtype}: median time [ms], / PyTorch's, "
-                "(max relative deviation from float64 NumPy)", "",
+    for title, chosen, _ in by_kind(rows, TITLES):
+        names = list(dict.fromkeys(n for row in chosen for n in [*row["seconds"],
+                                                                 *row["errors"]]))
+        out += [f"**{title}** on {device}, {dtype}: median time [ms], / {chosen[0]['base']}'s, "
+                "(largest deviation from float64, relative), peak device memory", "",
                 "| case | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
-        for row in chosen:
-            cells = [f"{1e3 * row['seconds'][n]['median']:.2f}<br>{row['vs_torch'][n]:.2f}x "
-                     f"({row['deviation'][n]:.0e})" for n in names]
-            out.append(f"| {row['case']} | " + " | ".join(cells) + " |")
+        out += [f"| {row['case']} | " + " | ".join(_cell(row, n) for n in names) + " |"
+                for row in chosen]
+        out += [f"- {row['case']}, {n}: {e}" for row in chosen
+                for n, e in row["errors"].items() if not e.startswith("skipped")]
         out.append("")
     return "\n".join(out)
 
@@ -202,35 +348,64 @@ def table(rows: list[dict], device: str, dtype: str) -> str:
 def record(device: str) -> dict[str, str]:
     """Every native method on every layout, on CuPy and PyTorch ``device``, against NumPy.
 
-    Returns the methods that agreed on both, with the device they ran on.
+    Returns the methods that agreed on both, with the device they ran on; prints the
+    layout and backend where each other method failed, and why.
     """
+    import cupy
     import torch
 
     from .systems import SYSTEMS  # the systems of the CPU tests (tests/test_backends.py)
 
-    name = torch.cuda.get_device_name(0)
+    where = (f"{torch.cuda.get_device_name(0)} (CuPy {cupy.__version__} and PyTorch "
+             f"{torch.__version__} CUDA, float64)")
     passed = {}
     for method in (s.name for s in pp.solvers.available() if s.native):
-        ok = True
-        for build in SYSTEMS.values():
-            system = build(3)
-            if not pp.solvers.info(method).applies_to(system):
-                continue
-            exact = pp.solve(system, "substitution").x
-            for kind, dev in (("cupy", None), ("torch", device)):
-                if kind == "cupy" and importlib.util.find_spec("cupy") is None:
-                    ok = False
-                    continue
-                x = pp.backend.to_host(pp.solve(system.to(kind, dev), method).x)
-                ok &= bool(np.abs(x - exact).max() <= 1e-9 * max(np.abs(exact).max(), 1))
-        if ok:
-            passed[method] = f"{name} (CuPy and PyTorch CUDA, torch {torch.__version__})"
+        failures = [f"{layout} on {kind}: {why}" for layout, build in SYSTEMS.items()
+                    for kind, why in _disagreements(method, build(3), device)]
+        if failures:
+            print(f"{method} failed:", "; ".join(failures))
+        else:
+            passed[method] = where
     path = pathlib.Path(pp.__file__).parent / "solvers" / "gpu_runs.py"
     text = path.read_text()
     head = text[: text.index("RUNS: dict[str, str] = ")]
     body = "".join(f"    {k!r}: {v!r},\n" for k, v in sorted(passed.items()))
     path.write_text(head + "RUNS: dict[str, str] = {\n" + body + "}\n")
     return passed
+
+
+def _disagreements(method: str, system: Any, device: str) -> list[tuple[str, str]]:
+    """``(backend, why)`` where ``method`` on CuPy or PyTorch ``device`` misses NumPy's x."""
+    if not pp.solvers.info(method).applies_to(system):
+        return []
+    exact = pp.solve(system, "substitution").x
+    out = []
+    for kind, dev in (("cupy", None), ("torch", device)):
+        try:
+            x = pp.backend.to_host(pp.solve(system.to(kind, dev), method).x)
+        except Exception as error:  # reported with the method and layout
+            out.append((kind, f"{type(error).__name__}: {error}"[:200]))
+            continue
+        error = float(np.abs(x - exact).max() / max(np.abs(exact).max(), 1))
+        if not error <= 1e-9:
+            out.append((kind, f"relative error {error:.1e}"))
+    return out
+
+
+def _device_line(device: str) -> str:
+    """The device, its driver's CUDA and the GPU libraries' versions, for the caption."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return f"Device: {device} (PyTorch {torch.__version__})"
+    versions = [f"PyTorch {torch.__version__} (CUDA {torch.version.cuda})"]
+    for name in ("cupy", "jax"):
+        if importlib.util.find_spec(name) is not None:
+            module = importlib.import_module(name)
+            versions.append(f"{name} {module.__version__}")
+    if importlib.util.find_spec("jax") is not None:
+        versions.append(f"JAX on {importlib.import_module('jax').devices()[0]}")
+    return f"Device: {torch.cuda.get_device_name(0)}; " + ", ".join(versions)
 
 
 def main() -> None:
@@ -240,28 +415,43 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", help="a PyTorch device: cuda or cpu")
     parser.add_argument("--dtype", action="append", choices=("float32", "float64"),
                         help="repeat for both (default: both)")
+    parser.add_argument("--deer", default=None,
+                        help="a folder holding DEER's package (machine-discovery/deer)")
+    parser.add_argument("--deadline", type=float, default=float("inf"),
+                        help="seconds after the start past which no new row begins")
     parser.add_argument("--record", action="store_true",
-                        help="record in propop/solvers/gpu_runs.py the methods that agree "
-                             "with NumPy on CuPy and PyTorch CUDA")
+                        help="first record in propop/solvers/gpu_runs.py the methods that "
+                             "agree with NumPy on CuPy and PyTorch CUDA")
     args = parser.parse_args()
+    start = time.perf_counter()
     import torch
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("--device cuda needs PyTorch with CUDA; use --device cpu here")
-    grids = QUICK if args.quick else {"mlp": MLP, "rnn": RNN, "newton": NEWTON}
-    rows, tables = [], []
-    for dtype in args.dtype or ["float32", "float64"]:
-        device = Device(args.device, dtype)
-        part = ([dict(mlp_row(device, *c), dtype=dtype) for c in grids["mlp"]]
-                + [dict(rnn_row(device, *c), dtype=dtype) for c in grids["rnn"]]
-                + [dict(newton_row(device, *c), dtype=dtype) for c in grids["newton"]])
-        rows += part
-        tables.append(table(part, args.device, dtype))
-    publish("gpu" + ("_quick" if args.quick else ""), rows, "\n".join(tables))
     if args.record:
         if not args.device.startswith("cuda"):
             raise SystemExit("--record needs --device cuda: it records runs on a GPU")
-        print("recorded:", ", ".join(sorted(record(args.device))))
+        print("recorded:", ", ".join(sorted(record(args.device))), flush=True)
+    seq1d, note = deer_seq1d(args.deer)
+    note = f"{_device_line(args.device)}; {note}"
+    grids = QUICK if args.quick else {"gru": GRU, "mlp": MLP, "rnn": RNN, "newton": NEWTON}
+    measure = {"gru": gru_row, "mlp": mlp_row, "rnn": rnn_row, "newton": newton_row}
+    dtypes = args.dtype or ["float32", "float64"]
+    rows: list[dict] = []
+    for kind, cases in grids.items():
+        SKIPPED.clear()
+        for case in cases:
+            for dtype in dtypes:
+                if time.perf_counter() - start > args.deadline:
+                    print(f"deadline: {kind} {case} {dtype} not measured", flush=True)
+                    continue
+                extra = (seq1d,) if kind in ("gru", "newton") else ()
+                rows.append(dict(measure[kind](Device(args.device, dtype), *case, *extra),
+                                 dtype=dtype))
+                tables = [table([row for row in rows if row["dtype"] == d], args.device, d)
+                          for d in dtypes]
+                publish("gpu" + ("_quick" if args.quick else ""), rows,
+                        "\n".join(tables) + f"\n{note}.")
 
 
 if __name__ == "__main__":

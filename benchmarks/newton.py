@@ -60,9 +60,14 @@ def deer_seq1d(folder: str | None) -> tuple[Any, str]:
         sys.path.remove(folder)
 
 
-def _deer_jobs(seq1d: Any, step: Callable, y0: Any, xs: Any, params: Any,
-               batched: bool) -> dict[str, Callable]:
-    """DEER's method and its sequential scan, jitted (vmapped over a batch)."""
+def deer_jobs(seq1d: Any, step: Callable, y0: Any, xs: Any, params: Any,
+              batched: bool) -> dict[str, Callable]:
+    """DEER's method and its sequential scan, jitted (vmapped over a batch).
+
+    On JAX's default device; ``y0``, ``xs`` and ``params`` of one dtype (float32 stays
+    float32: the float64 mode :func:`~benchmarks.baselines.jax_modules` sets only
+    changes JAX's defaults).
+    """
     jax, _ = jax_modules()
 
     def solver(method: Any) -> Callable:
@@ -88,7 +93,7 @@ def elman_row(seq1d: Any, hidden: int, tau: int) -> dict:
     if seq1d is not None:
         _, jnp = jax_modules()
         params = tuple(jnp.asarray(a) for a in (W, U, b))
-        deer = _deer_jobs(seq1d, lambda h, x, p: jnp.tanh(p[0] @ x + p[1] @ h + p[2]),
+        deer = deer_jobs(seq1d, lambda h, x, p: jnp.tanh(p[0] @ x + p[1] @ h + p[2]),
                           jnp.zeros(hidden), jnp.asarray(xs), params, batched=False)
         jobs |= deer
         outputs |= {name: (lambda job=job: np.asarray(job())) for name, job in deer.items()}
@@ -116,13 +121,13 @@ def gru_row(seq1d: Any, inputs: int, hidden: int, batch: int, tau: int) -> dict:
     if seq1d is not None:
         _, jnp = jax_modules()
         params = {k: jnp.asarray(v.detach().numpy()) for k, v in module.named_parameters()}
-        deer = _deer_jobs(seq1d, _jax_gru_step, jnp.zeros(hidden),
+        deer = deer_jobs(seq1d, jax_gru_step, jnp.zeros(hidden),
                           jnp.asarray(xs.transpose(2, 0, 1)), params, batched=True)
         jobs |= deer
         outputs |= {name: (lambda job=job: np.asarray(job()).transpose(1, 0, 2))
                     for name, job in deer.items()}
     if importlib.util.find_spec("pararnn") is not None:  # a diagonal cell: scale only
-        jobs["pararnn ParaGRU (Newton)"] = _pararnn(inputs, hidden, X)
+        jobs["pararnn ParaGRU (Newton)"] = pararnn_gru(inputs, hidden, X)
     for name, (method, linearization) in PROPOP.items():
         job = functools.partial(pp.forward, gru, xs, method=method, linearization=linearization)
         jobs[name] = job
@@ -143,7 +148,7 @@ def _no_grad(module: Any, X: Any) -> Any:
         return module(X)
 
 
-def _jax_gru_step(h: Any, x: Any, p: dict) -> Any:
+def jax_gru_step(h: Any, x: Any, p: dict) -> Any:
     """``torch.nn.GRU``'s cell (one layer, PyTorch's parameter names) in JAX."""
     _, jnp = jax_modules()
     gi = p["weight_ih_l0"] @ x + p["bias_ih_l0"]
@@ -155,15 +160,18 @@ def _jax_gru_step(h: Any, x: Any, p: dict) -> Any:
     return (1 - z) * n + z * h
 
 
-def _pararnn(inputs: int, hidden: int, X: Any) -> Callable:
-    """pararnn-torch's ParaGRU forward, its Newton solver and eager scan (no gradients)."""
-    import pararnn
-    import torch
+def pararnn_gru(inputs: int, hidden: int, X: Any, scan: str = "eager") -> Callable:
+    """pararnn-torch's ParaGRU forward by its Newton solver (no gradients), like ``X``.
 
-    model = pararnn.ParaRNN(pararnn.ParaGRU(inputs, hidden, dtype=torch.float64),
+    ``scan`` is its ``scan_backend``: ``"eager"`` (PyTorch operations, the CPU's) or
+    ``"auto"`` (its fused kernels where it has them, on CUDA).
+    """
+    import pararnn
+
+    model = pararnn.ParaRNN(pararnn.ParaGRU(inputs, hidden, dtype=X.dtype, device=X.device),
                             solver="newton", batch_first=False,
-                            config=pararnn.NewtonConfig(scan_backend="eager"),
-                            dtype=torch.float64)
+                            config=pararnn.NewtonConfig(scan_backend=scan),
+                            dtype=X.dtype, device=X.device)
     return lambda: _no_grad(model, X)
 
 
