@@ -26,9 +26,10 @@ over ``CAP`` seconds is left out of the larger cases of its grid ("skipped"), an
 that raises is reported with its error. The deviation is the largest difference from a float64
 reference (NumPy's backprop; ``nn.GRU`` in float64), relative to the reference's
 largest entry; peak device memory is PyTorch's ``max_memory_allocated`` (CUDA, PyTorch
-contenders only: JAX allocates its own). ``--deadline`` seconds after the start no new
-row begins, and the tables are written after every row, so a run cut short keeps what
-it measured.
+contenders only: JAX allocates its own). Float32 is float32 for every contender on CUDA:
+cuDNN's and JAX's TensorFloat-32 defaults are switched off (:func:`_full_float32`).
+``--deadline`` seconds after the start no new row begins, and the tables are written
+after every row, so a run cut short keeps what it measured; ``--grid`` picks grids.
 
 Run: ``python -m benchmarks.gpu --device cuda --deer PATH --record --save`` on a GPU
 machine (about six minutes); ``python -m benchmarks.gpu --device cpu --quick`` at tiny
@@ -348,28 +349,31 @@ def table(rows: list[dict], device: str, dtype: str) -> str:
 def record(device: str) -> dict[str, str]:
     """Every native method on every layout, on CuPy and PyTorch ``device``, against NumPy.
 
-    Returns the methods that agreed on both, with the device they ran on; prints the
-    layout and backend where each other method failed, and why.
+    Returns the methods that agreed on one backend or both, with the device and the
+    backends they ran on; prints the layout and backend where each failed, and why.
     """
     import cupy
     import torch
 
     from .systems import SYSTEMS  # the systems of the CPU tests (tests/test_backends.py)
 
-    where = (f"{torch.cuda.get_device_name(0)} (CuPy {cupy.__version__} and PyTorch "
-             f"{torch.__version__} CUDA, float64)")
+    versions = {"torch (CUDA)": f"PyTorch {torch.__version__}", "cupy": f"CuPy {cupy.__version__}"}
     passed = {}
     for method in (s.name for s in pp.solvers.available() if s.native):
-        failures = [f"{layout} on {kind}: {why}" for layout, build in SYSTEMS.items()
+        failures = [(kind, f"{layout}: {why}") for layout, build in SYSTEMS.items()
                     for kind, why in _disagreements(method, build(3), device)]
         if failures:
-            print(f"{method} failed:", "; ".join(failures))
-        else:
-            passed[method] = where
+            print(f"{method} failed:", "; ".join(f"{k} {w}" for k, w in failures))
+        good = [kind for kind in versions if kind not in {k for k, _ in failures}]
+        if good:
+            passed[method] = (f"{torch.cuda.get_device_name(0)}, every layout, float64: "
+                              + ", ".join(f"{k} ({versions[k]})" for k in good)
+                              + ("" if len(good) == 2 else
+                                 f"; {failures[0][0]} failed ({failures[0][1]})"))
     path = pathlib.Path(pp.__file__).parent / "solvers" / "gpu_runs.py"
     text = path.read_text()
     head = text[: text.index("RUNS: dict[str, str] = ")]
-    body = "".join(f"    {k!r}: {v!r},\n" for k, v in sorted(passed.items()))
+    body = "".join(f"    {k!r}:\n        {v!r},\n" for k, v in sorted(passed.items()))
     path.write_text(head + "RUNS: dict[str, str] = {\n" + body + "}\n")
     return passed
 
@@ -380,9 +384,9 @@ def _disagreements(method: str, system: Any, device: str) -> list[tuple[str, str
         return []
     exact = pp.solve(system, "substitution").x
     out = []
-    for kind, dev in (("cupy", None), ("torch", device)):
+    for kind, dev in (("cupy", None), ("torch (CUDA)", device)):
         try:
-            x = pp.backend.to_host(pp.solve(system.to(kind, dev), method).x)
+            x = pp.backend.to_host(pp.solve(system.to(kind.split()[0], dev), method).x)
         except Exception as error:  # reported with the method and layout
             out.append((kind, f"{type(error).__name__}: {error}"[:200]))
             continue
@@ -390,6 +394,22 @@ def _disagreements(method: str, system: Any, device: str) -> list[tuple[str, str
         if not error <= 1e-9:
             out.append((kind, f"relative error {error:.1e}"))
     return out
+
+
+def _full_float32() -> None:
+    """float32 products in float32 for every contender: no TF32 in cuDNN or in JAX.
+
+    Both default to TensorFloat-32 on this hardware (a 10-bit mantissa): in a first run
+    ``nn.GRU`` and ``nn.RNN`` deviated by 3e-4 to 7e-4 and JAX's MLP gradients by 1e-3,
+    against 3e-7 for propop and PyTorch's matmuls, which default to float32.
+    """
+    import torch
+
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    if importlib.util.find_spec("jax") is not None:
+        jax, _ = jax_modules()
+        jax.config.update("jax_default_matmul_precision", "highest")
 
 
 def _device_line(device: str) -> str:
@@ -419,6 +439,8 @@ def main() -> None:
                         help="a folder holding DEER's package (machine-discovery/deer)")
     parser.add_argument("--deadline", type=float, default=float("inf"),
                         help="seconds after the start past which no new row begins")
+    parser.add_argument("--grid", action="append", choices=("gru", "mlp", "rnn", "newton"),
+                        help="repeat for several (default: all four)")
     parser.add_argument("--record", action="store_true",
                         help="first record in propop/solvers/gpu_runs.py the methods that "
                              "agree with NumPy on CuPy and PyTorch CUDA")
@@ -435,6 +457,9 @@ def main() -> None:
     seq1d, note = deer_seq1d(args.deer)
     note = f"{_device_line(args.device)}; {note}"
     grids = QUICK if args.quick else {"gru": GRU, "mlp": MLP, "rnn": RNN, "newton": NEWTON}
+    grids = {kind: grids[kind] for kind in args.grid or grids}
+    if args.device.startswith("cuda"):
+        _full_float32()
     measure = {"gru": gru_row, "mlp": mlp_row, "rnn": rnn_row, "newton": newton_row}
     dtypes = args.dtype or ["float32", "float64"]
     rows: list[dict] = []
@@ -446,8 +471,10 @@ def main() -> None:
                     print(f"deadline: {kind} {case} {dtype} not measured", flush=True)
                     continue
                 extra = (seq1d,) if kind in ("gru", "newton") else ()
+                begun = time.perf_counter()
                 rows.append(dict(measure[kind](Device(args.device, dtype), *case, *extra),
                                  dtype=dtype))
+                print(f"{kind} {case} {dtype}: {time.perf_counter() - begun:.0f} s", flush=True)
                 tables = [table([row for row in rows if row["dtype"] == d], args.device, d)
                           for d in dtypes]
                 publish("gpu" + ("_quick" if args.quick else ""), rows,

@@ -291,14 +291,20 @@ def device(array: Any) -> Any:
     The standard's ``array.device`` (NumPy 2: ``"cpu"``); ``None`` for an object
     without one (the memory guard's shape-only arrays).
     """
-    return getattr(array, "device", None)
+    try:
+        return getattr(array, "device", None)
+    except NotImplementedError:  # a cupyx.scipy.sparse matrix: CuPy's current device
+        return None
 
 
 def like(values: Any, array: Any) -> Any:
-    """``values`` (host numbers, a NumPy array) as an array of ``array``'s backend and device."""
-    device = getattr(array, "device", None)
+    """``values`` (host numbers, a NumPy array) as an array of ``array``'s backend and device.
+
+    Reads the device of PyTorch's tensors only: a ``cupyx.scipy.sparse`` matrix raises
+    ``NotImplementedError`` for its ``device``, and CuPy makes arrays on its current one.
+    """
     if _name_of(array) == "torch":
-        return of(array).xp.asarray(values, device=device)
+        return of(array).xp.asarray(values, device=array.device)
     return of(array).xp.asarray(values)
 
 

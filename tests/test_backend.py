@@ -77,3 +77,18 @@ def test_a_stack_is_found_only_where_the_arrays_are_its_entries_in_order():
     T = torch.tensor(S)
     assert backend.stack_of(list(T)) is T and backend.stack_of(list(T)[1:]) is None
     assert backend.stack_of([T[0].clone(), *T[1:]]) is None
+
+
+class _DevicelessMatrix(np.ndarray):
+    """An array whose ``device`` raises, as a ``cupyx.scipy.sparse`` matrix's does."""
+
+    @property
+    def device(self):
+        raise NotImplementedError
+
+
+def test_like_and_device_do_not_ask_a_sparse_gpu_matrix_for_its_device():
+    """A ``cupyx.scipy.sparse`` matrix raises NotImplementedError for ``.device`` (H200)."""
+    M = np.eye(2).view(_DevicelessMatrix)
+    assert backend.device(M) is None
+    np.testing.assert_array_equal(backend.like([1, 2], M), [1, 2])

@@ -207,3 +207,16 @@ def test_the_benchmark_grid_at_full_size(method, depth, width, r):
     sol = pp.solve(pp.backward_system(net, trace, eps), method)
     assert sol.levels == math.ceil(math.log2(depth + 1))
     assert relative_error(sol.x, np.concatenate(v)) < 1e-12
+
+
+def test_a_namespace_with_a_product_function_is_not_taken_for_kernels(monkeypatch):
+    """A namespace with a ``product`` function is reduced with the dense kernels.
+
+    CuPy's namespace has one (NumPy 2's has none): the reduction took it for its
+    kernels object and failed on an H200. A NumPy given one solves as before.
+    """
+    net, trace, eps, _ = Case((4, 6, 6, 6, 6, 6, 3), r=3, seed=2).problem()
+    system = pp.backward_system(net, trace, eps)
+    expected = pp.solve(system, "substitution").x
+    monkeypatch.setattr(np, "product", np.prod, raising=False)
+    assert relative_error(pp.solve(system, "cyclic-reduction").x, expected) < 1e-13

@@ -5,6 +5,7 @@ import pytest
 
 import propop as pp
 from cases import relative_error
+from propop.networks import gated
 from reference import torch
 
 nn = torch.nn
@@ -215,7 +216,6 @@ def test_the_built_in_cells_jacobians_in_closed_form_are_torch_funcs(cell, optio
     """The closed-form Jacobians (no backward pass) against jacrev, every layer coupled."""
     from torch.func import jacrev, vmap
 
-    from propop.networks import gated
 
     net = getattr(gated, cell)(3, 4, num_layers=3, seed=0, **options)
     generator = torch.Generator().manual_seed(1)
@@ -267,3 +267,30 @@ def test_the_lstm_cell_states_at_every_step_are_the_sequential_ones():
         torch.testing.assert_close(ours[..., :5], torch.stack(hs), rtol=1e-13, atol=1e-14)
         torch.testing.assert_close(ours[..., 5:], torch.stack(cs), rtol=1e-13, atol=1e-14)
         inputs = torch.stack(hs)
+
+
+@pytest.mark.parametrize("cell", ["GRU", "RNN", "LSTM"])
+def test_the_sequence_kernels_get_contiguous_states_as_cudnn_needs(cell, monkeypatch):
+    """The recurrent kernels get a contiguous initial state, as cuDNN needs.
+
+    cuDNN refuses a non-contiguous ``hx`` ("rnn: hx is not contiguous", seen on an
+    H200); the CPU kernels accept one, so the kernels here are wrapped to check it.
+    """
+    name = {"GRU": "gru", "RNN": "rnn_tanh", "LSTM": "lstm"}[cell]
+    kernel = getattr(torch, name)
+    seen = []
+
+    def strict(inputs, hx, *rest):
+        seen.append(all(h.is_contiguous() for h in (hx if isinstance(hx, tuple) else (hx,))))
+        return kernel(inputs, hx, *rest)
+
+    monkeypatch.setattr(torch, name, strict)
+    torch.manual_seed(4)
+    module = getattr(nn, cell)(3, 4, num_layers=2).double()
+    net = getattr(gated, "ElmanRNN" if cell == "RNN" else cell).from_torch(module).to("torch")
+    xs = np.random.default_rng(4).standard_normal((6, 3, 5))
+    ours = net.outputs(net.forward(torch.tensor(xs)))
+    with torch.no_grad():
+        theirs = module(torch.tensor(xs.transpose(0, 2, 1).copy()))[0]
+    assert seen and all(seen), seen
+    torch.testing.assert_close(ours.permute(0, 2, 1), theirs, rtol=1e-13, atol=1e-14)

@@ -230,7 +230,7 @@ class GRU(_Gated):
         """One layer's ``h`` at every step: ``torch.nn.GRU``'s kernel, ``(tau, r, H)``."""
         import torch
 
-        return torch.gru(inputs, own[None, ...], weights, *ONE_LAYER)[0]
+        return torch.gru(inputs, own[None, ...].contiguous(), weights, *ONE_LAYER)[0]
 
     def _layer_jacobian(self, p: Mapping[str, Any], k: int, x: Any, h: Any) -> tuple:
         """``(h', dh'/dh, dh'/dx)`` of layer ``k``: the GRU's equations differentiated."""
@@ -391,7 +391,7 @@ class ElmanRNN(_Gated):
         import torch
 
         run = torch.rnn_tanh if self.nonlinearity == "tanh" else torch.rnn_relu
-        return run(inputs, own[None, ...], weights, *ONE_LAYER)[0]
+        return run(inputs, own[None, ...].contiguous(), weights, *ONE_LAYER)[0]
 
     def _layer_jacobian(self, p: Mapping[str, Any], k: int, x: Any, h: Any) -> tuple:
         """``(h', dh'/dh, dh'/dx)`` of layer ``k``: ``f'(a) W``."""

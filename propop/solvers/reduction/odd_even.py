@@ -160,8 +160,11 @@ class Switch:
 
 
 def _kernels(kernels: Any) -> Any:
-    """A kernels object: itself, or the dense kernels of an array namespace."""
-    return kernels if hasattr(kernels, "product") else DenseKernels(kernels)
+    """A kernels object: itself, or the dense kernels of an array namespace.
+
+    Told by ``densify``, which no array namespace has (CuPy's has a ``product``).
+    """
+    return kernels if hasattr(kernels, "densify") else DenseKernels(kernels)
 
 
 def factor(chain: Chain, counter: Counter, kernels: Any) -> list:
