@@ -23,16 +23,18 @@ interleaved rounds (``benchmarks.common.timings``) after a first run, each job e
 with a device synchronisation; a contender whose second run still takes over ``SLOW``
 seconds is timed by that run alone (the table says "1 run"), one whose first run took
 over ``CAP`` seconds is left out of the larger cases of its grid ("skipped"), and one
-that raises is reported with its error. The deviation is the largest difference from a float64
-reference (NumPy's backprop; ``nn.GRU`` in float64), relative to the reference's
-largest entry; peak device memory is PyTorch's ``max_memory_allocated`` (CUDA, PyTorch
-contenders only: JAX allocates its own). Float32 is float32 for every contender on CUDA:
-cuDNN's and JAX's TensorFloat-32 defaults are switched off (:func:`_full_float32`).
+that raises is reported with its error. The deviation is the largest difference from a
+float64 reference (NumPy's backprop; ``nn.GRU`` in float64), relative to the reference's
+largest entry; peak device memory is PyTorch's ``max_memory_allocated`` above what was
+allocated before the run (CUDA, PyTorch contenders only: JAX allocates its own).
+Float32 is float32 for every contender on CUDA: cuDNN's and JAX's TensorFloat-32
+defaults are switched off (:func:`_full_float32`).
 ``--deadline`` seconds after the start no new row begins, and the tables are written
 after every row, so a run cut short keeps what it measured; ``--grid`` picks grids.
 
 Run: ``python -m benchmarks.gpu --device cuda --deer PATH --record --save`` on a GPU
-machine (about six minutes); ``python -m benchmarks.gpu --device cpu --quick`` at tiny
+machine (about twelve minutes on an H200: the record 2-3, each grid 1-5; ``--grid``
+splits it); ``python -m benchmarks.gpu --device cpu --quick`` at tiny
 sizes anywhere (CI). ``--record`` first solves every layout with every native method on
 CuPy and PyTorch CUDA against NumPy and writes the methods that agree, with the device,
 to ``propop/solvers/gpu_runs.py`` (what ``propop solvers`` reports).
@@ -41,6 +43,7 @@ to ``propop/solvers/gpu_runs.py`` (what ``propop solvers`` reports).
 from __future__ import annotations
 
 import copy
+import gc
 import importlib
 import importlib.util
 import pathlib
@@ -102,12 +105,18 @@ class Device:
         return run
 
     def peak(self, job: Callable[[], Any]) -> tuple[Any, float | None]:
-        """``job()`` and the peak device bytes of that run (CUDA), else ``None``."""
+        """``job()`` and the device bytes it allocated at its peak (CUDA), else ``None``.
+
+        Above what was allocated before it, after a garbage collection: the first run's
+        tables counted up to 3.4 GiB that earlier rows' arrays still held.
+        """
         if not self.cuda:
             return job(), None
+        gc.collect()
+        before = self.torch.cuda.memory_allocated()
         self.torch.cuda.reset_peak_memory_stats()
         out = job()
-        return out, float(self.torch.cuda.max_memory_allocated())
+        return out, float(self.torch.cuda.max_memory_allocated() - before)
 
 
 def _host(a: Any) -> np.ndarray:
@@ -346,18 +355,20 @@ def table(rows: list[dict], device: str, dtype: str) -> str:
     return "\n".join(out)
 
 
-def record(device: str) -> dict[str, str]:
+def record(device: str, path: pathlib.Path | None = None) -> dict[str, str]:
     """Every native method on every layout, on CuPy and PyTorch ``device``, against NumPy.
 
     Returns the methods that agreed on one backend or both, with the device and the
-    backends they ran on; prints the layout and backend where each failed, and why.
+    backends they ran on, and writes them to ``path`` (``propop/solvers/gpu_runs.py``);
+    prints the layout and backend where each failed, and why.
     """
     import cupy
     import torch
 
     from .systems import SYSTEMS  # the systems of the CPU tests (tests/test_backends.py)
 
-    versions = {"torch (CUDA)": f"PyTorch {torch.__version__}", "cupy": f"CuPy {cupy.__version__}"}
+    versions = {"torch (CUDA)": f"PyTorch {torch.__version__} CUDA",
+                "cupy": f"CuPy {cupy.__version__}"}
     passed = {}
     for method in (s.name for s in pp.solvers.available() if s.native):
         failures = [(kind, f"{layout}: {why}") for layout, build in SYSTEMS.items()
@@ -367,10 +378,10 @@ def record(device: str) -> dict[str, str]:
         good = [kind for kind in versions if kind not in {k for k, _ in failures}]
         if good:
             passed[method] = (f"{torch.cuda.get_device_name(0)}, every layout, float64: "
-                              + ", ".join(f"{k} ({versions[k]})" for k in good)
+                              + ", ".join(versions[k] for k in good)
                               + ("" if len(good) == 2 else
                                  f"; {failures[0][0]} failed ({failures[0][1]})"))
-    path = pathlib.Path(pp.__file__).parent / "solvers" / "gpu_runs.py"
+    path = path or pathlib.Path(pp.__file__).parent / "solvers" / "gpu_runs.py"
     text = path.read_text()
     head = text[: text.index("RUNS: dict[str, str] = ")]
     body = "".join(f"    {k!r}:\n        {v!r},\n" for k, v in sorted(passed.items()))

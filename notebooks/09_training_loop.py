@@ -201,3 +201,19 @@ worst = max(float((p - q).abs().max()) for p, q in zip(block.parameters(),
                                                       reference.parameters()))
 print(f"SwiGLU block parameter difference after 10 Adam steps: {worst:.1e}")
 print("last backward:", wrapped.propop.last["backward"])
+
+# %% [markdown]
+# ## On a GPU
+#
+# propop's native methods run where the tensors are (`backend="torch"` keeps
+# `parallelize`'s graph on the inputs' device). Every one of them has run on an NVIDIA
+# H200, on PyTorch CUDA and on CuPy, and agreed with NumPy on every layout; the timings
+# there against autograd, JAX, DEER's `seq1d` and pararnn-torch are in
+# `benchmarks/results/gpu.md` (cyclic reduction 2.4-3.7x faster than autograd on deep
+# MLPs; Newton slower than DEER's compiled iteration). A training step with these
+# modules has not been timed on a GPU yet. Where a method has run:
+
+# %%
+import propop as pp
+
+print(pp.solvers.info("cyclic-reduction").tested)

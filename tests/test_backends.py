@@ -144,3 +144,37 @@ def test_the_gpu_benchmark_runs_end_to_end_on_the_cpu(tmp_path, monkeypatch, cap
                                       "float64", "--record"])
     with pytest.raises(SystemExit, match="--record needs --device cuda"):
         gpu.main()
+
+
+def test_the_gpu_record_keeps_each_backend_that_agreed(tmp_path, monkeypatch, capsys):
+    """``benchmarks.gpu.record`` with the device and the comparisons stubbed: what it writes.
+
+    A method that failed on one backend is recorded for the other, with the failure; one
+    that failed on both is not recorded; the file stays importable Python.
+    """
+    import importlib.util
+    import sys
+    import types
+
+    torch = pytest.importorskip("torch")
+    from benchmarks import gpu
+
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(__version__="9.9"))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "Stub GPU")
+    failing = {"jacobi": [("cupy", "NotImplementedError: ")],
+               "richardson": [("cupy", "x"), ("torch (CUDA)", "y")]}
+    monkeypatch.setattr(gpu, "_disagreements",
+                        lambda method, system, device: failing.get(method, []))
+    path = tmp_path / "gpu_runs.py"
+    path.write_text('"""Recorded runs."""\n\nRUNS: dict[str, str] = {}\n')
+    passed = gpu.record("cuda", path)
+    assert "richardson" not in passed and "substitution" in passed
+    assert passed["jacobi"].startswith("Stub GPU, every layout, float64: PyTorch ")
+    assert "CuPy" not in passed["jacobi"] and "; cupy failed (" in passed["jacobi"]
+    assert passed["jacobi"].endswith(": NotImplementedError: )")
+    assert "CuPy 9.9" in passed["substitution"]
+    spec = importlib.util.spec_from_file_location("runs", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.RUNS == passed
+    assert "richardson failed: cupy" in capsys.readouterr().out

@@ -71,6 +71,16 @@ def storage() -> None:
     print()
 
 
+
+def _gpu_runs() -> str:
+    """How many native methods a recorded GPU run covered, and where (``gpu_runs``)."""
+    from ..solvers.gpu_runs import RUNS
+
+    if not RUNS:
+        return "not yet run on a GPU"
+    device = next(iter(RUNS.values())).split(",")[0]
+    return f"{len(RUNS)} native methods ran on an {device} and agreed with NumPy"
+
 def backends() -> None:
     """The demo's PyTorch tensors: every layout, every native method, the same code as NumPy's."""
     try:
@@ -101,8 +111,8 @@ def backends() -> None:
     print("PyTorch tensors, one code path: networks of tensors (any widths, RNNs, GRUs, "
           "graphs) "
           "backpropagate with every propop-native method on the same code as NumPy's "
-          "(CuPy and PyTorch CUDA too, not yet run on a GPU; propop solvers says where "
-          "each method has run):\n")
+          f"(CuPy and PyTorch CUDA too, {_gpu_runs()}; propop solvers says where each "
+          "method has run):\n")
     print("| network | method | returns | max relative difference from NumPy |\n"
           "|---|---|---|---:|")
     for name, (net, inputs, target, moved) in cases.items():
