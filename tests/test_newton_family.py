@@ -201,3 +201,31 @@ def test_the_lyapunov_product_tree_is_the_product_and_does_not_overflow():
     P, logs = _normalised_product(np, big)
     np.testing.assert_allclose(P[0], np.eye(2) / np.sqrt(2), rtol=1e-12)
     np.testing.assert_allclose(logs, 2000 * np.log(10.0) + 0.5 * np.log(2.0), rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("method", ["cyclic-reduction", "substitution"])
+def test_newton_polishes_to_the_sequential_passs_own_error(dtype, method):
+    """Newton's states are within 2x the sequential pass's own error from float64's.
+
+    One step past the residual test takes the states' error to rounding (it was 800x
+    the sequential pass's in float32, an Elman RNN of 10000 steps).
+    """
+    exact = pp.RNN.random([8, 8], activation="tanh", seed=0)
+    xs = np.random.default_rng(1).standard_normal((2000, 8, 4))
+    states = exact.forward(xs).output  # float64, the reference
+    rnn = pp.RNN(*([a.astype(dtype) for a in arrays] for arrays in (exact.W, exact.U,
+                                                                   exact.b)))
+    x = xs.astype(dtype)
+    own = relative_error(rnn.forward(x).output, states)  # the sequential pass's rounding
+    floor = 4 * np.finfo(dtype).eps
+    f = pp.forward(rnn, x, method=method)
+    assert f.info["converged"] and f.info["polished"]
+    assert relative_error(f.output, states) <= 2 * own + floor
+    loose = pp.forward(rnn, x, method=method, polish=False)
+    assert "polished" not in loose.info
+    assert loose.info["iterations"] == f.info["iterations"] - 1
+    assert relative_error(loose.output, states) > relative_error(f.output, states)
+    capped = pp.forward(rnn, x, method=method, maxiter=loose.info["iterations"])
+    assert capped.info["converged"] and capped.info["polished"] is False  # no step left
+    np.testing.assert_array_equal(capped.output, loose.output)

@@ -20,7 +20,7 @@ from .. import backend
 from .._checks import require_finite, worst
 from ..networks.trace import Trace, first_nonfinite
 from ..progress import bar
-from ..solvers.convergence import default_rtol
+from ..solvers.convergence import attainable, default_rtol
 from ..solvers.options import check_options
 from ..solvers.plan import agreed, solve
 from ..solvers.solution import ConvergenceError, Solution, Status
@@ -36,7 +36,8 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
             linearization: str = "newton", rtol: float | None = None,
             maxiter: int | None = None,
             around: Trace | None = None, check: bool = True, linear_rtol: float | None = None,
-            progress: bool | str = False, stop: str = "residual", **options: Any) -> Trace:
+            progress: bool | str = False, stop: str = "residual", polish: bool = True,
+            **options: Any) -> Trace:
     """Forward propagation by iterated linearised systems (eq. forw_prop_sys).
 
     Each iteration linearises every activation at the current ``y``, solves
@@ -60,7 +61,14 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     (and the input block's ``||z_0 - x|| / ||x||``) is at most ``rtol``
     (``stop="residual"``), or when the relative change of the states between
     two iterations is (``stop="change"``, as DEER does); both
-    are recorded, in ``info["residuals"]`` and ``info["changes"]``.
+    are recorded, in ``info["residuals"]`` and ``info["changes"]``. With ``polish``
+    (the default), Newton's method (``linearization="newton"``, ``stop="residual"``)
+    takes one more step once the test passes, unless the residual is at rounding level
+    already (``10 eps``), and keeps it if its residual is no larger
+    (``info["polished"]``): the states' error is about the residual times the
+    recurrence's amplification, and Newton's quadratic convergence takes it to
+    rounding level in that step (float32, an Elman RNN of 10000 steps: 2.4e-4 to
+    3.7e-7 from float64's states, the sequential pass's own 2.9e-7).
     ``trace.info`` also holds ``iterations`` and the linear ``solutions``.
     ``around`` starts the iteration from a trace (default: all states zero);
     ``rtol`` defaults by dtype (``1e-10`` in float64, ``1.2e-5`` in float32);
@@ -85,6 +93,8 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
         raise ValueError(f"stop must be one of {STOPS}, got {stop!r}")
     damping = _damping(net, linearization, options)
     rtol = default_rtol(net.dtype) if rtol is None else rtol
+    polish = polish and damping is None and linearization == "newton" and stop == "residual"
+    polished = None  # the residual before the polishing step, once it is taken
     linear_rtol = min(rtol, default_rtol(net.dtype)) if linear_rtol is None else linear_rtol
     x = agreed(method, options, lambda: net.check_input(x))
     trace = _start(net, x, around)
@@ -98,8 +108,11 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
         residuals, solutions, changes, steps = [residual(trace)], [], [float("inf")], []
         best = (residuals[0], 0, trace)
         measure = residuals if stop == "residual" else changes
-        while not measure[-1] <= rtol:
+        while not measure[-1] <= rtol or (polish and polished is None
+                                          and residuals[-1] > attainable(net.dtype)):
             previous = trace
+            if measure[-1] <= rtol:
+                polished = (residuals[-1], trace, len(residuals))
             if damping is not None:  # Levenberg-Marquardt on a recurrence (ELK)
                 if maxiter is None:
                     maxiter = shown.total = 2 * x.shape[0] + 10
@@ -131,15 +144,22 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
             shown.set_postfix_str(f"residual {residuals[-1]:.1e}")
             if not math.isfinite(residuals[-1]):  # overflow: no later iterate recovers
                 break
+    final = measure[-1]
+    if polished is not None:
+        kept = len(residuals) > polished[2] and residuals[-1] <= polished[0]
+        if not kept:  # no step (maxiter) or one lost to rounding: the iterate that passed
+            final, trace = polished[0], polished[1]
     iterations = len(steps) if damping is not None else len(solutions)
-    finite = math.isfinite(residuals[-1])
+    finite = math.isfinite(final)
     info = {"iterations": iterations, "residuals": residuals, "changes": changes[1:],
-            "solutions": solutions, "converged": finite and measure[-1] <= rtol}
+            "solutions": solutions, "converged": finite and final <= rtol}
+    if polished is not None:
+        info["polished"] = kept
     if damping is not None:
         info["damping"] = [s["damping"] for s in steps]
         info["accepted"] = [s["accepted"] for s in steps]
     if not info["converged"]:  # the best iterate, said so
-        failure = _failed(solutions[-1] if solutions else None, iterations, stop, measure[-1],
+        failure = _failed(solutions[-1] if solutions else None, iterations, stop, final,
                           rtol, None if finite else first_nonfinite(net, trace))
         info["best_iteration"], trace = best[1], best[2]
         info["message"] = failure.message + (f"; returned the best iterate (iteration "
