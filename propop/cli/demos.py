@@ -71,7 +71,6 @@ def storage() -> None:
     print()
 
 
-
 def _gpu_runs() -> str:
     """How many native methods a recorded GPU run covered, and where (``gpu_runs``)."""
     from ..solvers.gpu_runs import RUNS
@@ -80,6 +79,7 @@ def _gpu_runs() -> str:
         return "not yet run on a GPU"
     device = next(iter(RUNS.values())).split(",")[0]
     return f"{len(RUNS)} native methods ran on an {device} and agreed with NumPy"
+
 
 def backends() -> None:
     """The demo's PyTorch tensors: every layout, every native method, the same code as NumPy's."""

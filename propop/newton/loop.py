@@ -94,7 +94,7 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     damping = _damping(net, linearization, options)
     rtol = default_rtol(net.dtype) if rtol is None else rtol
     polish = polish and damping is None and linearization == "newton" and stop == "residual"
-    polished = None  # the residual before the polishing step, once it is taken
+    polished = None  # (residual, trace, iterate) where the test passed, if polishing
     linear_rtol = min(rtol, default_rtol(net.dtype)) if linear_rtol is None else linear_rtol
     x = agreed(method, options, lambda: net.check_input(x))
     trace = _start(net, x, around)
