@@ -169,6 +169,10 @@ class ChainLayout(Layout):
         """``(row, col, j)`` of coupling ``j`` for every ``j``."""
         return tuple(self.pair(j) + (j,) for j in range(self.nblocks - 1))
 
+    def used(self) -> set[int]:
+        """Every coupling: each joins two neighbours (no edge list made)."""
+        return set(range(self.nblocks - 1))
+
     def incoming(self, k: int) -> int | None:
         """The coupling block row ``k`` reads in substitution, if any."""
         j = k - 1 if self.lower else k
