@@ -582,6 +582,19 @@ def erf(x: Any) -> Any:
     return importlib.import_module(module).erf(x)
 
 
+def norms(A: Any) -> Any:
+    """Euclidean norms over the last axis of ``A``, an array of its backend.
+
+    ``einsum`` where the namespace has one: NumPy's ``vector_norm`` over a short last
+    axis is 5x slower (160000 pairs: 4.9 against 0.9 ms); the standard's elsewhere.
+    Neither scales against overflow.
+    """
+    xp = namespace(A)
+    if hasattr(xp, "einsum"):
+        return xp.sqrt(xp.einsum("...i,...i->...", A, A))
+    return xp.linalg.vector_norm(A, axis=-1)
+
+
 def all_finite(a: Any, xp: Any = None) -> bool:
     """Whether every entry of ``a`` is finite: one sum first, each entry only if it is not.
 

@@ -47,6 +47,15 @@ def test_all_finite_sees_nan_and_inf_and_survives_an_overflowing_sum(kind):
         assert backend.all_finite(moved) is expected, name
 
 
+@pytest.mark.parametrize("kind", ["numpy", "torch", "array_api_strict"])
+def test_norms_over_the_last_axis_on_every_backend(kind):
+    a = np.random.default_rng(0).standard_normal((5, 3, 2))
+    ours = backend.norms(backend.convert(a, kind))
+    assert backend.of(ours).name == kind
+    np.testing.assert_allclose(backend.to_host(ours), np.sqrt((a**2).sum(axis=-1)),
+                               rtol=1e-15)
+
+
 @pytest.mark.parametrize(("M", "x", "out"), [
     ((8, 8), (8, 1), lambda s: np.empty(s)),  # dot's case
     ((8, 8), (8,), lambda s: np.empty(s)),

@@ -350,8 +350,8 @@ class Recurrence:
         """``max_s ||h_s - F(h_{s-1}, x_s)|| / ||F(h_{s-1}, x_s)||`` over steps and samples."""
         xp = self._xp()
         gap, F = self._defects(trace)
-        size = xp.clip(xp.linalg.vector_norm(F, axis=2), min=1e-300)
-        return float(xp.max(xp.linalg.vector_norm(gap, axis=2) / size))
+        size = xp.clip(backend.norms(F), min=1e-300)
+        return float(xp.max(backend.norms(gap) / size))
 
     def merit(self, trace: Trace) -> Any:
         """``sum_s ||h_s - F(h_{s-1}, x_s)||^2`` per sample, ``(r,)``: what damping reduces."""
@@ -385,7 +385,7 @@ class Recurrence:
         for J in chunks:  # q <- P q for each chunk's normalised product P, scales summed
             P, logs = _normalised_product(xp, J)
             q = (P @ q[..., None])[..., 0]
-            norm = xp.clip(xp.linalg.vector_norm(q, axis=1), min=1e-300)
+            norm = xp.clip(backend.norms(q), min=1e-300)
             total += logs + xp.log(norm)
             q /= norm[:, None]
         return float(xp.max(total / last))
