@@ -240,3 +240,34 @@ def test_hybrid_is_exact_after_tau_outer_iterations(outer, form):
     assert not few.converged and few.status is pp.Status.MAX_ITER
     with pytest.raises(ValueError, match="hybrid: option outer='richardson' must be one of"):
         pp.solve(B, "hybrid", outer="richardson")
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("r", [None, 3])
+def test_tensor_rnns_run_pytorchs_recurrent_kernel_with_numpys_results(r, dtype, monkeypatch):
+    """A tensor RNN's tanh and ReLU layers run PyTorch's recurrent kernels, as NumPy's loop.
+
+    ``torch.rnn_tanh``/``rnn_relu`` (cuDNN on a GPU); other activations run the loop.
+    The trace (states and pre-activations) and the gradients agree with NumPy's.
+    """
+    calls = []
+    for name in ("rnn_tanh", "rnn_relu"):
+        kernel = getattr(torch, name)
+        monkeypatch.setattr(torch, name, lambda *a, kernel=kernel, name=name: (
+            calls.append(name), kernel(*a))[1])
+    net = pp.RNN.random([3, 5, 4, 4], activation=["tanh", "relu", "sigmoid"], seed=5,
+                        dtype=dtype)
+    rng = np.random.default_rng(6)
+    xs = rng.standard_normal((40, 3) + (() if r is None else (r,))).astype(dtype)
+    target = rng.standard_normal((40, 4) + (() if r is None else (r,))).astype(dtype)
+    moved = net.to("torch")
+    ours, exact = moved.forward(torch.tensor(xs)), net.forward(xs)
+    assert calls == ["rnn_tanh", "rnn_relu"]  # the sigmoid layer took the loop
+    bound = 1e-13 if dtype == "float64" else 1e-5
+    for k in range(3):
+        assert relative_error(ours.z[k + 1].numpy(), exact.z[k + 1]) < bound, k
+        assert relative_error(ours.y[k].numpy(), exact.y[k]) < bound, k
+    g = pp.backprop(moved, torch.tensor(xs), torch.tensor(target), method="cyclic-reduction")
+    reference = pp.backprop(net, xs, target, method="substitution")
+    for ours_k, exact_k in zip(g.W + g.U, reference.W + reference.U):
+        assert relative_error(ours_k.numpy(), exact_k) < 100 * bound
