@@ -36,8 +36,9 @@ Run: ``python -m benchmarks.gpu --device cuda --deer PATH --record --save`` on a
 machine (about twelve minutes on an H200: the record 2-3, each grid 1-5; ``--grid``
 splits it); ``python -m benchmarks.gpu --device cpu --quick`` at tiny
 sizes anywhere (CI). ``--record`` first solves every layout with every native method on
-CuPy and PyTorch CUDA against NumPy and writes the methods that agree, with the device,
-to ``propop/solvers/gpu_runs.py`` (what ``propop solvers`` reports).
+CuPy and PyTorch CUDA (and the SciPy adapters with a CuPy path on CuPy) against NumPy
+and writes the methods that agree, with the device, to ``propop/solvers/gpu_runs.py``
+(what ``propop solvers`` reports).
 """
 
 from __future__ import annotations
@@ -356,31 +357,33 @@ def table(rows: list[dict], device: str, dtype: str) -> str:
 
 
 def record(device: str, path: pathlib.Path | None = None) -> dict[str, str]:
-    """Every native method on every layout, on CuPy and PyTorch ``device``, against NumPy.
+    """Every method with a GPU backend on every layout, on that backend, against NumPy.
 
-    Returns the methods that agreed on one backend or both, with the device and the
-    backends they ran on, and writes them to ``path`` (``propop/solvers/gpu_runs.py``);
-    prints the layout and backend where each failed, and why.
+    Native methods on CuPy and PyTorch ``device``, the SciPy adapters with a CuPy
+    path (``cupyx.scipy.sparse.linalg``) on CuPy. Returns the methods that agreed on
+    a backend, with the device and the backends they ran on, and writes them to
+    ``path`` (``propop/solvers/gpu_runs.py``); prints where each failed, and why.
     """
     import cupy
     import torch
 
     from .systems import SYSTEMS  # the systems of the CPU tests (tests/test_backends.py)
 
-    versions = {"torch (CUDA)": f"PyTorch {torch.__version__} CUDA",
-                "cupy": f"CuPy {cupy.__version__}"}
+    versions = {"cupy": f"CuPy {cupy.__version__}",
+                "torch (CUDA)": f"PyTorch {torch.__version__} CUDA"}
     passed = {}
-    for method in (s.name for s in pp.solvers.available() if s.native):
+    for spec in pp.solvers.available():
+        kinds = list(versions) if spec.native else ["cupy"] * ("cupy" in spec.backends)
         failures = [(kind, f"{layout}: {why}") for layout, build in SYSTEMS.items()
-                    for kind, why in _disagreements(method, build(3), device)]
+                    for kind, why in _disagreements(spec, build(3), device, kinds)]
         if failures:
-            print(f"{method} failed:", "; ".join(f"{k} {w}" for k, w in failures))
-        good = [kind for kind in versions if kind not in {k for k, _ in failures}]
+            print(f"{spec.name} failed:", "; ".join(f"{k} {w}" for k, w in failures))
+        good = [kind for kind in kinds if kind not in {k for k, _ in failures}]
         if good:
-            passed[method] = (f"{torch.cuda.get_device_name(0)}, every layout, float64: "
-                              + ", ".join(versions[k] for k in good)
-                              + ("" if len(good) == 2 else
-                                 f"; {failures[0][0]} failed ({failures[0][1]})"))
+            passed[spec.name] = (f"{torch.cuda.get_device_name(0)}, every layout, float64: "
+                                 + ", ".join(versions[k] for k in good)
+                                 + ("" if len(good) == len(kinds) else
+                                    f"; {failures[0][0]} failed ({failures[0][1]})"))
     path = path or pathlib.Path(pp.__file__).parent / "solvers" / "gpu_runs.py"
     text = path.read_text()
     head = text[: text.index("RUNS: dict[str, str] = ")]
@@ -389,20 +392,26 @@ def record(device: str, path: pathlib.Path | None = None) -> dict[str, str]:
     return passed
 
 
-def _disagreements(method: str, system: Any, device: str) -> list[tuple[str, str]]:
-    """``(backend, why)`` where ``method`` on CuPy or PyTorch ``device`` misses NumPy's x."""
-    if not pp.solvers.info(method).applies_to(system):
+def _disagreements(spec: Any, system: Any, device: str, kinds: list[str]
+                   ) -> list[tuple[str, str]]:
+    """``(backend, why)`` for each of ``kinds`` where the method misses NumPy's ``x``.
+
+    Within ``1e-9`` of the largest entry for an exact method, ``1e-6`` for an iterative
+    one (its own tolerance is on the residual).
+    """
+    if not spec.applies_to(system):
         return []
-    exact = pp.solve(system, "substitution").x
+    exact, bound = pp.solve(system, "substitution").x, 1e-9 if spec.exact else 1e-6
     out = []
-    for kind, dev in (("cupy", None), ("torch (CUDA)", device)):
+    for kind in kinds:
         try:
-            x = pp.backend.to_host(pp.solve(system.to(kind.split()[0], dev), method).x)
+            moved = system.to(kind.split()[0], None if kind == "cupy" else device)
+            x = pp.backend.to_host(pp.solve(moved, spec.name).x)
         except Exception as error:  # reported with the method and layout
             out.append((kind, f"{type(error).__name__}: {error}"[:200]))
             continue
         error = float(np.abs(x - exact).max() / max(np.abs(exact).max(), 1))
-        if not error <= 1e-9:
+        if not error <= bound:
             out.append((kind, f"relative error {error:.1e}"))
     return out
 

@@ -163,8 +163,9 @@ def test_the_gpu_record_keeps_each_backend_that_agreed(tmp_path, monkeypatch, ca
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "Stub GPU")
     failing = {"jacobi": [("cupy", "NotImplementedError: ")],
                "richardson": [("cupy", "x"), ("torch (CUDA)", "y")]}
-    monkeypatch.setattr(gpu, "_disagreements",
-                        lambda method, system, device: failing.get(method, []))
+    asked = {}
+    monkeypatch.setattr(gpu, "_disagreements", lambda spec, system, device, kinds: (
+        asked.__setitem__(spec.name, kinds), failing.get(spec.name, []))[1])
     path = tmp_path / "gpu_runs.py"
     path.write_text('"""Recorded runs."""\n\nRUNS: dict[str, str] = {}\n')
     passed = gpu.record("cuda", path)
@@ -173,6 +174,9 @@ def test_the_gpu_record_keeps_each_backend_that_agreed(tmp_path, monkeypatch, ca
     assert "CuPy" not in passed["jacobi"] and "; cupy failed (" in passed["jacobi"]
     assert passed["jacobi"].endswith(": NotImplementedError: )")
     assert "CuPy 9.9" in passed["substitution"]
+    assert asked["scipy.gmres"] == ["cupy"] and asked["pyamg.gmres"] == []  # no GPU path
+    assert passed["scipy.gmres"] == "Stub GPU, every layout, float64: CuPy 9.9"
+    assert "pyamg.gmres" not in passed
     spec = importlib.util.spec_from_file_location("runs", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
