@@ -85,16 +85,8 @@ class OverTime:
         return _substitute(self.inner, G, counter)
 
     def _time_order(self, A: Any) -> Any:
-        """``A`` (steps first) in the chain's order over time, or back: flipped if backward.
-
-        A flipped copy, as PyTorch's flip makes, not a view with negative strides: the
-        one GPU test that failed on an H200 (CuPy, a backward RNN system of three
-        samples) reduced such a view of per-sample blocks, whose batch axes share no
-        stride, in CuPy's batched matmul (suspected, not yet rerun on a GPU).
-        """
-        if not self.flip:
-            return A
-        return backend.contiguous(backend.namespace(A).flip(A, axis=0))
+        """``A`` (steps first) in the chain's order over time, or back: flipped if backward."""
+        return backend.namespace(A).flip(A, axis=0) if self.flip else A
 
     def solve(self, system: Any, counter: Counter) -> tuple[Any, int, dict]:
         """``(x, levels, info)`` for ``system``'s right-hand side (canonical, ``(N, r)``)."""
