@@ -31,6 +31,19 @@ __all__ = ["GRU", "LSTM", "ElmanRNN"]
 ONE_LAYER = (True, 1, 0.0, False, False, False)
 
 
+def elman_kernel(nonlinearity: str, inputs: Any, first: Any, weights: list) -> Any:
+    """``h`` ``(tau, r, H)`` of one Elman layer by PyTorch's kernel (cuDNN's on CUDA).
+
+    ``torch.rnn_tanh`` or ``rnn_relu`` from ``h_{-1} = first`` ``(r, H)`` on inputs
+    ``(tau, r, m)``, ``weights`` ``[W_ih, W_hh, b_ih, b_hh]``; the initial state made
+    contiguous, as cuDNN requires.
+    """
+    import torch
+
+    run = torch.rnn_tanh if nonlinearity == "tanh" else torch.rnn_relu
+    return run(inputs, first[None, ...].contiguous(), weights, *ONE_LAYER)[0]
+
+
 class _Gated(Recurrence):
     """Layers of one gated cell kind: :class:`GRU` (``gates = 3``) or :class:`LSTM` (``4``)."""
 
@@ -388,10 +401,7 @@ class ElmanRNN(_Gated):
 
     def _sequence(self, inputs: Any, own: Any, weights: list) -> Any:
         """One layer's ``h`` at every step: ``torch.nn.RNN``'s kernel, ``(tau, r, H)``."""
-        import torch
-
-        run = torch.rnn_tanh if self.nonlinearity == "tanh" else torch.rnn_relu
-        return run(inputs, own[None, ...].contiguous(), weights, *ONE_LAYER)[0]
+        return elman_kernel(self.nonlinearity, inputs, own, weights)
 
     def _layer_jacobian(self, p: Mapping[str, Any], k: int, x: Any, h: Any) -> tuple:
         """``(h', dh'/dh, dh'/dx)`` of layer ``k``: ``f'(a) W``."""

@@ -72,7 +72,6 @@ class RecurrenceGradients:
         yield from self.parameters.items()
 
 
-
 class Recurrence:
     """``h_s = step(theta, h_{s-1}, x_s)`` for ``s = 0..tau-1`` from ``h_{-1} = 0``.
 

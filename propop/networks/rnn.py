@@ -39,11 +39,12 @@ def _kernel_states(W: Any, U: Any, b: Any, activation: str, inputs: Any) -> Any:
         return None
     import torch
 
+    from .gated import elman_kernel
+
     X = inputs[:, :, None] if inputs.ndim == 2 else inputs
-    run = torch.rnn_tanh if activation == "tanh" else torch.rnn_relu
-    h0 = torch.zeros((1, X.shape[2], U.shape[0]), dtype=X.dtype, device=X.device)
-    states = run(X.permute(0, 2, 1).contiguous(), h0, [W, U, b, torch.zeros_like(b)],
-                 True, 1, 0.0, False, False, False)[0]  # (tau, r, h): features last
+    first = torch.zeros((X.shape[2], U.shape[0]), dtype=X.dtype, device=X.device)
+    states = elman_kernel(activation, X.permute(0, 2, 1).contiguous(), first,
+                          [W, U, b, torch.zeros_like(b)])  # (tau, r, h): features last
     states = states.permute(0, 2, 1).contiguous()
     return states[:, :, 0] if inputs.ndim == 2 else states
 
