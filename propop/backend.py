@@ -285,6 +285,14 @@ def walk(array: Any, reverse: bool = False) -> Any:
     return iter(array[::-1])
 
 
+def unstack(array: Any) -> tuple:
+    """The views ``array[i]`` along the first axis: the standard's ``unstack``, cheaper.
+
+    NumPy's moves the axis first (17 views of a small stack: 4.7 against 1.3 us).
+    """
+    return tuple(walk(array))
+
+
 def device(array: Any) -> Any:
     """The device ``array`` lives on, to make new arrays there (``xp.zeros(..., device=)``).
 

@@ -56,6 +56,33 @@ def test_norms_over_the_last_axis_on_every_backend(kind):
                                rtol=1e-15)
 
 
+@pytest.mark.parametrize("kind", ["numpy", "torch", "array_api_strict"])
+def test_unstack_gives_views_of_the_first_axis_on_every_backend(kind):
+    a = backend.convert(np.arange(24.0).reshape(4, 3, 2), kind)
+    views = backend.unstack(a)
+    assert isinstance(views, tuple) and len(views) == 4
+    for i, view in enumerate(views):
+        np.testing.assert_array_equal(backend.to_host(view), np.arange(24.0).reshape(4, 3, 2)[i])
+    views[2][...] = -1.0  # views: writing one writes the stack
+    assert float(backend.to_host(a)[2].sum()) == -6.0
+
+
+def test_a_methods_parameters_are_read_once_and_stay_its_own():
+    from propop.solvers.method import FunctionMethod
+
+    def mine(system, *, rtol=None, x0=None, own=3):
+        return None
+
+    def other(system, *, tol=1.0):
+        return None
+
+    first, second = FunctionMethod(mine), FunctionMethod(other)
+    assert [p.name for p in first.parameters] == ["rtol", "x0", "own"]
+    assert [p.name for p in second.parameters] == ["tol"]
+    assert first.names("x0") and not second.names("x0")
+    assert first.parameters is not first.parameters  # a fresh list each time: callers may edit
+
+
 @pytest.mark.parametrize(("M", "x", "out"), [
     ((8, 8), (8, 1), lambda s: np.empty(s)),  # dot's case
     ((8, 8), (8,), lambda s: np.empty(s)),

@@ -302,7 +302,7 @@ class FNN:
                      device=backend.device(x))
         Z[0, ...] = x
         biases = self.b if x.ndim == 1 else [bk[:, None] for bk in self.b]
-        ys, zs = xp.unstack(Y), xp.unstack(Z)  # views, made once: the trace keeps them
+        ys, zs = backend.unstack(Y), backend.unstack(Z)  # views, made once: the trace keeps them
         matmul = backend.matmul_out(xp, plain=True)  # W of the network's dtype
         for Wk, bk, write, y, z, z_next in zip(self.W, biases, self._writers, ys, zs, zs[1:]):
             matmul(Wk, z, out=y)
@@ -397,10 +397,10 @@ class FNN:
             x = v[0, ...] if stacked else v[0]
             Z = trace.stacked["z"][:-1, ...] if trace.stacked else xp.stack(trace.z[:-1])
             if V.ndim == 2:
-                return Gradients(W=xp.unstack(V[:, :, None] * Z[:, None, :]), b=xp.unstack(V),
-                                 x=x)
-            return Gradients(W=xp.unstack(V @ xp.permute_dims(Z, (0, 2, 1))),
-                             b=xp.unstack(xp.sum(V, axis=2)), x=x)
+                return Gradients(W=backend.unstack(V[:, :, None] * Z[:, None, :]),
+                                 b=backend.unstack(V), x=x)
+            return Gradients(W=backend.unstack(V @ xp.permute_dims(Z, (0, 2, 1))),
+                             b=backend.unstack(xp.sum(V, axis=2)), x=x)
         dW = tuple(backend.outer_on_pattern(Wk, vk, zk)
                    for Wk, vk, zk in zip(self.W, v[1:], trace.z[:-1]))
         db = tuple(vk if vk.ndim == 1 else self.backend.xp.sum(vk, axis=1) for vk in v[1:])
@@ -426,8 +426,7 @@ def _stacked_trace(x: Any, Y: Any, Z: Any, views: tuple | None = None) -> Trace:
 
     ``views``: the slices ``(Y[k]..., Z[1:][k]...)`` where the caller made them already.
     """
-    xp = backend.namespace(Y)
-    ys, zs = views if views is not None else (xp.unstack(Y), xp.unstack(Z[1:, ...]))
+    ys, zs = views if views is not None else (backend.unstack(Y), backend.unstack(Z[1:, ...]))
     return Trace(x=x, y=tuple(ys), z=(x, *zs), stacked={"y": Y, "z": Z})
 
 

@@ -230,12 +230,12 @@ class RNN:
                 z.append(zk)
                 continue
             yk, zk = xp.empty_like(inputs), xp.empty_like(inputs)
-            ys, zs = xp.unstack(yk), xp.unstack(zk)  # views of the steps
+            ys, zs = backend.unstack(yk), backend.unstack(zk)  # views of the steps
             write = f.writer(xp)
             ys[0][...] = inputs[0, ...]
             write(ys[0], out=zs[0])
             recur = backend.matmul_writer(Uk)
-            for y_s, input_s, z_before, z_s in zip(ys[1:], xp.unstack(inputs)[1:], zs, zs[1:]):
+            for y_s, input_s, z_before, z_s in zip(ys[1:], backend.unstack(inputs)[1:], zs, zs[1:]):
                 recur(z_before, out=y_s)
                 y_s += input_s
                 write(y_s, out=z_s)

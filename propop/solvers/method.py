@@ -21,6 +21,7 @@ A plain function ``method(system, *, x0, rtol, atol, maxiter, callback, **own)
 
 from __future__ import annotations
 
+import functools
 import inspect
 import typing
 from collections.abc import Callable
@@ -47,9 +48,7 @@ class Method:
     @property
     def parameters(self) -> list[inspect.Parameter]:
         """The options the method takes: ``init``'s keywords, then ``compute``'s."""
-        init = list(inspect.signature(self.init).parameters.values())[1:]
-        compute = list(inspect.signature(self.compute).parameters.values())[2:]
-        return [p for p in init + compute]
+        return list(_parameters(self.init)[1:] + _parameters(self.compute)[2:])
 
     def hints(self) -> dict:
         """The options' evaluated annotations (``init``'s and ``compute``'s)."""
@@ -65,7 +64,7 @@ class Method:
 
     @property
     def _computed(self) -> list[inspect.Parameter]:
-        return list(inspect.signature(self.compute).parameters.values())[2:]
+        return list(_parameters(self.compute)[2:])
 
 
 class FunctionMethod(Method):
@@ -87,7 +86,7 @@ class FunctionMethod(Method):
     @property
     def parameters(self) -> list[inspect.Parameter]:
         """The function's parameters after the system."""
-        return list(inspect.signature(self.function).parameters.values())[1:]
+        return list(_parameters(self.function)[1:])
 
     def hints(self) -> dict:
         """The function's evaluated annotations."""
@@ -96,6 +95,19 @@ class FunctionMethod(Method):
     @property
     def _computed(self) -> list[inspect.Parameter]:
         return self.parameters
+
+
+def _parameters(function: Callable) -> tuple[inspect.Parameter, ...]:
+    """``function``'s parameters, read once per function (a signature takes about 10 us)."""
+    try:
+        return _read_parameters(function)
+    except TypeError:  # an unhashable callable
+        return tuple(inspect.signature(function).parameters.values())
+
+
+@functools.lru_cache(maxsize=256)
+def _read_parameters(function: Callable) -> tuple[inspect.Parameter, ...]:
+    return tuple(inspect.signature(function).parameters.values())
 
 
 def as_method(candidate: Any) -> Method:
