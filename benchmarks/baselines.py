@@ -134,6 +134,8 @@ class TightRNN:
         self.v = np.empty((tau + 1, h, r))
         self.v[tau] = 0
         self.carry = np.empty((h, r))
+        self.products = {m: np.empty((max(1, min(tau, 2**20 // (h * m))), h, m))
+                         for m in {h, W.shape[1]}}  # per-step products, by width read
 
     def __call__(self, xs: np.ndarray, t: np.ndarray) -> tuple:
         """``(dW, dU, db)``."""
@@ -151,9 +153,27 @@ class TightRNN:
             np.dot(self.UT, v[s + 1], out=self.carry)
             v[s] += self.carry
             v[s] *= self.slope[s]
-        flat = _steps_as_columns
-        V = flat(v[:tau])
-        return V @ flat(xs).T, flat(v[1:tau]) @ flat(z[1:tau]).T, V.sum(axis=1)
+        return (self._summed_products(v[:tau], xs), self._summed_products(v[1:tau], z[1:tau]),
+                v[:tau].sum(axis=0).sum(axis=1))
+
+    def _summed_products(self, V: np.ndarray, Z: np.ndarray) -> np.ndarray:
+        """``sum_s V[s] Z[s]^T``, the faster of two forms for the shape.
+
+        The steps side by side as columns (both stacks copied, one GEMM), or with 4
+        or more samples (``16 r > h``) each step's product, a chunk of steps at a
+        time, summed (H 20, 16 samples, 10000 steps: 7 against 31 ms).
+        """
+        h, r = V.shape[1], V.shape[2]
+        if r < 4 or 16 * r <= h:
+            return _steps_as_columns(V) @ _steps_as_columns(Z).T
+        products = self.products[Z.shape[1]]
+        total, chunk = np.zeros((h, Z.shape[1])), products.shape[0]
+        for start in range(0, V.shape[0], chunk):
+            stop = min(start + chunk, V.shape[0])
+            part = products[: stop - start]
+            np.matmul(V[start:stop], Z[start:stop].transpose(0, 2, 1), out=part)
+            total += part.sum(axis=0)
+        return total
 
 
 class TightRNNForward:

@@ -36,12 +36,13 @@ def test_the_tight_mlp_loop_is_autograd(widths):
         np.testing.assert_allclose(ours, theirs.numpy(), rtol=1e-12, atol=1e-14)
 
 
-def test_the_tight_rnn_loop_is_autograd():
-    rnn = pp.RNN.random([3, 3], activation="tanh", seed=0)
+@pytest.mark.parametrize(("m", "r"), [(3, 2), (5, 4)])  # the two forms of the weight products
+def test_the_tight_rnn_loop_is_autograd(m, r):
+    rnn = pp.RNN.random([m, 3], activation="tanh", seed=0)
     W, U, b = rnn.W[0], rnn.U[0], rnn.b[0]
     rng = np.random.default_rng(2)
-    xs, t = rng.standard_normal((7, 3, 2)), rng.standard_normal((7, 3, 2))
-    loop = TightRNN(W, U, b, 7, 2)
+    xs, t = rng.standard_normal((7, m, r)), rng.standard_normal((7, 3, r))
+    loop = TightRNN(W, U, b, 7, r)
     loop(xs, t)
     dW, dU, db = loop(xs, t)
     g = pp.backprop(rnn, xs, t)  # propop's sequential reference, itself tested on autograd

@@ -271,3 +271,40 @@ def test_tensor_rnns_run_pytorchs_recurrent_kernel_with_numpys_results(r, dtype,
     reference = pp.backprop(net, xs, target, method="substitution")
     for ours_k, exact_k in zip(g.W + g.U, reference.W + reference.U):
         assert relative_error(ours_k.numpy(), exact_k) < 100 * bound
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch", "array_api_strict"])
+def test_weight_gradients_summed_a_chunk_of_steps_at_a_time_as_one_sum(kind):
+    """``sum_s V[s] Z[s]^T``: wide enough that the steps go in several chunks (here 11)."""
+    from propop import backend
+    from propop.networks.rnn import _outer_over_steps, _summed_over_steps
+
+    pytest.importorskip(kind)
+    rng = np.random.default_rng(5)
+    V, Z = rng.standard_normal((30, 300, 20)), rng.standard_normal((30, 310, 20))
+    M = backend.convert(np.ones((300, 310)), kind)
+    for r in (20, 2):  # per-step products in chunks; columns side by side
+        ours = _outer_over_steps(M, backend.convert(V[..., :r], kind),
+                                 backend.convert(Z[..., :r], kind))
+        np.testing.assert_allclose(backend.to_host(ours),
+                                   np.einsum("sir,sjr->ij", V[..., :r], Z[..., :r]),
+                                   rtol=1e-13, atol=1e-12)
+    np.testing.assert_allclose(backend.to_host(_summed_over_steps(backend.convert(V, kind))),
+                               V.sum(axis=(0, 2)), rtol=1e-13, atol=1e-12)
+    one = _outer_over_steps(M, backend.convert(V[:, :, 0], kind), backend.convert(Z[:, :, 0],
+                                                                                  kind))
+    np.testing.assert_allclose(backend.to_host(one), V[:, :, 0].T @ Z[:, :, 0], rtol=1e-13,
+                               atol=1e-12)
+
+
+def test_slopes_come_from_the_states_of_the_sequential_pass_only():
+    """``1 - z^2`` where the trace's ``z = tanh(y)`` (its own pass), ``1 - tanh(y)^2`` else."""
+    rnn, xs, _ = problem(layers=2, r=3)
+    trace = rnn.forward(xs)
+    for slope, y, z in zip(rnn.slopes(trace), trace.y, trace.z[1:]):
+        np.testing.assert_array_equal(slope, 1 - z * z)
+        np.testing.assert_allclose(slope, 1 - np.tanh(y) ** 2, rtol=1e-14, atol=1e-15)
+    states = [2 * z for z in trace.z]  # not tanh of their own pre-activations
+    other = rnn.trace_from_states(xs, states)
+    for slope, y in zip(rnn.slopes(other), other.y):
+        np.testing.assert_array_equal(slope, 1 - np.tanh(y) * np.tanh(y))

@@ -58,7 +58,7 @@ def _rnn_backward(rnn: RNN, trace: Trace, eps: Any, *, form: str = "scaled"
     xp = rnn.backend.xp
     eps = rnn.check_eps(trace, eps)
     tau, batch = trace.output.shape[0], trace.output.shape[2:]
-    slopes = [act.df(y) for act, y in zip(rnn.activations, trace.y)]
+    slopes = rnn.slopes(trace)
     rhs = _stack(xp, rnn, tau, batch, {rnn.depth: slopes[-1] * eps})
     return TriangularSystem(
         None, None, rhs, lower=False, sizes=rnn.sizes * tau, form=form,
