@@ -96,16 +96,17 @@ def _path(given: str | None, config: str | None, home: str | None) -> pathlib.Pa
 
 
 # Measured by ``propop calibrate`` on the development machine (2-core x86_64 VM,
-# NumPy 2 with OpenBLAS); used until this machine is calibrated.
+# NumPy 2 with OpenBLAS, one thread; last on 2026-11-26, after the per-call overhead
+# and RNN gradient changes); used until this machine is calibrated.
 DEFAULT: dict[str, dict[str, list[float]]] = {
     "chain": {
-        "substitution": [3.07e-05, 1.77e-06, 4.14e-11, 0.0],
-        "cyclic-reduction": [5.48e-05, 3.84e-05, 1.65e-11, 1.37e-09],
-        "parallel-cyclic-reduction": [0.000127, 4.22e-06, 1.57e-11, 1.32e-09],
+        "substitution": [0.000109, 1.56e-06, 3.12e-11, 7.91e-11],
+        "cyclic-reduction": [0.0, 9.61e-05, 3.51e-11, 1.45e-09],
+        "parallel-cyclic-reduction": [0.000404, 0.0, 2.95e-11, 1.58e-09],
     },
     "time": {
-        "substitution": [0.0, 3.1e-06, 3.19e-12, 3.29e-09],
-        "cyclic-reduction": [0.0, 2.58e-05, 4.93e-11, 3.98e-09],
+        "substitution": [2.21e-05, 2.92e-06, 0.0, 2.51e-09],
+        "cyclic-reduction": [0.0, 5.15e-05, 0.0, 6.51e-09],
     },
 }
 
