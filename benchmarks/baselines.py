@@ -118,10 +118,12 @@ class TightBackward:
 
 
 class TightRNN:
-    """A one-layer tanh RNN's backpropagation through time, ``__call__(xs, t) -> (dW, dU, db)``.
+    """A one-layer tanh RNN's backpropagation, ``__call__(xs, t) -> (dW, dU, db, dx)``.
 
-    ``xs`` and ``t`` are ``(tau, h, r)``. The input projections of all steps are
-    one batched product; the recurrence is the sequential part, written in place.
+    ``xs`` and ``t`` are ``(tau, h, r)`` (``xs`` ``(tau, m, r)``). The input
+    projections of all steps are one batched product, and so is ``dx = W^T v``, the
+    input gradient that propop's solution holds too (as the MLP loop's ``dx``); the
+    recurrence is the sequential part, written in place.
     """
 
     def __init__(self, W: np.ndarray, U: np.ndarray, b: np.ndarray, tau: int, r: int) -> None:
@@ -134,11 +136,12 @@ class TightRNN:
         self.v = np.empty((tau + 1, h, r))
         self.v[tau] = 0
         self.carry = np.empty((h, r))
+        self.WT, self.dx = np.ascontiguousarray(W.T), np.empty((tau, W.shape[1], r))
         self.products = {m: np.empty((max(1, min(tau, 2**20 // (h * m))), h, m))
                          for m in {h, W.shape[1]}}  # per-step products, by width read
 
     def __call__(self, xs: np.ndarray, t: np.ndarray) -> tuple:
-        """``(dW, dU, db)``."""
+        """``(dW, dU, db, dx)``; ``dx`` in this object's array."""
         z, v, tau = self.z, self.v, xs.shape[0]
         np.matmul(self.W, xs, out=self.inputs)  # W x_s for every step at once
         self.inputs += self.b
@@ -153,8 +156,9 @@ class TightRNN:
             np.dot(self.UT, v[s + 1], out=self.carry)
             v[s] += self.carry
             v[s] *= self.slope[s]
+        np.matmul(self.WT, v[:tau], out=self.dx)
         return (self._summed_products(v[:tau], xs), self._summed_products(v[1:tau], z[1:tau]),
-                v[:tau].sum(axis=0).sum(axis=1))
+                v[:tau].sum(axis=0).sum(axis=1), self.dx)
 
     def _summed_products(self, V: np.ndarray, Z: np.ndarray) -> np.ndarray:
         """``sum_s V[s] Z[s]^T``, the faster of two forms for the shape.

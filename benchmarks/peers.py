@@ -7,7 +7,9 @@ contenders (:mod:`benchmarks.baselines`), all on the same number of threads (one
 unless ``OMP_NUM_THREADS`` says otherwise):
 
 - **the tight NumPy loop**: preallocated arrays, transposes made once, ``np.dot(...,
-  out=)``, slopes computed once; the floor of sequential NumPy code;
+  out=)``, slopes computed once; the floor of sequential NumPy code. Like propop (whose
+  solution holds it) it also returns the input gradient ``dx``; PyTorch and JAX, as
+  their users write them, the weights' gradients only;
 - **PyTorch** written idiomatically: ``nn.Sequential`` of ``nn.Linear`` and ``nn.Tanh``,
   ``nn.RNN``, ``loss.backward()``;
 - **JAX** under ``jit``: ``jax.grad`` of a ``lax.scan`` forward, and the BPPSA backward

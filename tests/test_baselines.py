@@ -44,9 +44,9 @@ def test_the_tight_rnn_loop_is_autograd(m, r):
     xs, t = rng.standard_normal((7, m, r)), rng.standard_normal((7, 3, r))
     loop = TightRNN(W, U, b, 7, r)
     loop(xs, t)
-    dW, dU, db = loop(xs, t)
+    dW, dU, db, dx = loop(xs, t)
     g = pp.backprop(rnn, xs, t)  # propop's sequential reference, itself tested on autograd
-    for ours, theirs in ((dW, g.W[0]), (dU, g.U[0]), (db, g.b[0])):
+    for ours, theirs in ((dW, g.W[0]), (dU, g.U[0]), (db, g.b[0]), (dx, g.x)):
         np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-14)
     states = TightRNNForward(W, U, b, 7)(xs[:, :, 0])
     np.testing.assert_allclose(states, rnn.forward(xs[:, :, :1]).output[:, :, 0], rtol=1e-14)
