@@ -83,6 +83,12 @@ def test_counts_are_the_cost_models():
     shared = auto.work(fnn_system(layers=100, width=8, r=1), "cyclic-reduction")
     assert shared.flops == cost.cyclic_reduction_flops(system.sizes, 1, shared=True)
     assert shared.features() == (1.0, shared.steps, shared.flops, shared.flops / 8)
+    net = pp.FNN.random([4, 6, 3, 5], activation="tanh", seed=0)  # unequal widths
+    x = np.random.default_rng(0).standard_normal((4, 2))  # two samples, two matrices
+    unequal = pp.backward_system(net, net.forward(x), np.ones((5, 2)))
+    assert auto.work(unequal, "substitution").flops == 2 * 2 * (4 * 6 + 6 * 3 + 3 * 5)
+    assert auto.work(unequal, "cyclic-reduction").flops == \
+        cost.cyclic_reduction_flops([4, 6, 3, 5], 2, shared=False)
 
 
 def test_over_the_memory_budget_a_reduction_is_left_out_with_the_reason():

@@ -171,6 +171,22 @@ def test_the_budget_comes_from_set_budget_the_environment_or_the_available_memor
             pp.memory.set_budget(bad)
 
 
+def test_small_estimates_fit_without_reading_the_available_memory(monkeypatch):
+    monkeypatch.delenv("PROPOP_MEMORY_BUDGET", raising=False)
+
+    def unread():
+        raise AssertionError("the available memory was read")
+
+    monkeypatch.setattr(pp.memory, "available", unread)
+    assert pp.memory.fits(pp.memory.SMALL)
+    with pytest.raises(AssertionError, match="was read"):
+        pp.memory.fits(pp.memory.SMALL + 1)
+    with pp.memory.limit(1000):  # a budget set is always read, however small the estimate
+        assert pp.memory.fits(1000) and not pp.memory.fits(1001)
+    monkeypatch.setenv("PROPOP_MEMORY_BUDGET", "500")
+    assert not pp.memory.fits(501)
+
+
 def test_the_cli_marks_a_run_over_the_budget_not_applicable(capsys):
     with pp.memory.limit(60_000):  # the system fits (52 KiB), cyclic reduction does not
         rows = cli.experiments.experiment(layers=4, width=32, batch=8, repeats=1,

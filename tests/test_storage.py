@@ -146,7 +146,9 @@ def test_tags_say_what_methods_ask():
     assert not batch.shares_matrix
     diagonal = pp.TriangularSystem(None, None, rng.standard_normal(6), lower=True,
                                    sizes=[3, 3], edges=[])
-    assert "diagonal" in diagonal.tags
+    assert "diagonal" in diagonal.tags and "diagonal" not in one.tags
+    single = pp.TriangularSystem([], [None], rng.standard_normal(4), lower=True, sizes=[4])
+    assert single.is_chain and "diagonal" in single.tags  # one block reads none
     per_sample = pp.TriangularSystem(None, None, rng.standard_normal((12, 2)), lower=True,
                                      sizes=[4] * 3,
                                      coupling_stack=rng.standard_normal((2, 2, 4, 4)))

@@ -58,6 +58,10 @@ class Layout:
         """The couplings some edge reads."""
         return {c for _, _, c in self.edges()}
 
+    def coupled(self) -> bool:
+        """Whether some block reads another (a layout without is diagonal)."""
+        return bool(self.used())
+
     def order(self) -> range:
         """Block rows in substitution order."""
         return range(self.nblocks) if self.lower else range(self.nblocks - 1, -1, -1)
@@ -172,6 +176,10 @@ class ChainLayout(Layout):
     def used(self) -> set[int]:
         """Every coupling: each joins two neighbours (no edge list made)."""
         return set(range(self.nblocks - 1))
+
+    def coupled(self) -> bool:
+        """Two blocks or more are coupled (no set of couplings made)."""
+        return self.nblocks > 1
 
     def incoming(self, k: int) -> int | None:
         """The coupling block row ``k`` reads in substitution, if any."""

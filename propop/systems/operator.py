@@ -204,7 +204,7 @@ class Operator:
         facts = {"chain": self.is_chain, "equal-widths": self.equal_sizes,
                  "stacked": self.coupling_stack is not None,
                  "sparse": self.sparse_couplings, "per-sample": self.per_sample_couplings,
-                 "shared-matrix": self._scaled_once, "diagonal": not self.layout.used()}
+                 "shared-matrix": self._scaled_once, "diagonal": not self.layout.coupled()}
         return frozenset(tags | {tag for tag, holds in facts.items() if holds})
 
     @functools.cached_property

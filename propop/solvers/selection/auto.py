@@ -93,12 +93,14 @@ def _chain_work(system: Any, method: str) -> Work:
     """Substitution, cyclic reduction and PCR of a dense chain (FNN systems)."""
     sizes, r = system.sizes, system.nrhs or 1
     shared = r == 1 or system.shares_matrix
-    if method == "substitution":
-        n = np.asarray(sizes, dtype=float)
-        return Work("chain", system.nblocks, 2.0 * r * float(n[:-1] @ n[1:]), system.width)
+    if method == "substitution":  # sum of n_k n_(k+1): n^2 (nb - 1) for equal widths
+        products = (system.width**2 * (system.nblocks - 1) if system.equal_sizes else
+                    float(np.dot(np.asarray(sizes[:-1], dtype=float), sizes[1:])))
+        return Work("chain", system.nblocks, 2.0 * r * products, system.width)
     count = (cost.cyclic_reduction_flops if method == "cyclic-reduction"
              else cost.parallel_cyclic_reduction_flops)
-    return Work("chain", _levels(system.nblocks), count(sizes, r, shared), system.width)
+    return Work("chain", _levels(system.nblocks), count(sizes, r, shared, system.width),
+                system.width)
 
 
 def _time_work(system: Any, method: str) -> Work:
@@ -151,7 +153,7 @@ def _over_budget(system: Any, method: str) -> str | None:
     peak = (footprint.time_cyclic_reduction(system, "cyclic-reduction")
             if system.structure is not None else
             footprint.dense_cyclic_reduction(system, False, method != "cyclic-reduction"))
-    if peak <= memory.budget():
+    if memory.fits(peak):
         return None
     return f"needs about {peak / 2**20:.0f} MiB, over the memory budget"
 

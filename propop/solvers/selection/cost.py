@@ -114,14 +114,16 @@ def _level_sizes(nblocks: int) -> list[int]:
     return sizes
 
 
-def cyclic_reduction_flops(sizes: Sequence[int], r: int = 1, shared: bool = False) -> int:
+def cyclic_reduction_flops(sizes: Sequence[int], r: int = 1, shared: bool = False,
+                           width: int | None = None) -> int:
     """Floating-point operations of propop's ``cyclic-reduction``, as it counts them.
 
-    Widths are padded to ``n = max(sizes)``. Per level with ``m`` unknowns:
-    ``(m - 1) // 2`` block products (``b = 1`` core each if ``shared`` else ``r``)
-    with their right-hand-side updates, and ``m // 2`` back-substitutions.
+    Widths are padded to ``n = max(sizes)`` (``width`` where the caller knows it).
+    Per level with ``m`` unknowns: ``(m - 1) // 2`` block products (``b = 1`` core
+    each if ``shared`` else ``r``) with their right-hand-side updates, and
+    ``m // 2`` back-substitutions.
     """
-    n, b = max(sizes), 1 if shared else r
+    n, b = max(sizes) if width is None else width, 1 if shared else r
     total = 0
     for m in _level_sizes(len(sizes)):
         pairs, odd = (m - 1) // 2, m // 2
@@ -131,9 +133,9 @@ def cyclic_reduction_flops(sizes: Sequence[int], r: int = 1, shared: bool = Fals
 
 
 def parallel_cyclic_reduction_flops(sizes: Sequence[int], r: int = 1,
-                                    shared: bool = False) -> int:
-    """Floating-point operations of propop's ``parallel-cyclic-reduction``."""
-    n, b, m = max(sizes), 1 if shared else r, len(sizes)
+                                    shared: bool = False, width: int | None = None) -> int:
+    """Floating-point operations of propop's ``parallel-cyclic-reduction`` (``width`` as there)."""
+    n, b, m = max(sizes) if width is None else width, 1 if shared else r, len(sizes)
     total, shift = 0, 1
     while shift < m:
         total += (m - shift) * (2 * r * n * n + r * n)
