@@ -1,8 +1,9 @@
 """Measuring the constants of ``method="auto"``'s cost model on this machine.
 
 :func:`calibrate` (``propop calibrate``) times the exact methods on a grid of
-FNN and RNN backward systems (warm-up, then the median of 5), counts what each
-did (:func:`propop.solvers.selection.auto.work`), fits per method and family
+FNN and RNN backward systems and RNN forward systems (a Newton step's; warm-up,
+then the median of 5), counts what each did
+(:func:`propop.solvers.selection.auto.work`), fits per method and family
 
     seconds = c_0 + c_step steps + c_flop flops + c_entry flops / n
 
@@ -27,13 +28,14 @@ from .progress import bar
 from .solvers.plan import solve
 from .solvers.selection.auto import CANDIDATES, work
 from .solvers.selection.calibration import Calibration, machine, path
-from .systems import backward_system
+from .systems import backward_system, forward_system
 
 __all__ = ["calibrate", "CHAIN_GRID", "TIME_GRID"]
 
 # (layers, width, samples) of the FNN systems and (hidden, samples, steps) of the RNN ones
 CHAIN_GRID = ((16, 8, 1), (256, 8, 1), (2048, 8, 1), (64, 32, 1), (512, 32, 1), (32, 128, 1),
-              (128, 128, 1), (16, 64, 32), (64, 32, 32), (256, 8, 32), (32, 128, 8))
+              (128, 128, 1), (16, 64, 32), (64, 32, 32), (256, 8, 32), (32, 128, 8),
+              (256, 4, 1), (1024, 4, 1))
 TIME_GRID = ((8, 1, 512), (8, 1, 8192), (32, 1, 1024), (8, 8, 2048), (32, 8, 512),
              (20, 16, 1000))
 QUICK = 3  # grid points per family of a quick calibration (tests)
@@ -60,9 +62,12 @@ def _systems(quick: bool) -> list[tuple[str, str, Any]]:
                     backward_system(net, net.forward(x), rng.standard_normal((width, r)))))
     for hidden, r, tau in TIME_GRID[:QUICK] if quick else TIME_GRID:
         rnn = RNN.random([hidden, hidden], activation="tanh", seed=0)
-        trace = rnn.forward(rng.standard_normal((tau, hidden, r)))
+        xs = rng.standard_normal((tau, hidden, r))
+        trace = rnn.forward(xs)
         out.append(("time", f"RNN H={hidden} r={r} tau={tau}",
                     backward_system(rnn, trace, rng.standard_normal(trace.output.shape))))
+        out.append(("time", f"RNN forward H={hidden} r={r} tau={tau}",  # a Newton step's
+                    forward_system(rnn, xs, trace, linearization="newton")))
     return out
 
 

@@ -71,6 +71,29 @@ def test_rnn_systems_leave_out_pcr_and_follow_the_model():
         assert choice.excluded == {"parallel-cyclic-reduction": "does not apply to this system"}
 
 
+@pytest.mark.parametrize("layers", [1, 2])
+def test_time_counts_are_substitutions_products_and_the_layers_reduced(layers):
+    """Substitution's products a step, and the layers cyclic reduction reduces.
+
+    The backward layer reads U^T from the next step and W^T from the layer above, the
+    forward one W from the layer below and U from the step before; a forward system's
+    input layer leads and is not reduced.
+    """
+    tau = 40
+    rnn = pp.RNN.random([3] + [4] * layers, activation="tanh", seed=0)
+    xs = np.random.default_rng(1).standard_normal((tau, 3))
+    trace = rnn.forward(xs)
+    backward = pp.backward_system(rnn, trace, np.ones_like(trace.output))
+    forward = pp.forward_system(rnn, xs, trace, linearization="newton")
+    assert auto.work(backward, "substitution").steps == tau * (2 * layers - 1)
+    assert auto.work(forward, "substitution").steps == tau * 2 * layers
+    levels = math.ceil(math.log2(tau)) + (math.ceil(math.log2(layers)) if layers > 1 else 0)
+    assert auto.work(forward, "cyclic-reduction").steps == levels
+    assert auto.work(backward, "cyclic-reduction").steps == levels
+    assert auto.work(forward, "cyclic-reduction").flops == \
+        auto.work(backward, "cyclic-reduction").flops  # the same chains, each way
+
+
 def test_counts_are_the_cost_models():
     system = fnn_system(layers=100, width=8, r=3)
     substitution = auto.work(system, "substitution")

@@ -104,17 +104,30 @@ def _chain_work(system: Any, method: str) -> Work:
 
 
 def _time_work(system: Any, method: str) -> Work:
-    """Substitution over time and the two-level reduction of an RNN system."""
+    """Substitution over time and the two-level reduction of an RNN system.
+
+    Substitution's steps are its per-step products (:func:`.substitution._time_rows`:
+    the recurrent layers' terms, ``tau`` each; a forward system's hidden layer reads
+    its input and the step before, two); the reduction's inner chain is the layers it
+    reduces (a forward system's input layer leads, solved for all steps at once).
+    """
     layout = Layout(system)
     tau, r, n, w = layout.tau, layout.r, max(layout.sizes), layout.width
     if method == "substitution":
         entries = sum(t.M.shape[0] * t.M.shape[1] for t in system.structure.templates)
-        return Work("time", tau, 2.0 * tau * r * entries, n)
-    m, b = layout.kept, tau * r
+        return Work("time", tau * _per_step_terms(system.layout), 2.0 * tau * r * entries, n)
+    m, b = layout.kept - layout.first, tau * r
     inner = (m - 1) * (2 * b * n**3 + 4 * b * n * n * (w + 1))
     over_time = cost.cyclic_reduction_flops([w] * tau, r, shared=False)
     solution = 2 * b * sum(layout.sizes) * w
     return Work("time", _levels(m) + _levels(tau), inner + over_time + solution, n)
+
+
+def _per_step_terms(layout: Any) -> int:
+    """Products substitution makes at every step: the recurrent layers' terms (one at least)."""
+    first, last = layout.recurrent
+    recurrent = set(layout.step_order()[first:last])
+    return max(1, sum(t.row in recurrent for t in layout.templates))
 
 
 def work(system: Any, method: str) -> Work | None:

@@ -96,17 +96,17 @@ def _path(given: str | None, config: str | None, home: str | None) -> pathlib.Pa
 
 
 # Measured by ``propop calibrate`` on the development machine (2-core x86_64 VM,
-# NumPy 2 with OpenBLAS, one thread; last on 2026-11-26, after the per-call overhead
-# and RNN gradient changes); used until this machine is calibrated.
+# NumPy 2 with OpenBLAS, one thread; last on 2026-11-26, with RNN forward systems and
+# width-4 chains in the grid); used until this machine is calibrated.
 DEFAULT: dict[str, dict[str, list[float]]] = {
     "chain": {
-        "substitution": [0.000109, 1.56e-06, 3.12e-11, 7.91e-11],
-        "cyclic-reduction": [0.0, 9.61e-05, 3.51e-11, 1.45e-09],
-        "parallel-cyclic-reduction": [0.000404, 0.0, 2.95e-11, 1.58e-09],
+        "substitution": [0.000107, 1.47e-06, 7.54e-12, 2.37e-09],
+        "cyclic-reduction": [7.01e-05, 6.85e-05, 2.42e-11, 2.53e-09],
+        "parallel-cyclic-reduction": [0.000158, 3e-05, 3.42e-11, 1.62e-09],
     },
     "time": {
-        "substitution": [2.21e-05, 2.92e-06, 0.0, 2.51e-09],
-        "cyclic-reduction": [0.0, 5.15e-05, 0.0, 6.51e-09],
+        "substitution": [0.000251, 2.27e-06, 0.0, 2.62e-09],
+        "cyclic-reduction": [0.0, 6.63e-05, 0.0, 5.82e-09],
     },
 }
 
