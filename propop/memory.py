@@ -42,11 +42,15 @@ class MemoryBudgetError(MemoryError):
     ----------
     estimate, budget : int
         The estimated peak and the budget, in bytes.
+    advice : dict
+        Options of the same method that would fit, where it knows them
+        (``{"chunk_size": k}`` for cyclic reduction of a batch); empty otherwise.
     """
 
-    def __init__(self, message: str, estimate: int, budget: int) -> None:
+    def __init__(self, message: str, estimate: int, budget: int,
+                 advice: dict | None = None) -> None:
         super().__init__(message)
-        self.estimate, self.budget = estimate, budget
+        self.estimate, self.budget, self.advice = estimate, budget, dict(advice or {})
 
 
 def available() -> int:
@@ -139,14 +143,15 @@ def fits(estimate: int) -> bool:
     return estimate <= budget()
 
 
-def require(estimate: int, what: str, cheaper: str) -> None:
+def require(estimate: int, what: str, cheaper: str, advice: dict | None = None) -> None:
     """Raise :class:`MemoryBudgetError` if ``estimate`` bytes exceed the budget.
 
-    ``what`` names the method and its blocks, ``cheaper`` what to use instead.
+    ``what`` names the method and its blocks, ``cheaper`` what to use instead,
+    ``advice`` the method's options that would fit (kept on the error).
     """
     if not fits(estimate):
         allowed = budget()
         raise MemoryBudgetError(
             f"{what} would need about {_size(estimate)} at its peak, over the memory budget "
             f"of {_size(allowed)} (propop.memory.set_budget or {ENVIRONMENT} change it); "
-            f"{cheaper}", estimate, allowed)
+            f"{cheaper}", estimate, allowed, advice)

@@ -61,3 +61,16 @@ def test_the_tight_backward_loop_is_the_sequential_reference(density):
     ours = TightBackward(net.W, 2)(slopes, eps)
     for a, b in zip(ours, net.backward(trace, eps)):
         np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-15)
+
+
+def test_the_chunks_benchmark_measures_every_chunk_size_against_the_loop():
+    from benchmarks import chunks
+
+    rows = chunks.rows(layers=16, width=8, r=8)
+    names = [row["contender"] for row in rows]
+    assert names[:2] == ["loop", "substitution"] and len(names) == 2 + len(chunks.CHUNKS)
+    assert all(row["error"] < 1e-13 for row in rows)
+    memory = {row["contender"]: row["memory_vs_loop"] for row in rows}
+    assert memory["loop"] == 1.0
+    assert memory["cyclic-reduction, chunk_size=1"] < memory["cyclic-reduction, chunk_size=None"]
+    assert "| loop |" in chunks.table(rows)

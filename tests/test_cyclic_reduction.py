@@ -220,3 +220,94 @@ def test_a_namespace_with_a_product_function_is_not_taken_for_kernels(monkeypatc
     expected = pp.solve(system, "substitution").x
     monkeypatch.setattr(np, "product", np.prod, raising=False)
     assert relative_error(pp.solve(system, "cyclic-reduction").x, expected) < 1e-13
+
+
+def test_chunks_of_samples_give_the_same_answer_in_a_chunks_memory():
+    """``chunk_size``: the samples' systems are independent; the same answer to rounding."""
+    import tracemalloc
+
+    B, F = system_pair((16,) * 65, 7)
+    for system in (B, F):
+        whole = pp.solve(system, "cyclic-reduction")
+        chunked = pp.solve(system, "cyclic-reduction", chunk_size=3)  # 3, 3 and 1 samples
+        assert chunked.converged and chunked.info["chunk_size"] == 3
+        assert relative_error(chunked.x, whole.x) < 1e-14
+        assert chunked.levels == whole.levels and chunked.info["flops"] == whole.info["flops"]
+        assert chunked.info["peak_bytes"] < 0.6 * whole.info["peak_bytes"]
+    peaks = {}
+    for chunk_size in (None, 1):
+        tracemalloc.start()
+        pp.solve(B, "cyclic-reduction", chunk_size=chunk_size)
+        peaks[chunk_size] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert peaks[1] < 0.4 * peaks[None]
+    one = pp.solve(B, "cyclic-reduction", chunk_size=7)  # one chunk: the plain reduction
+    assert "chunk_size" not in one.info
+    np.testing.assert_array_equal(one.x, pp.solve(B, "cyclic-reduction").x)
+
+
+def test_an_rnn_batch_reduces_in_chunks_too():
+    rnn = pp.RNN.random([3, 4, 4], activation="tanh", seed=2)
+    rng = np.random.default_rng(3)
+    trace = rnn.forward(rng.standard_normal((12, 3, 5)))
+    system = pp.backward_system(rnn, trace, rng.standard_normal(trace.output.shape))
+    chunked = pp.solve(system, "cyclic-reduction", chunk_size=2)
+    assert chunked.converged and chunked.info["levels"] == \
+        pp.solve(system, "cyclic-reduction").info["levels"]
+    assert relative_error(chunked.x, pp.solve(system, "substitution").x) < 1e-13
+
+
+def test_a_chunk_that_overflows_names_its_samples():
+    """Samples 0-2 scale their couplings down; sample 3's products overflow at level 2."""
+    scales = np.array([1e-160, 1e-160, 1e-160, 1.0]) * np.ones((3, 1))
+    system = pp.TriangularSystem([1e150 * np.eye(3)] * 4, [None] + [scales] * 4,
+                                 np.ones((15, 4)), lower=True, sizes=[3] * 5)
+    sol = pp.solve(system, "cyclic-reduction", chunk_size=2)
+    assert sol.status is pp.Status.NONFINITE and not sol.converged
+    assert sol.message.startswith("samples 2..3: ") and "overflowed" in sol.message
+    assert sol.x.shape == (15, 4)
+    first = pp.solve(system.columns(0, 2), "cyclic-reduction")
+    np.testing.assert_array_equal(sol.x[:, :2], first.x)  # the chunk before it, solved
+
+
+def test_chunk_size_is_checked_and_the_budget_error_proposes_one():
+    B, _ = system_pair((16,) * 65, 7)
+    for bad in (0, -2):
+        with pytest.raises(ValueError, match="chunk_size must be a positive integer"):
+            pp.solve(B, "cyclic-reduction", chunk_size=bad)
+    for bad in (2.5, "3", True):
+        with pytest.raises(TypeError, match="chunk_size=.* must be an integer or None"):
+            pp.solve(B, "cyclic-reduction", chunk_size=bad)
+    with pytest.raises(ValueError, match="exclude each other"):
+        pp.solve(B, "cyclic-reduction", chunk_size=2, shared_diagonal="mean")
+    single, _ = system_pair((16,) * 9, None)  # one sample: one chunk, the plain reduction
+    assert "chunk_size" not in pp.solve(single, "cyclic-reduction", chunk_size=2).info
+    peak = pp.solve(B, "cyclic-reduction").info["peak_bytes"]
+    with pp.memory.limit(peak // 2):
+        with pytest.raises(pp.memory.MemoryBudgetError, match=r"chunk_size=(\d+)") as error:
+            pp.solve(B, "cyclic-reduction")
+        fits = error.value.advice["chunk_size"]
+        assert 1 <= fits < 7 and f"chunk_size={fits}" in str(error.value)
+        assert pp.solve(B, "cyclic-reduction", chunk_size=fits).converged
+
+
+def test_no_chunk_size_is_proposed_where_one_sample_does_not_fit():
+    B, _ = system_pair((16,) * 65, 7)
+    with pp.memory.limit(10_000):
+        with pytest.raises(pp.memory.MemoryBudgetError) as error:
+            pp.solve(B, "cyclic-reduction")
+    assert error.value.advice == {} and "chunk_size" not in str(error.value)
+
+
+def test_columns_are_the_batchs_samples():
+    B, _ = system_pair((5, 6, 6, 4), 6)
+    exact = pp.solve(B, "substitution").x
+    part = B.columns(2, 5)
+    assert part.nrhs == 3
+    np.testing.assert_allclose(pp.solve(part, "substitution").x, exact[:, 2:5], rtol=1e-14)
+    for bad in ((3, 3), (-1, 2), (4, 7)):
+        with pytest.raises(IndexError, match="out of range for a batch of 6"):
+            B.columns(*bad)
+    single, _ = system_pair((5, 6, 4), None)
+    with pytest.raises(ValueError, match="needs a batch system"):
+        single.columns(0, 1)

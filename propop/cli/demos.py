@@ -276,7 +276,29 @@ def trust() -> None:
               f"steps, batch 32 (propop run --network rnn), would need about "
               f"{error.estimate / 2**30:.0f} GiB; it raised MemoryBudgetError before "
               f"allocating (budget {error.budget / 2**30:.1f} GiB), and propop run marks it "
-              "N/A.\n")
+              "N/A.")
+    _chunks()
+
+
+def _chunks() -> None:
+    """A per-sample batch over a small budget: the error's ``chunk_size``, then that run."""
+    net = FNN.random([32] * 257, activation="tanh", seed=0)
+    rng = np.random.default_rng(2)
+    system = backward_system(net, net.forward(rng.standard_normal((32, 32))),
+                             rng.standard_normal((32, 32)))
+    with memory.limit(2**24):
+        try:
+            solvers.solve(system, "cyclic-reduction")
+        except MemoryBudgetError as error:
+            chunk = error.advice["chunk_size"]
+            solution = solvers.solve(system, "cyclic-reduction", chunk_size=chunk)
+            exact = solvers.solve(system, "substitution").x
+            print(f"Per-sample blocks: cyclic reduction of 32 samples through 256 layers of "
+                  f"width 32 would need {error.estimate / 2**20:.0f} MiB, over a 16 MiB "
+                  f"budget; the error proposes chunk_size={chunk}, which runs in "
+                  f"{solution.info['peak_bytes'] / 2**20:.0f} MiB, {solution.status.name}, "
+                  f"{np.linalg.norm(solution.x - exact) / np.linalg.norm(exact):.0e} from "
+                  "substitution.\n")
 
 
 def _nothing_unchecked(net: FNN, x: Any, t: Any) -> None:

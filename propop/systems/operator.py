@@ -387,6 +387,20 @@ class Operator:
         return self._variant(("sample", i), couplings=couplings, scalings=scalings,
                              samples=None)
 
+    def columns(self, start: int, stop: int) -> Operator:
+        """The operator of samples ``start..stop-1`` of a batch (views, no copies)."""
+        r = self.samples
+        if r is None:
+            raise ValueError("columns(start, stop) needs a batch system; this one has one "
+                             "matrix for all its right-hand sides")
+        if not 0 <= start < stop <= r:
+            raise IndexError(f"samples {start}..{stop - 1} out of range for a batch of {r}")
+        couplings = (self.couplings.map(lambda C: C[:, start:stop, ...] if C.ndim == 4 else C)
+                     if self.per_sample_couplings else self.couplings)
+        scalings = self.scalings.map(lambda s: s[..., start:stop] if s.shape[-1] > 1 else s)
+        return self._variant(("columns", start, stop), couplings=couplings, scalings=scalings,
+                             samples=stop - start)
+
     @functools.cached_property
     def shares_matrix(self) -> bool:
         """Whether every sample of a batch has the same matrix (equal scaling columns).

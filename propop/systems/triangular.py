@@ -288,6 +288,11 @@ class TriangularSystem:
         op = self._op.sample(i)
         return TriangularSystem.of(op, self._scaled_rhs[:, int(i)])
 
+    def columns(self, start: int, stop: int) -> TriangularSystem:
+        """The system of samples ``start..stop-1`` of a batch (views, no copies)."""
+        return TriangularSystem.of(self._op.columns(start, stop),
+                                   self._scaled_rhs[:, start:stop], check=False)
+
     def samples(self) -> list[TriangularSystem]:
         """All single-sample systems: ``[self]`` for a single-vector system."""
         return [self] if self.nrhs is None else [self.sample(i) for i in range(self.nrhs)]

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Literal
 
 
@@ -107,9 +108,14 @@ def _plan(system: Any, factor: Callable, rtol: float | None, atol: float,
     an upper bound where fill-in decides it (the sparse reduction, which then
     counts its true peak as it runs and reports that).
     """
-    memory.require(peak, f"cyclic reduction of this {system.nrhs or 1}-sample system",
-                   "use 'substitution', which needs the system's memory alone, or fewer "
-                   "samples per solve")
+    if not memory.fits(peak):  # the error, with the chunk_size that would fit
+        chunk = _fitting_chunk(system.operator_of, peak)
+        memory.require(peak, f"cyclic reduction of this {system.nrhs or 1}-sample system",
+                       "use 'substitution', which needs the system's memory alone, or "
+                       "fewer samples per solve" + (f" (chunk_size={chunk}: that many "
+                                                    "samples reduced at a time)" if chunk
+                                                    else ""),
+                       {"chunk_size": chunk} if chunk else None)
     xp = system.backend.xp
     made = Counter()
     try:
@@ -137,6 +143,59 @@ def _plan(system: Any, factor: Callable, rtol: float | None, atol: float,
         return approximation_report(s, solution) if shared_diagonal is not None else solution
 
     return solve
+
+
+def _fitting_chunk(operator: Any, peak: int) -> int | None:
+    """The ``chunk_size`` that would fit the budget with the solution, if some does."""
+    r = operator.samples or 1
+    whole = 2 * operator.size * r * backend.itemsize(operator.dtype)  # its parts, then x
+    fits = int(r * (memory.budget() - whole) / peak)
+    return fits if 1 <= fits < r else None
+
+
+def _chunked(operator: Any, chunk_size: int, rtol: float | None, atol: float,
+             options: dict) -> Callable[[Any], Solution]:
+    """Cyclic reduction ``chunk_size`` samples at a time, each chunk's levels freed after it.
+
+    The samples' systems are independent (a matrix each): the peak memory is one
+    chunk's, and nothing of the matrix is kept between right-hand sides. The answer
+    is checked against the whole system's true residual.
+    """
+    def solve(system: Any) -> Solution:
+        xp, r = system.backend.xp, system.nrhs
+        parts, flops, peak, last = [], 0, 0, None
+        for start in range(0, r, chunk_size):
+            part = system.columns(start, min(start + chunk_size, r))
+            last = _prepare_cyclic_reduction(plans.standing(part.operator_of), rtol=rtol,
+                                             atol=atol, **options)(part)
+            if not last.converged:  # its samples named; the chunks after it not solved
+                rest = xp.full((system.rhs.shape[0], r - start - part.nrhs), xp.nan,
+                               dtype=system.dtype, device=backend.device(system.rhs))
+                return replace(last, x=xp.concat(parts + [last.x, rest], axis=1),
+                               message=f"samples {start}..{start + part.nrhs - 1}: "
+                                       f"{last.message}")
+            parts.append(last.x)
+            flops, peak = flops + last.info["flops"], max(peak, last.info["peak_bytes"])
+        info = {k: v for k, v in last.info.items() if k in ("levels", "within", "width",
+                                                              "fill_in", "carried")}
+        x = xp.concat(parts, axis=1)
+        info.update(flops=flops, peak_bytes=peak + x.nbytes, chunk_size=chunk_size)  # + parts
+        return finish(system, x, tol=Tolerance.of(system, rtol, atol), levels=last.levels,
+                      info=info, direct=True)
+
+    return solve
+
+
+def _chunk_size(operator: Any, chunk_size: Any, shared_diagonal: str | None) -> int | None:
+    """``chunk_size`` checked: ``None`` where one chunk holds every sample."""
+    if chunk_size is None:
+        return None
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise OptionError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    if shared_diagonal is not None:
+        raise OptionError("chunk_size and shared_diagonal exclude each other: the batch "
+                          "mean of a chunk is not the batch's")
+    return chunk_size if chunk_size < (operator.samples or 1) else None
 
 
 def _applies(option: str, value: Any, where: str) -> None:
@@ -223,6 +282,15 @@ class CyclicReduction(Method):
         of consecutive blocks, each residual block one node
         (:mod:`propop.solvers.reduction.over_groups`); ``info["levels"]`` splits the
         levels into the dense solves within groups and the reduction over them.
+    chunk_size : int, optional
+        A batch with a matrix per sample (a network's slopes): reduce this many
+        samples at a time, each chunk's reduced blocks formed, used and freed before
+        the next (as ``torch.func.vmap``'s ``chunk_size``). The peak memory is one
+        chunk's and the solution's parts, the work the same and the answer to
+        rounding (other batch sizes, other kernels' sums), and the plan keeps
+        nothing of the matrix for another right-hand side. The memory guard checks
+        each chunk; its error for the whole batch says which ``chunk_size`` would
+        fit with the solution.
 
     Notes
     -----
@@ -242,8 +310,14 @@ class CyclicReduction(Method):
              shared_diagonal: Literal["mean"] | None = None, sparse: bool | None = None,
              dense_threshold: float | None = None,
              within: Literal["cyclic-reduction", "substitution"] | None = None,
-             groups: bool = False) -> Callable[[Any], Solution]:
+             groups: bool = False, chunk_size: int | None = None
+             ) -> Callable[[Any], Solution]:
         """The reduction's work on the matrix; returns the solve of a right-hand side."""
+        chunk_size = _chunk_size(operator, chunk_size, shared_diagonal)
+        if chunk_size is not None:
+            return _chunked(operator, chunk_size, rtol, atol,
+                            dict(sparse=sparse, dense_threshold=dense_threshold,
+                                 within=within, groups=groups))
         return _prepare_cyclic_reduction(
             plans.standing(operator), rtol=rtol, atol=atol, shared_diagonal=shared_diagonal,
             sparse=sparse, dense_threshold=dense_threshold, within=within, groups=groups)
