@@ -23,9 +23,8 @@ import numpy as np
 
 import propop as pp
 
-from .baselines import TightBackward
 from .common import median_times, publish
-from .substitution import derivatives
+from .substitution import backward_case
 
 CASE = (256, 32, 32)  # layers, width, samples
 CHUNKS = (None, 16, 4, 2, 1)
@@ -42,13 +41,7 @@ def _peak(job: Any) -> int:
 
 def rows(layers: int = CASE[0], width: int = CASE[1], r: int = CASE[2]) -> list[dict]:
     """The loop, substitution and cyclic reduction at every chunk size on one system."""
-    net = pp.FNN.random([width] * (layers + 1), activation="tanh", seed=0)
-    rng = np.random.default_rng(1)
-    trace = net.forward(rng.standard_normal((width, r)))
-    eps = rng.standard_normal((width, r))
-    system = pp.backward_system(net, trace, eps)
-    slopes = derivatives(net, trace)
-    loop = TightBackward(net.W, r)
+    net, _, eps, system, slopes, loop = backward_case(layers, width, r)
     held = sum(Wk.nbytes for Wk in net.W) + sum(s.nbytes for s in slopes) + eps.nbytes
     loop_bytes = held + sum(v.nbytes for v in loop.v) + _peak(lambda: loop(slopes, eps))
     system_bytes = held + system.rhs.nbytes  # the slopes are the system's scalings

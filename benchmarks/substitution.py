@@ -28,15 +28,19 @@ def derivatives(net: pp.FNN, trace: pp.Trace) -> list[np.ndarray]:
     return [act.df(y) for act, y in zip(net.activations, trace.y)]
 
 
-def measure(layers: int, width: int, batch: int, density: float) -> dict:
-    """Times of the loop, of the solve, and of building plus solving, in one run."""
+def backward_case(layers: int, width: int, batch: int, density: float = 1.0) -> tuple:
+    """``(net, trace, eps, system, slopes, loop)``: a tanh MLP's backward system and loop."""
     net = pp.FNN.random([width] * (layers + 1), activation="tanh", density=density, seed=0)
     rng = np.random.default_rng(1)
     trace = net.forward(rng.standard_normal((width, batch)))
     eps = rng.standard_normal((width, batch))
-    system = pp.backward_system(net, trace, eps)
-    slopes = derivatives(net, trace)
-    loop = TightBackward(net.W, batch)
+    return (net, trace, eps, pp.backward_system(net, trace, eps), derivatives(net, trace),
+            TightBackward(net.W, batch))
+
+
+def measure(layers: int, width: int, batch: int, density: float) -> dict:
+    """Times of the loop, of the solve, and of building plus solving, in one run."""
+    net, trace, eps, system, slopes, loop = backward_case(layers, width, batch, density)
     reference = np.concatenate(loop(slopes, eps))
     error = np.abs(pp.solve(system).x - reference).max()
     t = median_times({
