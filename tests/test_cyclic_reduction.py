@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import propop as pp
 from propop.solvers.selection import cost
-from cases import ACTIVATIONS, Case, relative_error
+from cases import ACTIVATIONS, Case, gpu_backends, relative_error
 
 METHODS = ["cyclic-reduction", "parallel-cyclic-reduction"]
 FLOPS = {"cyclic-reduction": cost.cyclic_reduction_flops,
@@ -244,6 +244,23 @@ def test_chunks_of_samples_give_the_same_answer_in_a_chunks_memory():
     one = pp.solve(B, "cyclic-reduction", chunk_size=7)  # one chunk: the plain reduction
     assert "chunk_size" not in one.info
     np.testing.assert_array_equal(one.x, pp.solve(B, "cyclic-reduction").x)
+
+
+@pytest.mark.parametrize(("kind", "device"), [("torch", None), ("array_api_strict", None),
+                                               *gpu_backends()])
+def test_chunks_on_other_backends(kind, device):
+    pytest.importorskip(kind)
+    from propop import backend
+
+    net = pp.FNN.random([8] * 17, activation="tanh", seed=0)
+    rng = np.random.default_rng(0)
+    x, t = rng.standard_normal((8, 5)), rng.standard_normal((8, 5))
+    reference = pp.backprop(net, x, t, method="substitution")
+    g = pp.backprop(net.to(kind, device), backend.convert(x, kind, device),
+                    backend.convert(t, kind, device), method="cyclic-reduction", chunk_size=2)
+    assert g.solution.info["chunk_size"] == 2 and backend.of(g.W[0]).name == kind
+    for ours, theirs in zip(g.W, reference.W):
+        np.testing.assert_allclose(backend.to_host(ours), theirs, rtol=1e-12, atol=1e-14)
 
 
 def test_an_rnn_batch_reduces_in_chunks_too():

@@ -179,7 +179,8 @@ def _chunked(operator: Any, chunk_size: int, rtol: float | None, atol: float,
         info = {k: v for k, v in last.info.items() if k in ("levels", "within", "width",
                                                               "fill_in", "carried")}
         x = xp.concat(parts, axis=1)
-        info.update(flops=flops, peak_bytes=peak + x.nbytes, chunk_size=chunk_size)  # + parts
+        held = math.prod(x.shape) * backend.itemsize(x.dtype)  # the parts, then x
+        info.update(flops=flops, peak_bytes=peak + held, chunk_size=chunk_size)
         return finish(system, x, tol=Tolerance.of(system, rtol, atol), levels=last.levels,
                       info=info, direct=True)
 
