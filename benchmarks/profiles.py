@@ -53,6 +53,8 @@ CASES: dict[str, tuple[str, Callable[[], Callable[[], Any]]]] = {
         "substitution <= 1.0x the tight loop", lambda: _mlp(16, 128, 32, "substitution")),
     "MLP l=1024 n=8 r=1, substitution": (
         "substitution <= 1.0x the tight loop", lambda: _mlp(1024, 8, 1, "substitution")),
+    "RNN H=20 r=16 tau=10000, substitution": (
+        "substitution <= 1.0x the tight loop", lambda: _rnn(20, 16, 10000, "substitution")),
     "RNN H=8 r=1 tau=65536, cyclic-reduction": (
         "cyclic reduction <= 0.6x the tight loop", lambda: _rnn(8, 1, 65536,
                                                                 "cyclic-reduction")),
