@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import propop as pp
-from cases import BREAK_DOWN, CASES, SLOW, Case, excused, relative_error, tolerance
+from cases import (BREAK_DOWN, CASES, SLOW, Case, excused, gpu_backends, relative_error,
+                   tolerance)
 
 METHODS = [s.name for s in pp.solvers.available()]
 # Shadow residual r0: breakdown on systems whose rhs lives in one block (docs/index.md, "Solving").
@@ -162,3 +163,27 @@ def test_direct_methods_always_check_their_result(method):
     assert sol.residuals[-1] < 1e-13 * sol.residuals[0]
     with pytest.raises(TypeError, match="no option 'verify'"):
         pp.solve(system, method, verify=True)
+
+
+@pytest.mark.parametrize(("kind", "device"), [("numpy", None), ("torch", None),
+                                               ("array_api_strict", None), *gpu_backends()])
+def test_block_norms_keep_a_small_block_after_large_ones_on_every_backend(kind, device):
+    """Each block's sum of squares to rounding, however small beside the blocks before it.
+
+    (CuPy's ``add.reduceat`` differences a running sum, which would give the 1e-12 block
+    as rounding noise of the sum before it: the norms of unequal blocks do not use it.)
+    """
+    pytest.importorskip(kind)
+    from propop import backend
+    from propop.solvers.convergence import block_squares
+
+    sizes = [3, 5, 2, 4, 1]
+    A = np.random.default_rng(0).standard_normal((15, 3)) * np.repeat(
+        [1e0, 1e-12, 1e3, 1e-9, 1.0], sizes)[:, None]
+    starts = np.cumsum([0] + sizes[:-1])
+    expected = np.array([(A[o:o + n] ** 2).sum(axis=0) for o, n in zip(starts, sizes)])
+    couplings = [np.ones((b, a)) for a, b in zip(sizes[:-1], sizes[1:])]
+    system = pp.TriangularSystem(couplings, None, np.ones((15, 3)), lower=True,
+                                 sizes=sizes).to(kind, device)
+    np.testing.assert_allclose(block_squares(system, backend.convert(A, kind, device)),
+                               expected, rtol=1e-14)

@@ -88,10 +88,15 @@ def block_squares(system: Any, A: Any) -> np.ndarray:
     if system.equal_sizes:
         stacked = xp.reshape(A, (len(sizes), sizes[0], A.shape[1]))
         squares = _squares(xp, stacked, "knc,knc->kc")
-    elif hasattr(xp.add, "reduceat"):
-        squares = xp.add.reduceat(A * A, system.block_starts, axis=0)
-    else:  # a backend without reduceat: one sum per block
-        squares = xp.stack([_squares(xp, a, "ij,ij->j") for a in system.split(A)])
+    elif system.backend.name == "numpy":  # NumPy's reduceat sums each block by itself
+        squares = np.add.reduceat(A * A, system.offsets[:-1], axis=0)
+    else:  # the blocks padded into one stack; CuPy's reduceat differences a running sum,
+        # which loses a small block after large ones (a gradient that vanishes)
+        zero = xp.zeros((1, A.shape[1]), dtype=A.dtype, device=backend.device(A))
+        rows = backend.like(system.padded_rows, A)  # on A's device
+        padded = xp.take(xp.concat([A, zero]), rows, axis=0)
+        squares = _squares(xp, xp.reshape(padded, (len(sizes), -1, A.shape[1])),
+                           "knc,knc->kc")
     return np.asarray(backend.to_host(squares), dtype=float)
 
 

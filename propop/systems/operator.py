@@ -208,9 +208,19 @@ class Operator:
         return frozenset(tags | {tag for tag, holds in facts.items() if holds})
 
     @functools.cached_property
-    def block_starts(self) -> Any:
-        """The first entry of every block, as an index array of the backend."""
-        return self.backend.xp.asarray(self.offsets[:-1])
+    def padded_rows(self) -> np.ndarray:
+        """Rows of every block padded to :attr:`width`, ``(nblocks width,)``; ``N`` pads.
+
+        Taking them from a stack with a zero row appended lays the blocks out as one
+        ``(nblocks, width, ...)`` array. A host array, made once: the caller moves it
+        beside the stack it indexes.
+        """
+        o = np.asarray(self.offsets)
+        rows = np.full((self.nblocks, self.width), o[-1], dtype=np.int64)
+        within = np.arange(self.width)
+        taken = within[None, :] < np.diff(o)[:, None]
+        rows[taken] = (o[:-1, None] + within[None, :])[taken]
+        return rows.reshape(-1)
 
     @property
     def size(self) -> int:
