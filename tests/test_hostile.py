@@ -7,7 +7,7 @@ Never an internal error (IndexError, AttributeError, a NumPy reshape message),
 never a wrong CONVERGED.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from collections.abc import Callable
 
@@ -240,7 +240,20 @@ BAD_INPUTS = [
     Bad("system-empty-block", lambda: pp.TriangularSystem(
         [np.ones((0, 2))], [None, None], np.ones(2), lower=True, sizes=[2, 0]),
         ("block sizes must be >= 1",)),
+    Bad("structured-sizes-differ", lambda: structured(lambda s, sizes: (
+        s, sizes[:5] + [4] + sizes[6:])), ("not the structure's (2, 3) repeated over 4",)),
+    Bad("structured-empty-layer", lambda: structured(lambda s, sizes: (
+        replace(s, sizes=(0, 3)), [0, 3] * 4)), ("block sizes must be >= 1",)),
 ]
+
+
+def structured(change):
+    """An RNN system rebuilt from its structure, with ``change(structure, sizes)`` made."""
+    rnn = pp.RNN.random([2, 3], activation="tanh", seed=0)
+    system = pp.backward_system(rnn, rnn.forward(np.ones((4, 2))), np.ones((4, 3)))
+    structure, sizes = change(system.structure, list(system.sizes))
+    return pp.TriangularSystem(None, None, np.ones(20), lower=False, sizes=sizes,
+                               structure=structure, layer_scales=[None, None])
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS, ids=[c.name for c in BAD_INPUTS])

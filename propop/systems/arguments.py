@@ -34,7 +34,7 @@ def read(coupling: Sequence[Any] | None, row_scale: Sequence[Any] | None, *, low
     couplings, and at most one of ``row_scale``, ``layer_scales`` and
     ``scale_stack`` the scalings. ``name(k)`` names block ``k`` in messages.
     """
-    if min(sizes, default=0) < 1:
+    if min(sizes if structure is None else structure.sizes, default=0) < 1:
         raise ValueError(f"block sizes must be >= 1, got {sizes}")
     _require_one(coupling, row_scale, edges, structure, layer_scales, coupling_stack,
                  scale_stack)
@@ -82,7 +82,8 @@ def _couplings(coupling: Any, *, lower: bool, sizes: tuple, edges: Any, structur
     if structure is not None:
         templates = tuple(Template(t.row, t.col, t.offset, i)
                           for i, t in enumerate(structure.templates))
-        layout = TimeLayout(lower, tuple(structure.sizes), int(structure.tau), templates)
+        layout = TimeLayout(lower, tuple(map(int, structure.sizes)), int(structure.tau),
+                            templates)
         if sizes != layout.sizes:
             raise ValueError(f"the blocks' sizes are not the structure's {structure.sizes} "
                              f"repeated over {structure.tau} steps")
