@@ -21,6 +21,7 @@ a sub-system without touching a coefficient.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -49,6 +50,30 @@ class Layout:
     def nblocks(self) -> int:
         """The number of blocks."""
         return len(self.sizes)
+
+    @functools.cached_property
+    def offsets(self) -> tuple[int, ...]:
+        """Start of each block in the stacked vector, and ``N`` last.
+
+        Made once a layout: the operators of one system, its scaled form and the
+        plan's, share it.
+        """
+        return tuple(itertools.accumulate(self.sizes, initial=0))
+
+    @functools.cached_property
+    def distinct_sizes(self) -> frozenset:
+        """The sizes the blocks take."""
+        return frozenset(self.sizes)
+
+    @property
+    def width(self) -> int:
+        """The widest block's size."""
+        return max(self.distinct_sizes)
+
+    @property
+    def equal_sizes(self) -> bool:
+        """Whether every block has the same size."""
+        return len(self.distinct_sizes) == 1
 
     def edges(self) -> tuple:
         """Every off-diagonal block as ``(row, col, coupling index)``, unrolled."""
@@ -225,6 +250,11 @@ class TimeLayout(Layout):
     def sizes(self) -> tuple:  # type: ignore[override]
         """The sizes of all blocks: a step's, repeated ``tau`` times."""
         return tuple(self.step_sizes) * self.tau
+
+    @functools.cached_property
+    def distinct_sizes(self) -> frozenset:
+        """The sizes the blocks take: a step's layers'."""
+        return frozenset(self.step_sizes)
 
     @property
     def per(self) -> int:

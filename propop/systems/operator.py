@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import math
 import functools
-import itertools
 import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -164,10 +163,10 @@ class Operator:
         """Number of diagonal blocks ``nb`` (``l + 1`` for an ``l``-layer FNN)."""
         return self.layout.nblocks
 
-    @functools.cached_property
+    @property
     def offsets(self) -> tuple[int, ...]:
-        """Start of each block in the stacked vector, and ``N`` last."""
-        return tuple(itertools.accumulate(self.sizes, initial=0))
+        """Start of each block in the stacked vector, and ``N`` last (the layout's)."""
+        return self.layout.offsets
 
     @property
     def is_chain(self) -> bool:
@@ -179,15 +178,15 @@ class Operator:
         if not self.is_chain:
             raise ValueError(NOT_A_CHAIN)
 
-    @functools.cached_property
+    @property
     def width(self) -> int:
         """The widest block's size, ``max(sizes)`` (what padded stacks are as wide as)."""
-        return max(self.sizes)
+        return self.layout.width
 
-    @functools.cached_property
+    @property
     def equal_sizes(self) -> bool:
         """Whether every block has the same size (then blocks reshape to a stack)."""
-        return len(set(self.sizes)) == 1
+        return self.layout.equal_sizes
 
     @functools.cached_property
     def tags(self) -> frozenset:
