@@ -249,8 +249,9 @@ class _LayerChain(Layout):
                 C[i, 0, : M.shape[0], : M.shape[1]] = M
             for t in (t for t in self.across if t.row == k):
                 M, o = backend.dense(t.M), self.carried_offset[t.col]
-                G[i, :, :h, o: o + M.shape[1]] = M[None, ...] if s is None else (
-                    s[:, :, None] * M)
+                G[i, :, :h, o: o + M.shape[1]] = M[None, ...]
+                if s is not None:  # scaled in place: no temporary as large as G
+                    G[i, :, :h, o: o + M.shape[1]] *= s[:, :, None]
         return Chain(L, C[1:, ...], G, [f"block {k} of every step" for k in self.positions], ())
 
     def rhs_column(self, rhs: list, leading: list, counter: Counter) -> Any:
