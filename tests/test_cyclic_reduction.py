@@ -328,3 +328,6 @@ def test_columns_are_the_batchs_samples():
     single, _ = system_pair((5, 6, 4), None)
     with pytest.raises(ValueError, match="needs a batch system"):
         single.columns(0, 1)
+    for bad in ((0.5, 2), (0, "3"), (True, 2)):
+        with pytest.raises(TypeError, match=r"columns\(start, stop\) takes an integer index"):
+            B.columns(*bad)

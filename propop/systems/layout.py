@@ -25,6 +25,8 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 __all__ = ["Layout", "ChainLayout", "TimeLayout", "GraphLayout", "NOT_A_CHAIN"]
 
 NOT_A_CHAIN = ("this system is not block bi-diagonal (a chain): each block row must have at "
@@ -59,6 +61,21 @@ class Layout:
         plan's, share it.
         """
         return tuple(itertools.accumulate(self.sizes, initial=0))
+
+    @functools.cached_property
+    def padded_rows(self) -> np.ndarray:
+        """Rows of every block padded to :attr:`width`, ``(nblocks width,)``; ``N`` pads.
+
+        Taking them from a stack with a zero row appended lays the blocks out as one
+        ``(nblocks, width, ...)`` array. A host array, made once a layout: the caller
+        moves it beside the stack it indexes.
+        """
+        o = np.asarray(self.offsets)
+        rows = np.full((self.nblocks, self.width), o[-1], dtype=np.int64)
+        within = np.arange(self.width)
+        taken = within[None, :] < np.diff(o)[:, None]
+        rows[taken] = (o[:-1, None] + within[None, :])[taken]
+        return rows.reshape(-1)
 
     @functools.cached_property
     def distinct_sizes(self) -> frozenset:

@@ -208,21 +208,6 @@ class Operator:
                  "shared-matrix": self._scaled_once, "diagonal": not self.layout.coupled()}
         return frozenset(tags | {tag for tag, holds in facts.items() if holds})
 
-    @functools.cached_property
-    def padded_rows(self) -> np.ndarray:
-        """Rows of every block padded to :attr:`width`, ``(nblocks width,)``; ``N`` pads.
-
-        Taking them from a stack with a zero row appended lays the blocks out as one
-        ``(nblocks, width, ...)`` array. A host array, made once: the caller moves it
-        beside the stack it indexes.
-        """
-        o = np.asarray(self.offsets)
-        rows = np.full((self.nblocks, self.width), o[-1], dtype=np.int64)
-        within = np.arange(self.width)
-        taken = within[None, :] < np.diff(o)[:, None]
-        rows[taken] = (o[:-1, None] + within[None, :])[taken]
-        return rows.reshape(-1)
-
     @property
     def size(self) -> int:
         """``N``, the number of unknowns of one sample."""
@@ -386,9 +371,7 @@ class Operator:
         r = self.samples
         if r is None:
             raise ValueError("sample(i) needs a batch system; this one has a single rhs")
-        if isinstance(i, bool) or not isinstance(i, numbers.Integral):
-            raise TypeError(f"sample(i) takes an integer index, got {i!r}")
-        i = int(i)
+        i = _integer(i, "sample(i)")
         if not -r <= i < r:
             raise IndexError(f"sample {i} out of range for a batch of {r}")
         i %= r
@@ -404,6 +387,8 @@ class Operator:
         if r is None:
             raise ValueError("columns(start, stop) needs a batch system; this one has one "
                              "matrix for all its right-hand sides")
+        start, stop = _integer(start, "columns(start, stop)"), _integer(stop,
+                                                                     "columns(start, stop)")
         if not 0 <= start < stop <= r:
             raise IndexError(f"samples {start}..{stop - 1} out of range for a batch of {r}")
         couplings = (self.couplings.map(lambda C: C[:, start:stop, ...] if C.ndim == 4 else C)
@@ -731,3 +716,10 @@ _PER_SAMPLE = ("each sample of this system has its own couplings (a per-sample "
                "for stacked chains (substitution, cyclic-reduction, parallel-cyclic-reduction, "
                "jacobi, batched-gmres, batched-bicgstab, the scipy.* methods), or take one "
                "sample's system with sample(i)")
+
+
+def _integer(value: Any, where: str) -> int:
+    """``value`` as an index, or ``TypeError`` naming ``where``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{where} takes an integer index, got {value!r}")
+    return int(value)
