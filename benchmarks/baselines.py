@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from propop.networks.gated import KERNEL_STEPS
+
 
 class TightMLP:
     """The tanh MLP's whole job, ``__call__(x, t) -> (dW, db, dx)``, in preallocated arrays.
@@ -238,7 +240,9 @@ def torch_rnn(W: np.ndarray, U: np.ndarray, b: np.ndarray, dtype: str = "float64
               device: str = "cpu") -> Callable:
     """Autograd through ``torch.nn.RNN``; returns ``job(X, T) -> dW`` (batch second).
 
-    On PyTorch device ``device`` in ``dtype``.
+    On PyTorch device ``device`` in ``dtype``; sequences longer than cuDNN takes
+    (pytorch/pytorch#133751) in consecutive calls from the last state, as a user
+    must write it on a GPU (autograd through all of them: the same gradient).
     """
     import torch
 
@@ -252,8 +256,11 @@ def torch_rnn(W: np.ndarray, U: np.ndarray, b: np.ndarray, dtype: str = "float64
 
     def job(X: Any, T: Any) -> Any:
         module.zero_grad(set_to_none=True)
-        out, _ = module(X)
-        (0.5 * ((out - T) ** 2).sum()).backward()
+        outs, h = [], None
+        for start in range(0, X.shape[0], KERNEL_STEPS):  # what cuDNN takes in one call
+            out, h = module(X[start: start + KERNEL_STEPS], h)
+            outs.append(out)
+        (0.5 * ((torch.cat(outs) - T) ** 2).sum()).backward()
         return module.weight_ih_l0.grad
 
     return job

@@ -43,10 +43,12 @@ and writes the methods that agree, with the device, to ``propop/solvers/gpu_runs
 
 from __future__ import annotations
 
+import argparse
 import copy
 import gc
 import importlib
 import importlib.util
+import json
 import pathlib
 import time
 from collections.abc import Callable
@@ -58,7 +60,7 @@ import propop as pp
 
 from .baselines import (jax_mlp_bppsa, jax_mlp_grad, jax_modules, jax_rnn_bppsa, jax_rnn_grad,
                         torch_mlp, torch_rnn)
-from .common import arguments, by_kind, publish, timings
+from .common import arguments, by_kind, destination, publish, timings
 from .newton import deer_jobs, deer_seq1d, jax_gru_step, pararnn_gru
 
 MLP = [(256, 8, 1), (1024, 8, 1), (1024, 32, 1), (1024, 64, 32), (4096, 8, 1),
@@ -464,6 +466,11 @@ def main() -> None:
     parser.add_argument("--record", action="store_true",
                         help="first record in propop/solvers/gpu_runs.py the methods that "
                              "agree with NumPy on CuPy and PyTorch CUDA")
+    parser.add_argument("--case", action="append", type=_case, metavar="KIND:A,B,C[:DTYPE]",
+                        help="measure only this case of a grid (e.g. rnn:8,16,65536:float64), "
+                             "in the order given; repeat for several")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the rows of the saved table that this run does not measure")
     args = parser.parse_args()
     start = time.perf_counter()
     import torch
@@ -476,30 +483,70 @@ def main() -> None:
         print("recorded:", ", ".join(sorted(record(args.device))), flush=True)
     seq1d, note = deer_seq1d(args.deer)
     note = f"{_device_line(args.device)}; {note}"
-    grids = QUICK if args.quick else {"gru": GRU, "mlp": MLP, "rnn": RNN, "newton": NEWTON}
-    grids = {kind: grids[kind] for kind in args.grid or grids}
     if args.device.startswith("cuda"):
         _full_float32()
     measure = {"gru": gru_row, "mlp": mlp_row, "rnn": rnn_row, "newton": newton_row}
     dtypes = args.dtype or ["float32", "float64"]
-    rows: list[dict] = []
-    for kind, cases in grids.items():
-        SKIPPED.clear()
-        for case in cases:
-            for dtype in dtypes:
-                if time.perf_counter() - start > args.deadline:
-                    print(f"deadline: {kind} {case} {dtype} not measured", flush=True)
-                    continue
-                extra = (seq1d,) if kind in ("gru", "newton") else ()
-                begun = time.perf_counter()
-                rows.append(dict(measure[kind](Device(args.device, dtype), *case, *extra),
-                                 dtype=dtype))
-                print(f"{kind} {case} {dtype}: {time.perf_counter() - begun:.0f} s", flush=True)
-                tables = [table([row for row in rows if row["dtype"] == d], args.device, d)
-                          for d in dtypes]
-                publish("gpu" + ("_quick" if args.quick else ""), rows,
-                        "\n".join(tables) + f"\n{note}.")
+    name = "gpu" + ("_quick" if args.quick else "")
+    rows, last = _saved(name) if args.merge else [], None
+    for kind, case, dtype in _jobs(args, dtypes):
+        if kind != last:  # contenders too slow at a smaller case of the grid
+            SKIPPED.clear()
+            last = kind
+        if time.perf_counter() - start > args.deadline:
+            print(f"deadline: {kind} {case} {dtype} not measured", flush=True)
+            continue
+        extra = (seq1d,) if kind in ("gru", "newton") else ()
+        begun = time.perf_counter()
+        row = dict(measure[kind](Device(args.device, dtype), *case, *extra), dtype=dtype)
+        rows = _replaced(rows, row)
+        print(f"{kind} {case} {dtype}: {time.perf_counter() - begun:.0f} s", flush=True)
+        shown = dict.fromkeys([*dtypes, *(r["dtype"] for r in rows)])
+        tables = [table([r for r in rows if r["dtype"] == d], args.device, d) for d in shown]
+        publish(name, rows, "\n".join(tables) + f"\n{note}.")
 
+
+def _case(text: str) -> tuple[str, tuple[int, ...], str | None]:
+    """``KIND:A,B,C[:DTYPE]`` of ``--case`` as ``(kind, sizes, dtype or None)``."""
+    kind, sizes, *dtype = text.split(":")
+    if kind not in ("gru", "mlp", "rnn", "newton") or len(dtype) > 1 or not set(dtype) <= {
+            "float32", "float64"}:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected KIND:A,B,C[:DTYPE], KIND one of gru, mlp, rnn, newton and "
+            "DTYPE float32 or float64")
+    try:
+        numbers = tuple(int(size) for size in sizes.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: sizes must be integers") from None
+    wanted = len(GRU[0]) if kind == "gru" else 3  # (input, hidden, batch, tau), else three
+    if len(numbers) != wanted:
+        raise argparse.ArgumentTypeError(f"{text!r}: a {kind} case has {wanted} sizes")
+    return kind, numbers, (dtype or [None])[0]
+
+
+def _jobs(args: argparse.Namespace, dtypes: list[str]) -> list[tuple[str, tuple, str]]:
+    """``(kind, case, dtype)`` to measure: ``--case`` in its order, else the grids'."""
+    if args.case:
+        return [(kind, case, dtype) for kind, case, only in args.case
+                for dtype in ([only] if only else dtypes)]
+    grids = QUICK if args.quick else {"gru": GRU, "mlp": MLP, "rnn": RNN, "newton": NEWTON}
+    chosen = args.grid or list(grids)
+    return [(kind, case, dtype) for kind in chosen for case in grids[kind]
+            for dtype in dtypes]
+
+
+def _saved(name: str) -> list[dict]:
+    """The rows of the table ``name`` saved where this run saves (none if there is none)."""
+    path = destination() / f"{name}.json"
+    return json.loads(path.read_text())["rows"] if path.exists() else []
+
+
+def _replaced(rows: list[dict], row: dict) -> list[dict]:
+    """``rows`` with ``row`` in place of the one of its kind, case and dtype, else added."""
+    key = (row["kind"], row["case"], row["dtype"])
+    if key not in {(r["kind"], r["case"], r["dtype"]) for r in rows}:
+        return [*rows, row]
+    return [row if (r["kind"], r["case"], r["dtype"]) == key else r for r in rows]
 
 if __name__ == "__main__":
     main()

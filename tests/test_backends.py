@@ -146,6 +146,38 @@ def test_the_gpu_benchmark_runs_end_to_end_on_the_cpu(tmp_path, monkeypatch, cap
         gpu.main()
 
 
+def test_the_gpu_benchmark_measures_chosen_cases_and_merges_them(tmp_path, monkeypatch):
+    """``--case KIND:A,B,C[:DTYPE]`` measures those rows only, in order.
+
+    ``--merge`` keeps the saved rows, a row measured again replacing its old self.
+    """
+    import json
+    import sys
+
+    from benchmarks import gpu
+
+    monkeypatch.setenv("PROPOP_RESULTS", str(tmp_path))
+
+    def run(*options):
+        monkeypatch.setattr(sys, "argv", ["gpu", "--device", "cpu", "--quick", *options])
+        gpu.main()
+        rows = json.loads((tmp_path / "gpu_quick.json").read_text())["rows"]
+        return [(row["kind"], row["case"], row["dtype"], row["seconds"]["torch"]["median"])
+                for row in rows]
+
+    first = run("--case", "mlp:8,4,2:float64", "--case", "rnn:4,2,16:float32")
+    assert [row[:3] for row in first] == [("mlp", "l=8 n=4 r=2", "float64"),
+                                          ("rnn", "H=4 r=2 tau=16", "float32")]
+    merged = run("--case", "mlp:8,4,2:float64", "--merge")
+    assert [row[:3] for row in merged] == [row[:3] for row in first]
+    assert merged[1] == first[1] and merged[0][3] != first[0][3]  # kept; measured again
+    assert [row[:3] for row in run("--case", "mlp:8,4,2:float64")] == [first[0][:3]]
+    for bad in ("foo:1", "mlp:8,4", "mlp:8,x,2", "mlp:8,4,2:float16"):
+        monkeypatch.setattr(sys, "argv", ["gpu", "--device", "cpu", "--case", bad])
+        with pytest.raises(SystemExit):
+            gpu.main()
+
+
 def test_the_gpu_record_keeps_each_backend_that_agreed(tmp_path, monkeypatch, capsys):
     """``benchmarks.gpu.record`` with the device and the comparisons stubbed: what it writes.
 

@@ -52,6 +52,22 @@ def test_the_tight_rnn_loop_is_autograd(m, r):
     np.testing.assert_allclose(states, rnn.forward(xs[:, :, :1]).output[:, :, 0], rtol=1e-14)
 
 
+@pytest.mark.parametrize("steps", [4, 65535])
+def test_autograd_through_torch_rnn_in_kernel_sized_calls_is_propops_gradient(steps,
+                                                                             monkeypatch):
+    """The PyTorch RNN baseline runs cuDNN-sized calls (4 steps here: three calls)."""
+    torch = pytest.importorskip("torch")
+    from benchmarks import baselines
+
+    monkeypatch.setattr(baselines, "KERNEL_STEPS", steps)
+    rnn = pp.RNN.random([3, 4], activation="tanh", seed=1)
+    rng = np.random.default_rng(3)
+    xs, t = rng.standard_normal((11, 3, 2)), rng.standard_normal((11, 4, 2))
+    job = baselines.torch_rnn(rnn.W[0], rnn.U[0], rnn.b[0])
+    dW = job(torch.tensor(xs.transpose(0, 2, 1).copy()), torch.tensor(t.transpose(0, 2, 1).copy()))
+    np.testing.assert_allclose(dW.numpy(), pp.backprop(rnn, xs, t).W[0], rtol=1e-12, atol=1e-14)
+
+
 @pytest.mark.parametrize("density", [1.0, 0.5])
 def test_the_tight_backward_loop_is_the_sequential_reference(density):
     net = pp.FNN.random([6, 6, 6], activation="tanh", density=density, seed=0)

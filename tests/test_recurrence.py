@@ -269,6 +269,25 @@ def test_the_lstm_cell_states_at_every_step_are_the_sequential_ones():
         inputs = torch.stack(hs)
 
 
+def wrapped_kernels_against_torch(cell, monkeypatch, check, tau):
+    """A 2-layer ``cell``'s outputs over ``tau`` steps against the ``torch.nn`` module.
+
+    PyTorch's recurrent kernel is wrapped by ``check(inputs, hx)``, called before it.
+    """
+    name = {"GRU": "gru", "RNN": "rnn_tanh", "LSTM": "lstm"}[cell]
+    kernel = getattr(torch, name)
+    monkeypatch.setattr(torch, name, lambda inputs, hx, *rest: (
+        check(inputs, hx), kernel(inputs, hx, *rest))[1])
+    torch.manual_seed(4)
+    module = getattr(nn, cell)(3, 4, num_layers=2).double()
+    net = getattr(gated, "ElmanRNN" if cell == "RNN" else cell).from_torch(module).to("torch")
+    xs = np.random.default_rng(4).standard_normal((tau, 3, 5))
+    ours = net.outputs(net.forward(torch.tensor(xs)))
+    with torch.no_grad():
+        theirs = module(torch.tensor(xs.transpose(0, 2, 1).copy()))[0]
+    torch.testing.assert_close(ours.permute(0, 2, 1), theirs, rtol=1e-13, atol=1e-14)
+
+
 @pytest.mark.parametrize("cell", ["GRU", "RNN", "LSTM"])
 def test_the_sequence_kernels_get_contiguous_states_as_cudnn_needs(cell, monkeypatch):
     """The recurrent kernels get a contiguous initial state, as cuDNN needs.
@@ -276,21 +295,41 @@ def test_the_sequence_kernels_get_contiguous_states_as_cudnn_needs(cell, monkeyp
     cuDNN refuses a non-contiguous ``hx`` ("rnn: hx is not contiguous", seen on an
     H200); the CPU kernels accept one, so the kernels here are wrapped to check it.
     """
-    name = {"GRU": "gru", "RNN": "rnn_tanh", "LSTM": "lstm"}[cell]
-    kernel = getattr(torch, name)
     seen = []
-
-    def strict(inputs, hx, *rest):
-        seen.append(all(h.is_contiguous() for h in (hx if isinstance(hx, tuple) else (hx,))))
-        return kernel(inputs, hx, *rest)
-
-    monkeypatch.setattr(torch, name, strict)
-    torch.manual_seed(4)
-    module = getattr(nn, cell)(3, 4, num_layers=2).double()
-    net = getattr(gated, "ElmanRNN" if cell == "RNN" else cell).from_torch(module).to("torch")
-    xs = np.random.default_rng(4).standard_normal((6, 3, 5))
-    ours = net.outputs(net.forward(torch.tensor(xs)))
-    with torch.no_grad():
-        theirs = module(torch.tensor(xs.transpose(0, 2, 1).copy()))[0]
+    wrapped_kernels_against_torch(cell, monkeypatch, lambda inputs, hx: seen.append(
+        all(h.is_contiguous() for h in (hx if isinstance(hx, tuple) else (hx,)))), 6)
     assert seen and all(seen), seen
-    torch.testing.assert_close(ours.permute(0, 2, 1), theirs, rtol=1e-13, atol=1e-14)
+
+
+@pytest.mark.parametrize("cell", ["GRU", "RNN", "LSTM"])
+def test_sequences_longer_than_a_kernel_call_takes_run_in_chained_calls(cell, monkeypatch):
+    """Each kernel call gets at most ``KERNEL_STEPS`` steps, from the last one's state.
+
+    cuDNN's RNN kernels refuse more than 65535 (pytorch/pytorch#133751, seen on an H200
+    at 65536). Emulated on the CPU with a limit of 4 steps and kernels that refuse
+    more; 11 steps (three calls, the last one short) against the whole module.
+    """
+    lengths = []
+
+    def limited(inputs, hx):
+        lengths.append(inputs.shape[0])
+        if inputs.shape[0] > 4:
+            raise RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED")
+
+    monkeypatch.setattr(gated, "KERNEL_STEPS", 4)
+    wrapped_kernels_against_torch(cell, monkeypatch, limited, 11)
+    assert lengths == [4, 4, 3] * 2, lengths  # two layers, three calls each
+
+
+def test_an_elman_network_longer_than_a_kernel_call_takes_runs_in_chained_calls(monkeypatch):
+    """``pp.RNN``'s kernel forward on PyTorch arrays, 4 steps a call, against NumPy's loop."""
+    kernel, lengths = torch.rnn_tanh, []
+    monkeypatch.setattr(torch, "rnn_tanh", lambda inputs, *rest: (
+        lengths.append(inputs.shape[0]), kernel(inputs, *rest))[1])
+    monkeypatch.setattr(gated, "KERNEL_STEPS", 4)
+    net = pp.RNN.random([3, 5], activation="tanh", seed=6)
+    xs = np.random.default_rng(6).standard_normal((11, 3, 2))
+    expected = net.forward(xs).z[1]
+    ours = net.to("torch").forward(torch.tensor(xs)).z[1]
+    assert lengths == [4, 4, 3], lengths
+    np.testing.assert_allclose(ours.numpy(), expected, rtol=1e-13, atol=1e-14)

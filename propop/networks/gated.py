@@ -16,7 +16,7 @@ Parameters carry PyTorch's names (``weight_ih_l0``, ``bias_hh_l1``, ...), so
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,26 @@ __all__ = ["GRU", "LSTM", "ElmanRNN"]
 # torch.gru / torch.rnn_tanh's options after the weights, as torch.nn.GRU passes them for one
 # layer: has_biases, num_layers, dropout, train, bidirectional, batch_first
 ONE_LAYER = (True, 1, 0.0, False, False, False)
+# the most steps of one kernel call: cuDNN's RNN kernels refuse longer sequences with
+# CUDNN_STATUS_NOT_SUPPORTED (pytorch/pytorch#133751; seen on an H200 at 65536 steps)
+KERNEL_STEPS = 65535
+
+
+def kernel(run: Callable, inputs: Any, hidden: Any, weights: list) -> Any:
+    """``run``'s (``torch.gru``, ``torch.lstm``, ``torch.rnn_tanh``) outputs at every step.
+
+    One layer over ``inputs`` ``(tau, r, m)`` from ``hidden`` (``(1, r, H)``, a pair for
+    an LSTM), at most :data:`KERNEL_STEPS` steps a call, each call starting from the
+    last one's final state: the same recurrence, on any sequence length.
+    """
+    import torch
+
+    outputs = []
+    for start in range(0, max(inputs.shape[0], 1), KERNEL_STEPS):
+        out, *last = run(inputs[start: start + KERNEL_STEPS], hidden, weights, *ONE_LAYER)
+        outputs.append(out)
+        hidden = last[0] if len(last) == 1 else tuple(last)
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
 
 def elman_kernel(nonlinearity: str, inputs: Any, first: Any, weights: list) -> Any:
@@ -41,7 +61,7 @@ def elman_kernel(nonlinearity: str, inputs: Any, first: Any, weights: list) -> A
     import torch
 
     run = torch.rnn_tanh if nonlinearity == "tanh" else torch.rnn_relu
-    return run(inputs, first[None, ...].contiguous(), weights, *ONE_LAYER)[0]
+    return kernel(run, inputs, first[None, ...].contiguous(), weights)
 
 
 class _Gated(Recurrence):
@@ -243,7 +263,7 @@ class GRU(_Gated):
         """One layer's ``h`` at every step: ``torch.nn.GRU``'s kernel, ``(tau, r, H)``."""
         import torch
 
-        return torch.gru(inputs, own[None, ...].contiguous(), weights, *ONE_LAYER)[0]
+        return kernel(torch.gru, inputs, own[None, ...].contiguous(), weights)
 
     def _layer_jacobian(self, p: Mapping[str, Any], k: int, x: Any, h: Any) -> tuple:
         """``(h', dh'/dh, dh'/dx)`` of layer ``k``: the GRU's equations differentiated."""
@@ -311,7 +331,7 @@ class LSTM(_Gated):
 
         H = self.hidden_size
         h0, c0 = own[:, :H].contiguous(), own[:, H:].contiguous()
-        h = torch.lstm(inputs, (h0[None, ...], c0[None, ...]), weights, *ONE_LAYER)[0]
+        h = kernel(torch.lstm, inputs, (h0[None, ...], c0[None, ...]), weights)
         x, before = inputs.reshape(-1, inputs.shape[-1]), torch.cat([h0[None, ...], h[:-1, ...]])
         W_ih, W_hh, b = weights[0], weights[1], weights[2] + weights[3]
 
