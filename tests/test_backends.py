@@ -178,6 +178,28 @@ def test_the_gpu_benchmark_measures_chosen_cases_and_merges_them(tmp_path, monke
             gpu.main()
 
 
+def test_a_compiled_contender_slow_once_is_timed_warm_and_a_slow_one_left_out(monkeypatch):
+    """Past ``CAP`` a contender is timed by its first run and left out of larger cases.
+
+    A compiled one (JAX, DEER), whose first run is its compilation, runs once more.
+    """
+    from benchmarks import gpu
+
+    calls = {"jax.grad": 0, "substitution": 0}
+
+    def counted(name):
+        return lambda: calls.__setitem__(name, calls[name] + 1)
+
+    monkeypatch.setattr(gpu, "CAP", -1.0)  # every run counts as over the cap
+    monkeypatch.setattr(gpu, "SLOW", -1.0)
+    monkeypatch.setattr(gpu, "SKIPPED", {})
+    times, _, _, errors = gpu._measure(gpu.Device("cpu", "float64"),
+                                       {name: counted(name) for name in calls}, {}, None)
+    assert calls == {"jax.grad": 2, "substitution": 1} and not errors, (calls, errors)
+    assert times["jax.grad"]["runs"] == times["substitution"]["runs"] == 1
+    assert gpu.SKIPPED == {"float64": {"jax.grad", "substitution"}}
+
+
 def test_the_gpu_record_keeps_each_backend_that_agreed(tmp_path, monkeypatch, capsys):
     """``benchmarks.gpu.record`` with the device and the comparisons stubbed: what it writes.
 
