@@ -129,6 +129,30 @@ def test_any_step_function_with_jacrev_or_its_own_jacobian():
         assert relative_error(newton.z[1], net.forward(xs).z[1]) < 1e-10
 
 
+@pytest.mark.parametrize("r", [1, 4, 5, 9])  # sample by sample up to 4, under vmap above
+def test_a_one_sample_step_runs_any_batch_as_the_loop_a_user_writes(r):
+    """The sequential pass of a step written for one sample: each sample's own loop."""
+    from propop.networks import recurrence
+
+    assert recurrence.SAMPLE_BY_SAMPLE == 4
+    rng = np.random.default_rng(r)
+    parameters = {"a": rng.uniform(0.5, 1.0, 5), "B": rng.standard_normal((5, 2))}
+    xs = rng.standard_normal((TAU, 2, r))
+    t = {k: torch.tensor(v) for k, v in parameters.items()}
+    expected = np.empty((TAU, 5, r))
+    for i in range(r):
+        h = torch.zeros(5, dtype=torch.float64)
+        for s in range(TAU):
+            h = minimal_step(t, h, torch.tensor(xs[s, :, i]))
+            expected[s, :, i] = h.numpy()
+    net = pp.Recurrence(minimal_step, parameters, state_size=5, input_size=2)
+    np.testing.assert_allclose(net.forward(xs).z[1], expected, rtol=1e-14, atol=1e-15)
+    broadcast = pp.Recurrence(lambda p, h, x: minimal_step(p, h, x)[None, :], parameters,
+                              state_size=5, input_size=2)  # (1, 5) for one sample
+    with pytest.raises(ValueError, match=r"the step returned shape \(1, 5\) for one sample"):
+        broadcast.forward(xs)
+
+
 def numpy_step(p, h, x):
     return np.tanh(p["a"] * h + x @ p["B"].T)
 
