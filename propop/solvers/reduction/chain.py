@@ -293,12 +293,13 @@ def _columns(a: Any) -> Any:
 def product(L1: Any, C1: Any, L2: Any, C2: Any, counter: Counter) -> Any:
     """The core of ``diag(L1) C1 diag(L2) C2``, i.e. ``(C1 diag(L2)) C2``, per sample.
 
-    Its left scaling stays ``L1``. One batched ``matmul`` over all stacked pairs.
+    Its left scaling stays ``L1``. One batched ``matmul`` over all stacked pairs;
+    ``L2 = None`` (an unscaled chain: every scaling one) multiplies by nothing.
     """
-    left = C1 * L2[:, :, None, :]
+    left = C1 if L2 is None else C1 * L2[:, :, None, :]
     p, b, n, _ = left.shape
     out = left @ C2
-    counter.flops += 2 * p * b * n**3 + p * b * n * n
+    counter.flops += 2 * p * b * n**3 + (0 if L2 is None else p * b * n * n)
     return out
 
 
@@ -307,15 +308,16 @@ def apply(L: Any, C: Any, X: Any, counter: Counter, xp: Any = None) -> Any:
 
     The second form carries ``c`` columns per sample (a matrix right-hand side).
     ``xp`` is the arrays' namespace (found from ``X`` if not given; shape-only
-    arrays of :mod:`.shapes` give theirs).
+    arrays of :mod:`.shapes` give theirs). ``L = None``: an unscaled chain, ``C X``.
     """
     p, r, n = X.shape[:3]
     columns = X.shape[3] if X.ndim == 4 else 1
-    counter.flops += (2 * n * n + n) * p * r * columns
+    counter.flops += (2 * n * n + (0 if L is None else n)) * p * r * columns
     xp = backend.namespace(X) if xp is None else xp
     if X.ndim == 4:
         CX = C @ X
-        CX *= L[..., None]  # in place: the product is new, and scaling it is half the time
+        if L is not None:
+            CX *= L[..., None]  # in place: the product is new, and scaling it is half the time
         return CX
     if C.shape[1] == 1 and r == 1 and hasattr(xp, "einsum"):  # einsum reads strided cores
         CX = xp.einsum("pij,pj->pi", C[:, 0, ...], X[:, 0, ...])[:, None, :]  # 3x matmul here
@@ -323,5 +325,6 @@ def apply(L: Any, C: Any, X: Any, counter: Counter, xp: Any = None) -> Any:
         CX = xp.permute_dims(C[:, 0, ...] @ xp.permute_dims(X, (0, 2, 1)), (0, 2, 1))
     else:
         CX = (C @ X[..., None])[..., 0]
-    CX *= L
+    if L is not None:
+        CX *= L
     return CX

@@ -52,15 +52,19 @@ class ReductionOverflow(Exception):  # noqa: N818 (a failed solve's reason, repo
 
 
 class DenseKernels:
-    """The kernels of a padded dense chain on namespace ``xp``: stacks, positions first."""
+    """The kernels of a padded dense chain on namespace ``xp``: stacks, positions first.
+
+    A chain without scalings (every ``L`` one: the chain over segments of
+    :mod:`.segments`) gives ``L = None``, and no pass multiplies by it.
+    """
 
     def __init__(self, xp: Any) -> None:
         self.xp = xp
 
     @staticmethod
     def rows(A: Any, positions: slice) -> Any:
-        """The entries of ``positions``."""
-        return A[positions, ...]
+        """The entries of ``positions`` (``None``, the scalings of an unscaled chain, stays)."""
+        return None if A is None else A[positions, ...]
 
     @staticmethod
     def count(A: Any) -> int:
@@ -68,8 +72,8 @@ class DenseKernels:
         return A.shape[0]
 
     def join(self, first: Any, rest: Any) -> Any:
-        """``first`` then ``rest``, along positions."""
-        return self.xp.concat([first, rest])
+        """``first`` then ``rest`` along positions (``None`` and ``None``: still none)."""
+        return None if first is None else self.xp.concat([first, rest])
 
     @staticmethod
     def product(L1: Any, C1: Any, L2: Any, C2: Any, counter: Counter) -> Any:
@@ -116,17 +120,8 @@ class DiagonalKernels(DenseKernels):
     ``diag(L1) diag(C1) diag(L2) diag(C2)`` and ``diag(L) diag(C) X`` are
     entrywise products: ``n`` flops a block where dense cores take ``n^3``. A
     chain without scalings (a diagonal recurrence's own coefficients as its cores)
-    gives ``L = None``: every ``L`` is one, and no pass multiplies by it.
+    gives ``L = None``, as dense kernels take it.
     """
-
-    @staticmethod
-    def rows(A: Any, positions: slice) -> Any:
-        """The entries of ``positions`` (``None``, the scalings of an unscaled chain, stays)."""
-        return None if A is None else A[positions, ...]
-
-    def join(self, first: Any, rest: Any) -> Any:
-        """``first`` then ``rest`` along positions (``None`` and ``None``: still none)."""
-        return None if first is None else super().join(first, rest)
 
     @staticmethod
     def product(L1: Any, C1: Any, L2: Any, C2: Any, counter: Counter) -> Any:

@@ -45,9 +45,7 @@ class Across:
 
     def __init__(self, A: Any, factor: Callable, counter: Counter, names: Sequence[str]
                  ) -> None:
-        xp = backend.namespace(A)
-        ones = xp.ones((A.shape[0], 1, A.shape[2]), dtype=A.dtype, device=backend.device(A))
-        self.levels = factor(Chain(ones, A[1:, ...], None, names, ()), counter)
+        self.levels = factor(Chain(None, A[1:, ...], None, names, ()), counter)  # unscaled
 
     def previous(self, g: Any, substitute: Callable, counter: Counter) -> Any:
         """What each segment reads, ``y_{s-1}`` (zero for the first), from ``g`` ``(m, r, w)``."""
