@@ -109,6 +109,7 @@ def test_a_time_layout_stores_templates_once_and_unrolls_to_the_same_matrix():
     assert op.layout.kind == "time" and "time" in op.tags and not op.is_chain
     assert len(op.couplings) == 4  # W and U of two layers, not one per step
     unrolled = B.unstructured()
+    assert op.size == op.layout.size == sum(op.sizes) == unrolled.operator_of.size  # N
     assert unrolled.operator_of.layout.kind == "graph"
     x = np.random.default_rng(5).standard_normal(B.rhs.shape)
     A = B.csr.toarray()  # explicit matrix of the samples stacked, against both products

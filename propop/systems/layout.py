@@ -62,6 +62,11 @@ class Layout:
         """
         return tuple(itertools.accumulate(self.sizes, initial=0))
 
+    @property
+    def size(self) -> int:
+        """``N``, the blocks' sizes summed: the last offset."""
+        return self.offsets[-1]
+
     @functools.cached_property
     def padded_rows(self) -> np.ndarray:
         """Rows of every block padded to :attr:`width`, ``(nblocks width,)``; ``N`` pads.
@@ -272,6 +277,11 @@ class TimeLayout(Layout):
     def distinct_sizes(self) -> frozenset:
         """The sizes the blocks take: a step's layers'."""
         return frozenset(self.step_sizes)
+
+    @property
+    def size(self) -> int:
+        """``N``: a step's sizes times ``tau``, without the offsets of every block."""
+        return self.tau * sum(self.step_sizes)
 
     @property
     def per(self) -> int:

@@ -210,8 +210,8 @@ class Operator:
 
     @property
     def size(self) -> int:
-        """``N``, the number of unknowns of one sample."""
-        return self.offsets[-1]
+        """``N``, the number of unknowns of one sample (the layout's)."""
+        return self.layout.size
 
     @property
     def device(self) -> Any:
