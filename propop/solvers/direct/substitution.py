@@ -246,13 +246,34 @@ def _time_rows(op: Any, X: Any, C: Any) -> Any:
     first, last = layout.recurrent
     for k in order[:first]:
         yield row(x[k], [(M, x[col], kind) for _, col, M, kind in into[k]], scales[k], c[k])
-    for s in (range(tau) if layout.lower else range(tau - 1, -1, -1)):
-        for k in order[first:last]:
-            yield row(x[k][s, ...], [(M, x[col][s + offset, ...], kind)
+    recurrent, s = order[first:last], 0 if layout.lower else tau - 1  # the first step solved
+    for k in recurrent:  # the first step reads no other step
+        yield row(x[k][s, ...], [(M, x[col][s + offset, ...], kind)
                                 for offset, col, M, kind in into[k] if 0 <= s + offset < tau],
-                      None if scales[k] is None else scales[k][s, ...], c[k][s, ...])
+                  None if scales[k] is None else scales[k][s, ...], c[k][s, ...])
+    yield from itertools.chain.from_iterable(zip(*(  # the other steps: one row a layer
+        _later_steps(x, c, scales[k], k, into[k], layout.lower) for k in recurrent)))
     for k in order[last:]:
         yield row(x[k], [(M, x[col], kind) for _, col, M, kind in into[k]], scales[k], c[k])
+
+
+def _later_steps(x: list, c: list, scale: Any, k: int, terms: list, lower: bool) -> Any:
+    """Layer ``k``'s rows at every step but the first, in solve order, zipped from walks.
+
+    Every term is in range there (a template reads at most one step away), so each
+    row's views come from one walk per part, made as the sweep reaches them: no
+    Python work per step beyond the row itself (as :func:`_chain_rows`).
+    """
+    def at(a: Any, offset: int = 0) -> Any:  # a's steps s + offset, s over the later steps
+        tau = a.shape[0]
+        return backend.walk(a[1 + offset: tau + offset, ...] if lower else
+                            a[offset: tau - 1 + offset, ...], not lower)
+
+    none = itertools.repeat(None)
+    parts = [(itertools.repeat(M), at(x[col], offset), itertools.repeat(kind))
+             for offset, col, M, kind in terms] or [(none, none, none)]
+    more = zip(*(zip(*part) for part in parts[1:])) if len(parts) > 1 else itertools.repeat(())
+    return zip(at(x[k]), *parts[0], more, none if scale is None else at(scale), at(c[k]))
 
 
 def approximation_report(system: Any, solution: Solution) -> Solution:
