@@ -4,7 +4,9 @@
 ``RUNS`` with every native method that agreed with NumPy there on every layout of
 ``benchmarks.systems``, on CuPy, on PyTorch CUDA or both, with the device and library
 versions. Until a method is listed here, ``propop solvers`` and the docs say that its
-GPU backends have not yet run on a GPU. Recorded 2026-11-26 on an NVIDIA H200.
+GPU backends have not yet run on a GPU. Recorded 2026-11-26 on an NVIDIA H200; a later
+run there of ``pytest -m gpu`` (every native method on both backends, networks, recurrences
+and graphs moved there): 233 passed, none failed.
 """
 
 RUNS: dict[str, str] = {
