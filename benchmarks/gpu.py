@@ -230,7 +230,7 @@ def rnn_row(device: Device, hidden: int, r: int, tau: int) -> dict:
                  "jax.bppsa": _jax_blocked(lambda: bppsa(*args))}
         values |= {"jax.grad": lambda out: out[0], "jax.bppsa": lambda out: out[0]}
     for m in BACKPROP:
-        if m != "parallel-cyclic-reduction":  # PCR holds tau blocks at every level
+        if m != "parallel-cyclic-reduction":  # a chain's method: an RNN system is no chain
             jobs[m] = lambda m=m: pp.backprop(moved, xd, td, method=m)
             values[m] = lambda out: out.W[0]
     return _row("rnn", f"H={hidden} r={r} tau={tau}", "torch",
