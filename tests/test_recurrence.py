@@ -357,3 +357,24 @@ def test_an_elman_network_longer_than_a_kernel_call_takes_runs_in_chained_calls(
     ours = net.to("torch").forward(torch.tensor(xs)).z[1]
     assert lengths == [4, 4, 3], lengths
     np.testing.assert_allclose(ours.numpy(), expected, rtol=1e-13, atol=1e-14)
+
+
+def test_cudnns_unflattened_weights_warning_is_not_shown_and_others_are(monkeypatch):
+    """The kernels hide cuDNN's warning about unflattened weights, and only that one.
+
+    cuDNN's "weights are not part of single contiguous chunk" (seen on an H200) is
+    about propop's own weights, which the user cannot flatten. Emulated on the CPU:
+    a kernel that warns as cuDNN does, then another way.
+    """
+    import warnings
+
+    def warn(inputs, hx):
+        warnings.warn(gated.UNFLATTENED + ". This means they need to be compacted at "
+                      "every call, possibly greatly increasing memory usage.", UserWarning,
+                      stacklevel=2)
+        warnings.warn("something else", UserWarning, stacklevel=2)
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        wrapped_kernels_against_torch("GRU", monkeypatch, warn, 3)
+    assert [str(w.message) for w in seen] == ["something else"] * 2, seen  # two layers

@@ -16,6 +16,7 @@ Parameters carry PyTorch's names (``weight_ih_l0``, ``bias_hh_l1``, ...), so
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -32,6 +33,8 @@ ONE_LAYER = (True, 1, 0.0, False, False, False)
 # the most steps of one kernel call: cuDNN's RNN kernels refuse longer sequences with
 # CUDNN_STATUS_NOT_SUPPORTED (pytorch/pytorch#133751; seen on an H200 at 65536 steps)
 KERNEL_STEPS = 65535
+# cuDNN's warning for weights that are not one buffer (the start of its message)
+UNFLATTENED = "RNN module weights are not part of single contiguous chunk of memory"
 
 
 def kernel(run: Callable, inputs: Any, hidden: Any, weights: list) -> Any:
@@ -40,14 +43,21 @@ def kernel(run: Callable, inputs: Any, hidden: Any, weights: list) -> Any:
     One layer over ``inputs`` ``(tau, r, m)`` from ``hidden`` (``(1, r, H)``, a pair for
     an LSTM), at most :data:`KERNEL_STEPS` steps a call, each call starting from the
     last one's final state: the same recurrence, on any sequence length.
+
+    cuDNN copies weights that are not one contiguous buffer into one at every call
+    and warns that ``flatten_parameters()`` would avoid it; propop's weights are
+    its own tensors, not an ``nn.RNN``'s, so the user could not act on the warning:
+    it is not shown (the copy is of one layer's weights, small beside the sequence).
     """
     import torch
 
     outputs = []
-    for start in range(0, max(inputs.shape[0], 1), KERNEL_STEPS):
-        out, *last = run(inputs[start: start + KERNEL_STEPS], hidden, weights, *ONE_LAYER)
-        outputs.append(out)
-        hidden = last[0] if len(last) == 1 else tuple(last)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=UNFLATTENED, category=UserWarning)
+        for start in range(0, max(inputs.shape[0], 1), KERNEL_STEPS):
+            out, *last = run(inputs[start: start + KERNEL_STEPS], hidden, weights, *ONE_LAYER)
+            outputs.append(out)
+            hidden = last[0] if len(last) == 1 else tuple(last)
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
 
