@@ -212,3 +212,16 @@ def test_weights_rebound_to_other_shapes_are_seen():
     x, t = np.ones((3, 2)), np.zeros((3, 2))
     for ours, want in zip(pp.backprop(net, x, t).W, pp.backprop(fresh, x, t).W):
         np.testing.assert_allclose(ours, want, rtol=1e-14)
+
+
+def test_biases_changed_in_place_or_rebound_are_seen_by_the_stacked_forward():
+    """The forward pass keeps the biases as columns for their tuple: never stale."""
+    net = pp.FNN.random([4, 4, 4, 4], seed=0, bias=0.1)
+    x = np.random.default_rng(1).standard_normal((4, 3))
+    net.forward(x)
+    net.b[1][...] = 2.0  # in place: the kept columns are views of it
+    fresh = pp.FNN(list(net.W), [b.copy() for b in net.b])
+    np.testing.assert_array_equal(net.forward(x).output, fresh.forward(x).output)
+    net.b = tuple(b - 1.0 for b in net.b)  # rebound: the columns are made again
+    fresh = pp.FNN(list(net.W), [b.copy() for b in net.b])
+    np.testing.assert_array_equal(net.forward(x).output, fresh.forward(x).output)
