@@ -173,16 +173,18 @@ def is_sparse(matrix: Any) -> bool:
     return bool(of(matrix).sparse.issparse(matrix))
 
 
-def matmul_writer(M: Any) -> Any:
+def matmul_writer(M: Any, plain: bool = False) -> Any:
     """``write(x, out=y)`` storing ``M @ x`` in ``y``, resolved once for ``M``.
 
     For loops that multiply by the same matrix at every step: a dense ``M`` is
     the array module's ``matmul`` with ``M`` bound (written in place, no
-    dispatch per call), a sparse one a product then a copy.
+    dispatch per call), a sparse one a product then a copy. ``plain``: the
+    caller's promise of :func:`matmul_out` (every ``x`` and C-ordered ``y`` of
+    ``M``'s dtype).
     """
     if is_sparse(M):
         return lambda x, out: matmul_into(out, M, x, sparse=True)
-    return functools.partial(matmul_out(of(M).xp), M)
+    return functools.partial(matmul_out(of(M).xp, plain), M)
 
 
 def kind(dtype: Any) -> str:
