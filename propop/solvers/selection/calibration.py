@@ -97,16 +97,17 @@ def _path(given: str | None, config: str | None, home: str | None) -> pathlib.Pa
 
 # Measured by ``propop calibrate`` on the development machine (2-core x86_64 VM,
 # NumPy 2 with OpenBLAS, one thread; last on 2026-11-26, with RNN forward systems and
-# width-4 chains in the grid); used until this machine is calibrated.
+# width-4 chains in the grid, after the chain over time stopped multiplying by ones and
+# the time layout's rows were zipped); used until this machine is calibrated.
 DEFAULT: dict[str, dict[str, list[float]]] = {
     "chain": {
-        "substitution": [0.000107, 1.47e-06, 7.54e-12, 2.37e-09],
-        "cyclic-reduction": [7.01e-05, 6.85e-05, 2.42e-11, 2.53e-09],
-        "parallel-cyclic-reduction": [0.000158, 3e-05, 3.42e-11, 1.62e-09],
+        "substitution": [0.000117, 1.45e-06, 2.36e-11, 2.08e-10],
+        "cyclic-reduction": [0.000168, 5.63e-05, 2.77e-11, 1.81e-09],
+        "parallel-cyclic-reduction": [0.000144, 3.36e-05, 3.21e-11, 1.53e-09],
     },
     "time": {
-        "substitution": [0.000251, 2.27e-06, 0.0, 2.62e-09],
-        "cyclic-reduction": [0.0, 6.63e-05, 0.0, 5.82e-09],
+        "substitution": [9.23e-05, 1.71e-06, 0.0, 2.24e-09],
+        "cyclic-reduction": [0.000567, 0.0, 0.0, 4.21e-09],
     },
 }
 
