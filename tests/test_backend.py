@@ -103,7 +103,9 @@ def test_a_methods_parameters_are_read_once_and_stay_its_own():
     ((8, 8), (8,), lambda s: np.empty(s)),
     ((8, 8), (8, 3), lambda s: np.empty((s[1], s[0])).T),  # a strided out: matmul's
     ((8, 8), (8, 3), lambda s: np.empty(s, dtype=np.float32)),  # another dtype: matmul's
-    ((4, 8, 8), (4, 8, 2), lambda s: np.empty(s))])  # a stack: matmul's
+    ((4, 8, 8), (4, 8, 2), lambda s: np.empty(s)),  # a stack: matmul's
+    ((8, 8), (5, 8, 1), lambda s: np.empty(s)),  # steps of one column: one GEMM
+    ((8, 8), (5, 8, 1), lambda s: np.empty((5, 12, 1))[:, 2:10, :])])  # of a layer's rows
 def test_numpys_product_into_out_is_matmuls_in_every_case(M, x, out):
     """``matmul_out(numpy)`` takes ``dot`` where it may and ``matmul`` elsewhere: same result."""
     rng = np.random.default_rng(0)

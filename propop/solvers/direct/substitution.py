@@ -161,9 +161,7 @@ def _rhs_blocks(system: Any) -> Any:
 
 def _product(xp: Any, M: Any, x: Any, kind: str) -> Any:
     """``M x`` for a coupling of ``kind``; ``x`` may carry time steps first, ``(tau, n, c)``."""
-    if kind is DENSE:
-        return M @ x  # broadcasts over time steps
-    if kind is SPARSE:
+    if kind is DENSE or kind is SPARSE:  # a dense M broadcasts over time steps
         return backend.over_time(M, x) if x.ndim == 3 else M @ x
     return xp.matrix_transpose((M @ xp.matrix_transpose(x)[..., None])[..., 0])  # (r, m, n)
 
