@@ -157,20 +157,24 @@ def test_the_gpu_benchmark_measures_chosen_cases_and_merges_them(tmp_path, monke
     from benchmarks import gpu
 
     monkeypatch.setenv("PROPOP_RESULTS", str(tmp_path))
+    measured = []  # each row a run measures is tagged with its place in this list
+
+    def tagged(row):
+        return lambda *args: dict(row(*args), tag=measured.append(1) or len(measured))
+
+    monkeypatch.setattr(gpu, "mlp_row", tagged(gpu.mlp_row))
+    monkeypatch.setattr(gpu, "rnn_row", tagged(gpu.rnn_row))
 
     def run(*options):
         monkeypatch.setattr(sys, "argv", ["gpu", "--device", "cpu", "--quick", *options])
         gpu.main()
         rows = json.loads((tmp_path / "gpu_quick.json").read_text())["rows"]
-        return [(row["kind"], row["case"], row["dtype"], row["seconds"]["torch"]["median"])
-                for row in rows]
+        return [(row["kind"], row["case"], row["dtype"], row["tag"]) for row in rows]
 
     first = run("--case", "mlp:8,4,2:float64", "--case", "rnn:4,2,16:float32")
-    assert [row[:3] for row in first] == [("mlp", "l=8 n=4 r=2", "float64"),
-                                          ("rnn", "H=4 r=2 tau=16", "float32")]
+    assert first == [("mlp", "l=8 n=4 r=2", "float64", 1), ("rnn", "H=4 r=2 tau=16", "float32", 2)]
     merged = run("--case", "mlp:8,4,2:float64", "--merge")
-    assert [row[:3] for row in merged] == [row[:3] for row in first]
-    assert merged[1] == first[1] and merged[0][3] != first[0][3]  # kept; measured again
+    assert merged == [first[0][:3] + (3,), first[1]]  # measured again in place; kept
     assert [row[:3] for row in run("--case", "mlp:8,4,2:float64")] == [first[0][:3]]
     for bad in ("foo:1", "mlp:8,4", "mlp:8,x,2", "mlp:8,4,2:float16"):
         monkeypatch.setattr(sys, "argv", ["gpu", "--device", "cpu", "--case", bad])
