@@ -526,7 +526,7 @@ class _TorchCell:
         inputs, h = self.tensor(X), self.tensor(first)
         r = h.shape[0]
         with torch.no_grad():
-            if self._batched is self.step or not 0 < r <= SAMPLE_BY_SAMPLE:
+            if self._batched is self.step or r > SAMPLE_BY_SAMPLE:  # xs has r >= 1
                 return self.home_array(self._steps(self._batched, h, inputs, tuple(first.shape)))
             one = (1,) + tuple(first.shape[1:])
             return self.home_array(torch.stack(
