@@ -75,7 +75,9 @@ else:
 
 # %% [markdown]
 # Any cell: a step function on one sample's tensors. Its Jacobians come from
-# `torch.func`; here a diagonal recurrence, whose quasi-DEER linearisation is exact.
+# `torch.func`; its sequential pass calls it as written on each sample for up to four
+# samples and batches it with `vmap` above (declare `batched=True` for a step written on
+# rows). Here a diagonal recurrence, whose quasi-DEER linearisation is exact.
 
 # %%
 def step(p, h, x):
