@@ -279,3 +279,63 @@ def test_the_guard_runs_the_reduction_on_the_twin_of_any_backend(kind):
         else:
             assert footprint.time_cyclic_reduction(moved, "cyclic-reduction") == \
                 footprint.time_cyclic_reduction(system, "cyclic-reduction")
+
+
+def _propop_objects_in_cycles(call):
+    """The propop objects that ``call``'s result and temporaries leave in reference cycles."""
+    call()  # once-only caches first
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        call()
+        gc.collect()
+        return sorted({type(o).__name__ for o in gc.garbage
+                       if type(o).__module__.startswith("propop")})
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+
+
+def _calls():
+    rng = np.random.default_rng(0)
+    net = pp.FNN.random([6] * 4, activation="tanh", seed=0)
+    rnn = pp.RNN.random([3, 4, 2], activation="tanh", seed=0)
+    gru = pp.GRU(2, 3, seed=0)
+    x, t = rng.standard_normal((6, 3)), rng.standard_normal((6, 3))
+    xs, ts = rng.standard_normal((20, 3, 2)), rng.standard_normal((20, 2, 2))
+    calls = {f"fnn {m}": (lambda m=m: pp.backprop(net, x, t, method=m))
+             for m in ("substitution", "cyclic-reduction", "parallel-cyclic-reduction",
+                       "jacobi", "auto")}
+    calls.update({f"fnn vector {m}": (lambda m=m: pp.backprop(net, x[:, 0], t[:, 0], method=m))
+                  for m in ("substitution", "cyclic-reduction")})
+    calls.update({f"rnn {m}": (lambda m=m: pp.backprop(rnn, xs, ts, method=m))
+                  for m in ("substitution", "cyclic-reduction", "jacobi", "auto")})
+    calls.update({f"newton {m}": (lambda m=m: pp.forward(rnn, xs[:, :, 0], method=m))
+                  for m in ("substitution", "cyclic-reduction")})
+    calls["fnn newton"] = lambda: pp.forward(net, x, method="cyclic-reduction")
+    calls["gru newton"] = lambda: pp.forward(gru, rng.standard_normal((20, 2, 3)),
+                                             method="cyclic-reduction")
+    return calls
+
+
+@pytest.mark.parametrize("name", list(_calls()))
+def test_no_call_leaves_its_systems_in_reference_cycles(name):
+    """No system is left in a reference cycle when a call returns.
+
+    A system in a cycle (an operator caching itself did) keeps its arrays until the
+    cyclic collector runs: the memory of several calls at once, fresh pages at each.
+    """
+    assert _propop_objects_in_cycles(_calls()[name]) == []
+
+
+def test_the_cycle_check_sees_a_cycle():
+    class Cyclic:
+        pass
+
+    Cyclic.__module__ = "propop.fake"
+
+    def call():
+        obj = Cyclic()
+        obj.me = obj
+
+    assert _propop_objects_in_cycles(call) == ["Cyclic"]

@@ -494,15 +494,21 @@ class Operator:
         return self._with(couplings=self.couplings.map(f), scalings=self.scalings.map(f),
                           dtype=dtype, be=be)
 
-    @functools.cached_property
+    @property
     def batch(self) -> Operator:
         """The operator for 2-D right-hand sides: itself, or a vector's with one column.
 
         A single-vector operator's scalings ``(n,)`` become ``(n, 1)`` (views), so
         that methods see every right-hand side as ``(N, c)`` (:mod:`.make_system`).
+        Itself is not cached: an operator holding itself would be a reference
+        cycle, its arrays freed only by the cyclic garbage collector (fresh pages
+        at every call of a loop, the memory of several systems at once).
         """
-        if self.samples is not None:
-            return self
+        return self if self.samples is not None else self._one_column
+
+    @functools.cached_property
+    def _one_column(self) -> Operator:
+        """A single-vector operator with its scalings as ``(n, 1)`` views (:attr:`batch`)."""
         return self._with(scalings=self.scalings.map(lambda s: s[..., None]), samples=1)
 
     def restricted(self, keep: Callable[[int, int], bool]) -> Operator:
