@@ -48,6 +48,20 @@ def test_all_finite_sees_nan_and_inf_and_survives_an_overflowing_sum(kind):
 
 
 @pytest.mark.parametrize("kind", ["numpy", "torch", "array_api_strict"])
+def test_require_finite_names_the_first_bad_entry_and_passes_an_overflowing_sum(kind):
+    from propop._checks import require_finite
+
+    require_finite(backend.convert(np.full((4, 3), 1e308), kind), "big")  # finite: passes
+    require_finite(np.arange(6).reshape(2, 3), "integers")  # no float dtype: passes
+    bad = np.ones((4, 3))
+    bad[2, 1], bad[3, 0] = np.inf, np.nan
+    with pytest.raises(ValueError, match=r"bad contains NaN or Inf \(first at index \(2, 1\)\)"):
+        require_finite(backend.convert(bad, kind), "bad")
+    with pytest.raises(ValueError, match=r"sparse contains NaN or Inf \(first at index \(1, 2\)"):
+        require_finite(sp.csr_array(([1.0, np.nan], ([0, 1], [0, 2])), shape=(2, 3)), "sparse")
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch", "array_api_strict"])
 def test_norms_over_the_last_axis_on_every_backend(kind):
     a = np.random.default_rng(0).standard_normal((5, 3, 2))
     ours = backend.norms(backend.convert(a, kind))
