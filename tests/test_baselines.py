@@ -4,6 +4,8 @@ A baseline that computes less than propop does would flatter propop; one that
 computes something else would make every ratio meaningless.
 """
 
+import json
+
 import numpy as np
 import pytest
 
@@ -90,3 +92,41 @@ def test_the_chunks_benchmark_measures_every_chunk_size_against_the_loop():
     assert memory["loop"] == 1.0
     assert memory["cyclic-reduction, chunk_size=1"] < memory["cyclic-reduction, chunk_size=None"]
     assert "| loop |" in chunks.table(rows)
+
+
+def test_the_fresh_memory_benchmark_sets_glibc_only_in_its_kept_rounds(monkeypatch):
+    import subprocess
+
+    from benchmarks import fresh_memory
+
+    seen = []
+
+    def run(command, env, **kwargs):
+        seen.append({name: env.get(name) for name in fresh_memory.KEEP})
+        kept = env.get("MALLOC_TRIM_THRESHOLD_") is not None
+        out = {"propop": {"median": 0.002 if kept else 0.005, "faults": 0 if kept else 3000,
+                          "system": 0.0}, "loop": {"median": 0.001, "faults": 0, "system": 0}}
+        return subprocess.CompletedProcess(command, 0, stdout=json.dumps(out) + "\n")
+
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1")  # the parent's own is not passed on
+    monkeypatch.setattr(fresh_memory.subprocess, "run", run)
+    row = fresh_memory.row("mlp l=4 n=3 r=2", rounds=2)
+    assert seen == [{name: None for name in fresh_memory.KEEP}, fresh_memory.KEEP] * 2
+    text = fresh_memory.table([row])
+    assert "| mlp l=4 n=3 r=2 | 5.0 (5.0-5.0) | 3000, 0.0 | 2.0 (2.0-2.0) | 0, 0.0 | 1.0 |" \
+        in text
+
+
+def test_the_fresh_memory_benchmark_times_every_call_and_both_jobs():
+    from benchmarks import fresh_memory
+
+    calls = []
+    result = fresh_memory.measure(lambda: calls.append(1), calls=5)
+    assert len(calls) == 7 and result["median"] >= 0 and result["faults"] >= 0
+    propop, loop = fresh_memory.jobs("mlp l=4 n=3 r=2")
+    dW = np.stack(loop()[0])
+    np.testing.assert_allclose(np.stack(propop().W), dW, rtol=1e-12, atol=1e-14)
+    rnn, rnn_loop = fresh_memory.jobs("rnn H=3 r=2 tau=7")
+    np.testing.assert_allclose(rnn().W[0], rnn_loop()[0], rtol=1e-12, atol=1e-14)
+    train, none = fresh_memory.jobs("train l=2 n=3 batch=2")
+    assert none is None and len(train()[1].steps) == 8
