@@ -11,7 +11,9 @@ defaults and under
     MALLOC_TRIM_THRESHOLD_=4000000000 MALLOC_MMAP_THRESHOLD_=33554432
 
 (nothing given back; arrays to 32 MiB from the heap), in alternating rounds: the median
-time of a call, the page faults (``ru_minflt``) and the system time a call; the tight
+time of a call (each result held until the next call returns, as a loop's
+``g = pp.backprop(...)`` holds it), the page faults (``ru_minflt``) and the system
+time a call; the tight
 NumPy loop (:mod:`benchmarks.baselines`, which writes into arrays it made once) runs in
 the same process for scale.
 
@@ -67,14 +69,19 @@ def jobs(case: str) -> tuple[Callable[[], Any], Callable[[], Any] | None]:
 
 
 def measure(job: Callable[[], Any], calls: int = CALLS) -> dict[str, float]:
-    """Median seconds a call over ``calls`` calls, and faults and system seconds a call."""
-    for _ in range(2):
-        job()
+    """Median seconds a call over ``calls`` calls, and faults and system seconds a call.
+
+    Each result is held until the next call returns, as ``g = pp.backprop(...)`` in a
+    loop holds it (a result dropped at once leaves the whole heap free to be trimmed:
+    at l = 256, n = 32, r = 32 12.6 against 8.2 ms a call).
+    """
+    result = [job() for _ in range(2)][-1]
     times, before = [], resource.getrusage(resource.RUSAGE_SELF)
     for _ in range(calls):
         start = time.perf_counter()
-        job()
+        result = job()
         times.append(time.perf_counter() - start)
+    del result
     after = resource.getrusage(resource.RUSAGE_SELF)
     return {"median": statistics.median(times),
             "faults": (after.ru_minflt - before.ru_minflt) / calls,
