@@ -12,12 +12,11 @@ defaults and under
 
 (nothing given back; arrays to 32 MiB from the heap), in alternating rounds: the median
 time of a call (each result held until the next call returns, as a loop's
-``g = pp.backprop(...)`` holds it), the page faults (``ru_minflt``) and the system
-time a call; the tight
-NumPy loop (:mod:`benchmarks.baselines`, which writes into arrays it made once) runs in
-the same process for scale.
+``g = pp.backprop(...)`` holds it), the page faults (``ru_minflt``) and the system time
+a call; the tight NumPy loop (:mod:`benchmarks.baselines`, which writes into arrays it
+made once) runs in the same process for scale.
 
-Run: ``python -m benchmarks.fresh_memory [--save]`` (about two minutes).
+Run: ``python -m benchmarks.fresh_memory [--save]`` (about a minute and a half).
 """
 
 from __future__ import annotations
@@ -46,22 +45,27 @@ ROUNDS = 3  # processes per setting, alternating
 CALLS = 15  # timed calls per process, after two untimed ones
 
 
+def _sizes(case: str) -> list[int]:
+    """The numbers of a case's name: ``"mlp l=256 n=32 r=32"`` -> ``[256, 32, 32]``."""
+    return [int(part.split("=")[1]) for part in case.split()[1:]]
+
+
 def jobs(case: str) -> tuple[Callable[[], Any], Callable[[], Any] | None]:
     """``(propop's call, the tight loop's or None)`` for ``case``."""
     rng = np.random.default_rng(1)
     if case.startswith("mlp"):
-        layers, width, r = (int(part.split("=")[1]) for part in case.split()[1:])
+        layers, width, r = _sizes(case)
         net = pp.FNN.random([width] * (layers + 1), activation="tanh", seed=0, bias=0.1)
         x, t = rng.standard_normal((2, width, r))
         loop = TightMLP(net.W, net.b, r)
         return (lambda: pp.backprop(net, x, t)), (lambda: loop(x, t))
     if case.startswith("rnn"):
-        hidden, r, tau = (int(part.split("=")[1]) for part in case.split()[1:])
+        hidden, r, tau = _sizes(case)
         rnn = pp.RNN.random([hidden, hidden], activation="tanh", seed=0)
         xs, t = rng.standard_normal((2, tau, hidden, r))
         loop = TightRNN(rnn.W[0], rnn.U[0], rnn.b[0], tau, r)
         return (lambda: pp.backprop(rnn, xs, t)), (lambda: loop(xs, t))
-    layers, width, batch = (int(part.split("=")[1]) for part in case.split()[1:])
+    layers, width, batch = _sizes(case)
     net = pp.FNN.random([width] * (layers + 1), activation="tanh", seed=0, bias=0.1)
     x, y = rng.standard_normal((2, width, batch * 8))  # eight steps a call
     return (lambda: pp.train(net, x, y, batch_size=batch, loss="mse", lr=1e-3,
