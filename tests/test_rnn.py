@@ -308,3 +308,22 @@ def test_slopes_come_from_the_states_of_the_sequential_pass_only():
     other = rnn.trace_from_states(xs, states)
     for slope, y in zip(rnn.slopes(other), other.y):
         np.testing.assert_array_equal(slope, 1 - np.tanh(y) * np.tanh(y))
+
+
+@pytest.mark.parametrize("zero_input_layer", [True, False])
+def test_substitution_on_a_time_layout_adds_whole_layers_rhs_only_where_nonzero(
+        zero_input_layer):
+    """The input layer's rows cover every step at once; a zero rhs there is skipped."""
+    import scipy.sparse.linalg as sla
+
+    rnn, xs, targets = problem(layers=2, r=3, tau=6)
+    trace = rnn.forward(xs)
+    B = pp.backward_system(rnn, trace, rnn.loss_gradient(trace, targets))
+    rhs = np.random.default_rng(5).standard_normal(B.rhs.shape)
+    steps = rhs.reshape(6, sum(rnn.sizes), 3)
+    if zero_input_layer:
+        steps[:, : rnn.sizes[0], :] = 0.0
+    system = pp.TriangularSystem.of(B.operator_of, rhs)
+    x = pp.solve(system, "substitution").x
+    expected = sla.spsolve_triangular(B.matrix.tocsr(), rhs.T.reshape(-1), lower=False)
+    np.testing.assert_allclose(x.T.reshape(-1), expected, rtol=1e-12, atol=1e-13)

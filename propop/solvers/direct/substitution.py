@@ -243,7 +243,8 @@ def _time_rows(op: Any, X: Any, C: Any) -> Any:
     order = layout.step_order()
     first, last = layout.recurrent
     for k in order[:first]:
-        yield row(x[k], [(M, x[col], kind) for _, col, M, kind in into[k]], scales[k], c[k])
+        yield row(x[k], [(M, x[col], kind) for _, col, M, kind in into[k]], scales[k],
+                  _unless_zero(xp, c[k]))
     recurrent, s = order[first:last], 0 if layout.lower else tau - 1  # the first step solved
     for k in recurrent:  # the first step reads no other step
         yield row(x[k][s, ...], [(M, x[col][s + offset, ...], kind)
@@ -252,7 +253,17 @@ def _time_rows(op: Any, X: Any, C: Any) -> Any:
     yield from itertools.chain.from_iterable(zip(*(  # the other steps: one row a layer
         _later_steps(x, c, scales[k], k, into[k], layout.lower) for k in recurrent)))
     for k in order[last:]:
-        yield row(x[k], [(M, x[col], kind) for _, col, M, kind in into[k]], scales[k], c[k])
+        yield row(x[k], [(M, x[col], kind) for _, col, M, kind in into[k]], scales[k],
+                  _unless_zero(xp, c[k]))
+
+
+def _unless_zero(xp: Any, c: Any) -> Any:
+    """A whole layer's right-hand side, ``None`` where it is zero at every step.
+
+    One read (a backward system's input layer: 0.9 ms at 10000 steps of 20 x 16)
+    spares adding the zeros (5.8 ms).
+    """
+    return c if bool(xp.any(c)) else None
 
 
 def _later_steps(x: list, c: list, scale: Any, k: int, terms: list, lower: bool) -> Any:
