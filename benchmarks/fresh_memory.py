@@ -77,7 +77,7 @@ def measure(job: Callable[[], Any], calls: int = CALLS) -> dict[str, float]:
 
     Each result is held until the next call returns, as ``g = pp.backprop(...)`` in a
     loop holds it (a result dropped at once leaves the whole heap free to be trimmed:
-    at l = 256, n = 32, r = 32 12.6 against 8.2 ms a call).
+    at l = 256, n = 32, r = 32 12.6 against 8.5 ms a call).
     """
     result = [job() for _ in range(2)][-1]
     times, before = [], resource.getrusage(resource.RUSAGE_SELF)
