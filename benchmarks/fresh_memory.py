@@ -107,9 +107,8 @@ def row(case: str, rounds: int = ROUNDS) -> dict[str, Any]:
     runs: dict[str, list] = {"default": [], "kept": []}
     for _ in range(rounds):
         for setting in runs:
-            env = dict(os.environ, **(KEEP if setting == "kept" else {}))
-            for name in KEEP if setting == "default" else ():
-                env.pop(name, None)
+            env = {k: v for k, v in os.environ.items() if k not in KEEP}  # glibc's defaults
+            env.update(KEEP if setting == "kept" else {})
             done = subprocess.run([sys.executable, "-m", "benchmarks.fresh_memory",
                                    "--child", case], env=env, capture_output=True,
                                   text=True, check=True)

@@ -130,3 +130,12 @@ def test_the_fresh_memory_benchmark_times_every_call_and_both_jobs():
     np.testing.assert_allclose(rnn().W[0], rnn_loop()[0], rtol=1e-12, atol=1e-14)
     train, none = fresh_memory.jobs("train l=2 n=3 batch=2")
     assert none is None and len(train()[1].steps) == 8
+
+
+def test_the_fresh_memory_benchmark_refuses_an_unknown_case_by_name(capsys):
+    from benchmarks import fresh_memory
+
+    with pytest.raises(SystemExit) as exit_:
+        fresh_memory.main(["--child", "mlp l=2 n=3 r=4"])
+    assert exit_.value.code == 2
+    assert "invalid choice: 'mlp l=2 n=3 r=4'" in capsys.readouterr().err
