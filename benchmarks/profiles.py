@@ -43,6 +43,16 @@ def _newton(hidden: int, tau: int, method: str) -> Callable[[], Any]:
     return lambda: pp.forward(rnn, xs, method=method)
 
 
+def _gru(inputs: int, hidden: int, batch: int, tau: int) -> Callable[[], Any]:
+    """DEER's GRU demo setting (``benchmarks.newton``): the Newton forward with CR."""
+    import torch
+
+    torch.manual_seed(0)
+    gru = pp.from_torch(torch.nn.GRU(inputs, hidden).double())
+    xs = np.random.default_rng(1).standard_normal((tau, inputs, batch))
+    return lambda: pp.forward(gru, xs, method="cyclic-reduction", linearization="newton")
+
+
 # (the target it misses, the job): docs/measurements.md, against the tight loop
 CASES: dict[str, tuple[str, Callable[[], Callable[[], Any]]]] = {
     "MLP l=1024 n=8 r=1, cyclic-reduction": (
@@ -60,6 +70,8 @@ CASES: dict[str, tuple[str, Callable[[], Callable[[], Any]]]] = {
                                                                 "cyclic-reduction")),
     "RNN Newton forward H=8 tau=10000, cyclic-reduction": (
         "at DEER's speed", lambda: _newton(8, 10000, "cyclic-reduction")),
+    "GRU Newton forward in=2 H=2 batch=16 tau=10000, cyclic-reduction": (
+        "at DEER's speed", lambda: _gru(2, 2, 16, 10000)),
 }
 
 

@@ -276,7 +276,14 @@ class GRU(_Gated):
         return kernel(torch.gru, inputs, own[None, ...].contiguous(), weights)
 
     def _layer_jacobian(self, p: Mapping[str, Any], k: int, x: Any, h: Any) -> tuple:
-        """``(h', dh'/dh, dh'/dx)`` of layer ``k``: the GRU's equations differentiated."""
+        """``(h', dh'/dh, dh'/dx)`` of layer ``k``: the GRU's equations differentiated.
+
+        Every gate reads its input through a row block of a weight, so each
+        derivative is a sum over the gates of row-scaled blocks,
+        ``diag(c_r) W_r + diag(c_z) W_z + diag(c_n) W_n``: the coefficients are
+        vectors, and each block is read once (three products of the matrix's size,
+        not nine).
+        """
         import torch
 
         W_x, W_h = p[f"weight_ih_l{k}"], p[f"weight_hh_l{k}"]
@@ -284,16 +291,17 @@ class GRU(_Gated):
         (i_r, i_z, i_n), (h_r, h_z, h_n) = gi.chunk(3), gh.chunk(3)
         r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
         n = torch.tanh(i_n + r * h_n)
-        dr, dz, dn = (r * (1 - r))[:, None], (z * (1 - z))[:, None], (1 - n * n)[:, None]
+        on_n = (1 - z) * (1 - n * n)  # dh'/d(i_n + r h_n)
+        via_r, via_z = on_n * h_n * (r * (1 - r)), (h - n) * (z * (1 - z))
 
-        def through(W: Any, extra: Any) -> Any:  # dh'/d(input of W): h or x
+        def through(W: Any, c_n: Any) -> Any:  # dh'/d(input of W): h or x
             W_r, W_z, W_n = W.chunk(3)
-            d_n = dn * (extra + h_n[:, None] * (dr * W_r))
-            return (1 - z)[:, None] * d_n + (h - n)[:, None] * (dz * W_z)
+            d = torch.addcmul(c_n[:, None] * W_n, via_r[:, None], W_r)
+            return torch.addcmul(d, via_z[:, None], W_z)
 
-        W_hn = W_h.chunk(3)[2]
-        d_own = through(W_h, r[:, None] * W_hn) + torch.diag_embed(z)
-        return (1 - z) * n + z * h, d_own, through(W_x, W_x.chunk(3)[2]) if k else None
+        d_own = through(W_h, on_n * r)  # h_n = W_hn h + b: r scales it
+        d_own.diagonal().add_(z)  # h' = ... + z h
+        return (1 - z) * n + z * h, d_own, through(W_x, on_n) if k else None
 
     def _layer_diagonal(self, p: Mapping[str, Any], k: int, x: Any, h: Any) -> tuple:
         """``(h', diag(dh'/dh))`` of layer ``k`` on rows: :meth:`_layer_jacobian`'s diagonal."""
@@ -365,14 +373,16 @@ class LSTM(_Gated):
         si, sf, tg, so = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
         c_new = sf * c + si * tg
         tc = torch.tanh(c_new)
-        slope = [(si * (1 - si))[:, None], (sf * (1 - sf))[:, None], (1 - tg * tg)[:, None],
-                 (so * (1 - so))[:, None]]
-        out = (so * (1 - tc * tc))[:, None]
+        out = (so * (1 - tc * tc))[:, None]  # dh'/dc'
+        # each gate's row block of a weight, row-scaled by a vector: sum_g diag(c_g) W_g
+        on_i, on_f, on_g = (tg * si * (1 - si))[:, None], (c * sf * (1 - sf))[:, None], \
+            (si * (1 - tg * tg))[:, None]
+        on_o = (tc * so * (1 - so))[:, None]
 
         def through(W: Any) -> tuple:  # d(h', c')/d(input of W)
-            D_i, D_f, D_g, D_o = (s * part for s, part in zip(slope, W.chunk(4)))
-            d_c = c[:, None] * D_f + tg[:, None] * D_i + si[:, None] * D_g
-            return tc[:, None] * D_o + out * d_c, d_c
+            W_i, W_f, W_g, W_o = W.chunk(4)
+            d_c = torch.addcmul(torch.addcmul(on_i * W_i, on_f, W_f), on_g, W_g)
+            return torch.addcmul(on_o * W_o, out, d_c), d_c
 
         dh_dh, dc_dh = through(W_h)
         keep = torch.diag_embed(sf)  # dc'/dc
