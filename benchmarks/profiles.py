@@ -1,16 +1,19 @@
 """Where the time goes at the grid points of ``benchmarks.peers`` that miss their targets.
 
-``python -m benchmarks.profiles``: each case runs once to warm up, then under
-:mod:`cProfile` (``repeats`` calls); the table lists the functions with the most
-time of their own, as shares of the profiled total. cProfile slows Python code
-more than compiled code, so the Python shares are upper bounds; the profile
-says where the time goes, ``benchmarks.peers`` how long it takes.
+``python -m benchmarks.profiles`` (needs ``pyinstrument``, the ``bench`` extra): each
+case runs once to warm up, then again and again for ``--seconds`` under
+pyinstrument's sampling profiler (a sample a millisecond); the table lists the
+functions with the most time of their own, as time per call and as shares of the
+sampled total. A sampler slows the Python code it watches less than cProfile's
+hooks on every call, and it charges a NumPy or PyTorch kernel to the Python
+function that called it: the rows say which line of propop the time is spent
+under. The profile says where the time goes,
+``benchmarks.peers`` how long it takes.
 """
 
 from __future__ import annotations
 
-import cProfile
-import pstats
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -75,26 +78,46 @@ CASES: dict[str, tuple[str, Callable[[], Callable[[], Any]]]] = {
 }
 
 
-def profile(job: Callable[[], Any], repeats: int, top: int) -> dict:
-    """The ``top`` functions by own time over ``repeats`` calls, with their shares."""
+def profile(job: Callable[[], Any], seconds: float, top: int,
+            interval: float = 1e-3) -> dict:
+    """The ``top`` functions by own time over calls for at least ``seconds``, with shares.
+
+    Own time: the samples whose innermost Python frame is the function (a kernel it
+    calls counts as its own), summed over every place it was called from.
+    """
+    from pyinstrument import Profiler
+
     job()
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(repeats):
+    profiler, calls = Profiler(interval=interval), 0
+    profiler.start()
+    start = time.perf_counter()
+    while calls < 3 or time.perf_counter() - start < seconds:
         job()
-    profiler.disable()
-    stats = pstats.Stats(profiler).stats  # (file, line, name) -> (cc, nc, tt, ct, callers)
-    total = sum(entry[2] for entry in stats.values())
-    ranked = sorted(stats.items(), key=lambda item: -item[1][2])[:top]
-    return {"total_s": total / repeats,
-            "functions": [{"function": _name(key), "calls": entry[1] // repeats,
-                           "share": entry[2] / total} for key, entry in ranked]}
+        calls += 1
+    profiler.stop()
+    own: dict[tuple, float] = {}
+    _own_times(profiler.last_session.root_frame(), own)
+    total = sum(own.values())
+    ranked = sorted(own.items(), key=lambda item: -item[1])[:top]
+    return {"calls": calls, "total_s": total / calls,
+            "functions": [{"function": _name(key), "ms_per_call": seconds / calls * 1e3,
+                           "share": seconds / total} for key, seconds in ranked]}
+
+
+def _own_times(frame: Any, own: dict) -> None:
+    """Add each frame's own time (its ``[self]`` samples) to ``own[(file, line, name)]``."""
+    if frame.is_synthetic_leaf:  # "[self]": the parent's own samples
+        parent = frame.parent
+        key = (parent.file_path or "~", parent.line_no or 0, parent.function)
+        own[key] = own.get(key, 0.0) + frame.time
+    for child in frame.children:
+        _own_times(child, own)
 
 
 def _name(key: tuple) -> str:
     path, line, name = key
-    if path == "~":
-        return name  # a built-in: "<method 'matmul' ...>"
+    if path in ("~", "<built-in>"):
+        return name  # a built-in, as the profiler names it
     parts = path.replace("\\", "/").split("/")
     short = "/".join(parts[parts.index("propop"):] if "propop" in parts else parts[-2:])
     return f"{name} ({short}:{line})"
@@ -105,9 +128,9 @@ def table(rows: list[dict]) -> str:
     out = []
     for row in rows:
         out += [f"**{row['case']}** (misses: {row['target']}; {row['total_s'] * 1e3:.1f} ms "
-                "per call under the profiler)", "",
-                "| function | calls per job | share of own time |", "|---|---:|---:|"]
-        out += [f"| `{f['function']}` | {f['calls']} | {f['share']:.0%} |"
+                f"per call sampled over {row['calls']} calls)", "",
+                "| function | own time per call [ms] | share |", "|---|---:|---:|"]
+        out += [f"| `{f['function']}` | {f['ms_per_call']:.2f} | {f['share']:.0%} |"
                 for f in row["functions"]]
         out.append("")
     return "\n".join(out)
@@ -116,14 +139,15 @@ def table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Profile every case of :data:`CASES`, print and save the tables."""
     parser = arguments("profiles")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=5.0,
+                        help="profile each case for at least this long")
     parser.add_argument("--top", type=int, default=8)
     args = parser.parse_args(argv)
     rows = []
     for case in each(list(CASES), "profiles"):
         target, make = CASES[case]
         rows.append({"case": case, "target": target,
-                     **profile(make(), args.repeats, args.top)})
+                     **profile(make(), args.seconds, args.top)})
     publish("profiles", rows, table(rows))
 
 

@@ -139,3 +139,25 @@ def test_the_fresh_memory_benchmark_refuses_an_unknown_case_by_name(capsys):
         fresh_memory.main(["--child", "mlp l=2 n=3 r=4"])
     assert exit_.value.code == 2
     assert "invalid choice: 'mlp l=2 n=3 r=4'" in capsys.readouterr().err
+
+
+def _hot(x):
+    for _ in range(40):
+        np.sin(x)
+
+
+def test_the_profiles_charge_a_kernel_to_the_function_that_calls_it():
+    pytest.importorskip("pyinstrument")
+    from benchmarks import profiles
+
+    x = np.ones(100_000)
+    result = profiles.profile(lambda: (_hot(x), len(x)), seconds=0.3, top=3)
+    first = result["functions"][0]
+    assert first["function"].startswith("_hot (") and first["share"] > 0.8
+    assert result["calls"] >= 3 and sum(f["share"] for f in result["functions"]) <= 1.0 + 1e-12
+    assert abs(first["ms_per_call"] - 1e3 * first["share"] * result["total_s"]) < 1e-9
+    text = profiles.table([{"case": "a case", "target": "a target", **result}])
+    assert f"`{first['function']}` | {first['ms_per_call']:.2f} |" in text
+    assert "(misses: a target;" in text and f"over {result['calls']} calls" in text
+    assert set(profiles.CASES) >= {"GRU Newton forward in=2 H=2 batch=16 tau=10000, "
+                                   "cyclic-reduction"}
