@@ -132,6 +132,40 @@ def test_numpys_product_into_out_is_matmuls_in_every_case(M, x, out):
                                else 1e-15, atol=1e-12)
 
 
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize(("M", "columns", "out"), [
+    (lambda M: M, (3,), lambda s, d: np.empty(s, d)),  # BLAS in place: gemm
+    (lambda M: M, (), lambda s, d: np.empty(s, d)),  # a vector: gemv
+    (lambda M: M.T, (3,), lambda s, d: np.empty(s, d)),  # a Fortran-ordered M
+    (lambda M: M[:, ::2], (3,), lambda s, d: np.empty(s, d)),  # a strided M: copied once
+    (lambda M: M, (3,), lambda s, d: np.empty((s[1], s[0]), d).T),  # an out BLAS cannot fill
+    (lambda M: M, (3,), lambda s, d: np.empty(s, "float64" if d == "float32" else "float32")),
+    (lambda M: M, (1,), lambda s, d: np.empty(s, d)[::-1, :])])  # a reversed out
+def test_a_matrix_writer_is_the_product_in_every_layout(M, columns, out, dtype, accumulate):
+    """``matmul_writer(M, plain=True)`` calls BLAS on NumPy floats: never a missed write."""
+    rng = np.random.default_rng(0)
+    M = M(rng.standard_normal((8, 8)).astype(dtype))
+    x = rng.standard_normal((M.shape[1],) + columns).astype(dtype)
+    target = out((M.shape[0],) + columns, dtype)
+    target[...] = rng.standard_normal(target.shape) if accumulate else np.nan  # beta 0: unread
+    before = target.astype(np.float64) if accumulate else 0.0
+    write = backend.matmul_writer(M, plain=True, accumulate=accumulate)
+    assert write(x, out=target) is target
+    single = np.float32 in (M.dtype, target.dtype)
+    np.testing.assert_allclose(target, M.astype(np.float64) @ x + before,
+                               rtol=1e-5 if single else 1e-14, atol=1e-5 if single else 1e-14)
+
+
+def test_a_matrix_writer_adds_on_every_backend():
+    torch = pytest.importorskip("torch")
+    M, x, y = (torch.arange(k, dtype=torch.float64) for k in (12, 4, 3))
+    M = M.reshape(3, 4)
+    target = y.clone()
+    backend.matmul_writer(M, plain=True, accumulate=True)(x, out=target)
+    torch.testing.assert_close(target, M @ x + y, rtol=1e-15, atol=0)
+
+
 def test_a_stack_is_found_only_where_the_arrays_are_its_entries_in_order():
     torch = pytest.importorskip("torch")
     S = np.random.default_rng(0).standard_normal((4, 3, 3))

@@ -310,6 +310,31 @@ def test_slopes_come_from_the_states_of_the_sequential_pass_only():
         np.testing.assert_array_equal(slope, 1 - np.tanh(y) * np.tanh(y))
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("r", [None, 1, 3])
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_substitution_steps_through_blas_as_the_explicit_matrix_solves(direction, r, dtype):
+    """A time layout's per-step products go through BLAS writers: each dtype and batch shape."""
+    import scipy.sparse.linalg as sla
+
+    rnn, xs, targets = problem(layers=2, r=r, tau=9)
+    rnn = pp.RNN([W.astype(dtype) for W in rnn.W], [U.astype(dtype) for U in rnn.U],
+                 [b.astype(dtype) for b in rnn.b], activation="tanh")
+    if direction == "forward":
+        system = pp.forward_system(rnn, xs.astype(dtype), around=rnn.forward(xs.astype(dtype)))
+    else:
+        trace = rnn.forward(xs.astype(dtype))
+        system = pp.backward_system(rnn, trace, rnn.loss_gradient(trace, targets.astype(dtype)))
+    x = pp.solve(system, "substitution").x
+    assert x.dtype == np.dtype(dtype)
+    rhs = np.asarray(system.rhs, dtype=np.float64)
+    expected = sla.spsolve_triangular(system.matrix.astype(np.float64).tocsr(),
+                                      rhs.T.reshape(-1), lower=direction == "forward")
+    np.testing.assert_allclose(np.asarray(x, dtype=np.float64).T.reshape(-1), expected,
+                               rtol=1e-5 if dtype == "float32" else 1e-12,
+                               atol=1e-5 if dtype == "float32" else 1e-13)
+
+
 @pytest.mark.parametrize("zero_input_layer", [True, False])
 def test_substitution_on_a_time_layout_adds_whole_layers_rhs_only_where_nonzero(
         zero_input_layer):

@@ -229,16 +229,14 @@ class RNN:
                 y.append(inputs + backend.over_time(Uk, before))
                 z.append(zk)
                 continue
-            yk, zk = (xp.empty(inputs.shape, dtype=self.dtype, device=backend.device(inputs))
-                      for _ in range(2))  # C-ordered, of U's dtype: NumPy's dot writes them
+            yk = backend.contiguous(inputs)  # y_s = W z_s + b, then U z_(s-1) added in place
+            zk = xp.empty(inputs.shape, dtype=self.dtype, device=backend.device(inputs))
             ys, zs = backend.unstack(yk), backend.unstack(zk)  # views of the steps
             write = f.writer(xp)
-            ys[0][...] = inputs[0, ...]
             write(ys[0], out=zs[0])
-            recur = backend.matmul_writer(Uk, plain=True)
-            for y_s, input_s, z_before, z_s in zip(ys[1:], backend.unstack(inputs)[1:], zs, zs[1:]):
+            recur = backend.matmul_writer(Uk, plain=True, accumulate=True)
+            for y_s, z_before, z_s in zip(ys[1:], zs, zs[1:]):
                 recur(z_before, out=y_s)
-                y_s += input_s
                 write(y_s, out=z_s)
             y.append(yk)
             z.append(zk)

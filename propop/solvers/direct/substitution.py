@@ -66,8 +66,11 @@ def substitute(system: Any, order: Any = None) -> Any:
     return X
 
 
-# A row kind of the sweep alone: the coupling is the identity, its term the block it reads.
+# Row kinds of the sweep alone: the coupling is the identity, its term the block it reads;
+# or the row's "M" is a writer of one matrix's product (backend.matmul_writer), resolved once
+# for the rows of every step of a layer that the matrix couples.
 IDENTITY = "identity"
+WRITER = "writer"
 
 
 def sweep(xp: Any, rows: Any, plain: bool = False) -> None:
@@ -80,10 +83,11 @@ def sweep(xp: Any, rows: Any, plain: bool = False) -> None:
     the other terms ``(M_e, x_e, kind)`` (kinds of :mod:`propop.systems.coefficients`;
     a dense ``M_e`` broadcasts over leading axes of ``x_e``), ``scale`` and ``c``
     ``None`` where they are one and zero; a row of kind :data:`IDENTITY` copies
-    ``x`` (identity couplings). The first product is written into
-    ``out`` directly. The rows are made as the loop reaches them, so they may
-    read what earlier rows wrote. ``plain``: every dense product is of one dtype
-    into a C-ordered block (:func:`~propop.backend.matmul_out`).
+    ``x`` (identity couplings), one of kind :data:`WRITER` calls ``M(x, out=out)``.
+    The first product is written into ``out`` directly. The rows are made as the
+    loop reaches them, so they may read what earlier rows wrote. ``plain``: every
+    dense product is of one dtype into a C-ordered block
+    (:func:`~propop.backend.matmul_out`).
     """
     matmul = backend.matmul_out(xp, plain)
     with backend.quiet(xp):  # overflow is reported by finish()
@@ -93,6 +97,8 @@ def sweep(xp: Any, rows: Any, plain: bool = False) -> None:
                 continue
             if kind is DENSE:
                 matmul(M, x, out=out)
+            elif kind is WRITER:
+                M(x, out=out)
             elif kind is IDENTITY:
                 out[...] = x
             else:
@@ -281,6 +287,9 @@ def _later_steps(x: list, c: list, scale: Any, k: int, terms: list, lower: bool)
     none = itertools.repeat(None)
     parts = [(itertools.repeat(M), at(x[col], offset), itertools.repeat(kind))
              for offset, col, M, kind in terms] or [(none, none, none)]
+    if terms and terms[0][3] is DENSE:  # the first product: one matrix's writer for every step
+        parts[0] = (itertools.repeat(backend.matmul_writer(terms[0][2], plain=True)),
+                    parts[0][1], itertools.repeat(WRITER))
     more = zip(*(zip(*part) for part in parts[1:])) if len(parts) > 1 else itertools.repeat(())
     return zip(at(x[k]), *parts[0], more, none if scale is None else at(scale), at(c[k]))
 
