@@ -31,7 +31,8 @@ __all__ = ["Backend", "of", "namespace", "is_sparse", "all_finite", "is_real_flo
            "outer_on_pattern", "over_time", "adopt", "walk", "matmul_out", "DENSE_ONLY",
            "take_rows",
            "subtract_rows", "itemsize", "like", "device", "take_columns", "spread_columns",
-           "matmul_writer", "kind", "dtype_name", "stack_of", "astype", "contiguous",
+           "matmul_writer", "matmul_adder", "kind", "dtype_name", "stack_of", "astype",
+           "contiguous",
            "indices", "eps", "to_host",
            "quiet", "erf",
            "is_matrix_like", "convert", "KINDS"]
@@ -194,11 +195,7 @@ def matmul_writer(M: Any, plain: bool = False, accumulate: bool = False) -> Any:
     if not accumulate:
         return product
 
-    def add(x: Any, out: Any) -> Any:
-        out += M @ x
-        return out
-
-    return add
+    return functools.partial(_add_product, M)
 
 
 _BLAS = {"float64": ("dgemv", "dgemm"), "float32": ("sgemv", "sgemm")}
@@ -228,10 +225,35 @@ def _blas_writer(M: Any, accumulate: bool) -> Any:
     if not M.flags.c_contiguous and not M.flags.f_contiguous:
         M = M.copy()
     A, trans = (M, 0) if M.strides[0] < M.strides[1] else (M.T, 1)  # op(A) = M, A Fortran
-    return functools.partial(_blas_into, pair, A, trans, 1.0 if accumulate else 0.0)
+    return functools.partial(_blas_into, pair, trans, 1.0 if accumulate else 0.0, A)
 
 
-def _blas_into(pair: tuple, A: Any, trans: int, beta: float, x: Any, out: Any) -> Any:
+def matmul_adder(matrices: Sequence[Any]) -> tuple[Any, Any]:
+    """``(add, operands)``: ``add(A, x, out=y)`` adds ``M @ x`` into ``y``, ``A`` from ``operands``.
+
+    For a loop over dense matrices of one dtype, one per step (an MLP's layers),
+    given as a sequence or as one ``(l, m, n)`` stack:
+    ``operands`` walks ``matrices`` in the form ``add`` takes. NumPy's float32 and
+    float64 go to BLAS (:func:`_blas_into`, ``beta = 1``: one call where ``dot`` then
+    ``+=`` are two), each ``M`` as its transpose ``M^T`` (Fortran-ordered where ``M``
+    is C-ordered; any other layout is copied by BLAS's wrapper, never wrong);
+    other arrays are added through a product.
+    """
+    first = matrices[0]
+    pair = _blas_routines().get(first.dtype) if type(first).__module__ == "numpy" else None
+    if pair is None:
+        return _add_product, walk(matrices)
+    transposed = iter(matrices.transpose(0, 2, 1)) if getattr(matrices, "ndim", 0) == 3 else \
+        (M.T for M in matrices)  # a stack's walk makes the views in C
+    return functools.partial(_blas_into, pair, 1, 1.0), transposed
+
+
+def _add_product(M: Any, x: Any, out: Any) -> Any:
+    out += M @ x
+    return out
+
+
+def _blas_into(pair: tuple, trans: int, beta: float, A: Any, x: Any, out: Any) -> Any:
     """``out = op(A) x + beta out`` by ``gemv`` (vectors) or ``gemm`` on the transposes.
 
     ``y^T = x^T M^T``: C-ordered blocks are Fortran-ordered there, so BLAS writes

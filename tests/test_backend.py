@@ -193,3 +193,26 @@ def test_like_and_device_do_not_ask_a_sparse_gpu_matrix_for_its_device():
     M = np.eye(2).view(_DevicelessMatrix)
     assert backend.device(M) is None
     np.testing.assert_array_equal(backend.like([1, 2], M), [1, 2])
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("form", ["stack", "list", "fortran", "torch"])
+def test_a_matrix_adder_adds_each_product_in_its_turn(form, dtype):
+    """``matmul_adder``: ``y_k += M_k x_k`` for a stack, a list of any layout, or tensors."""
+    rng = np.random.default_rng(1)
+    stack = rng.standard_normal((5, 4, 4)).astype(dtype)
+    x, y = rng.standard_normal((5, 4, 3)).astype(dtype), rng.standard_normal((5, 4, 3))
+    y = y.astype(dtype)
+    matrices = {"stack": stack, "list": list(stack),
+                "fortran": [np.asfortranarray(M) for M in stack], "torch": None}[form]
+    xs, ys = x, y.copy()
+    if form == "torch":
+        torch = pytest.importorskip("torch")
+        matrices, xs, ys = list(torch.from_numpy(stack)), torch.from_numpy(x), \
+            torch.from_numpy(y.copy())
+    add, operands = backend.matmul_adder(matrices)
+    for A, x_k, y_k in zip(operands, xs, ys):
+        assert add(A, x_k, out=y_k) is y_k
+    single = dtype == "float32"
+    np.testing.assert_allclose(np.asarray(ys), stack @ x + y, rtol=1e-5 if single else 1e-14,
+                               atol=1e-5 if single else 1e-14)

@@ -239,7 +239,7 @@ class FNN:
             W.append(_random_matrix(rng, (n_out, n_in), density, std, dtype))
             b.append((bias * rng.standard_normal(n_out)).astype(dtype))
         if density == 1 and len(set(sizes)) == 1:  # the entries of one stack (stacks())
-            W = list(np.stack(W))
+            W, b = list(np.stack(W)), list(np.stack(b))
         return cls(W, b, acts)
 
     def to(self, kind: str, device: Any = None) -> FNN:
@@ -301,14 +301,26 @@ class FNN:
         Z = xp.empty((self.depth + 1,) + tuple(x.shape), dtype=self.dtype,
                      device=backend.device(x))
         Z[0, ...] = x
-        biases = self.b if x.ndim == 1 else [bk[:, None] for bk in self.b]
+        B = self._bias_stack()  # y_k = b_k first, every layer in one call, then W_k z_k added
+        Y[...] = B if x.ndim == 1 else B[:, :, None]
         ys, zs = backend.unstack(Y), backend.unstack(Z)  # views, made once: the trace keeps them
-        matmul = backend.matmul_out(xp, plain=True)  # W of the network's dtype
-        for Wk, bk, write, y, z, z_next in zip(self.W, biases, self._writers, ys, zs, zs[1:]):
-            matmul(Wk, z, out=y)
-            y += bk
+        stack = self._shape()[3]
+        add, weights = backend.matmul_adder(self.W if stack is None else stack)
+        for Wk, write, y, z, z_next in zip(weights, self._writers, ys, zs, zs[1:]):
+            add(Wk, z, out=y)
             write(y, out=z_next)
         return _stacked_trace(x, Y, Z, (ys, zs[1:]))
+
+    def _bias_stack(self) -> Any:
+        """The biases as one ``(l, n)`` array: their own memory where they are one stack's rows.
+
+        Kept (the stack, not a copy) for the tuple :attr:`b` it was found for, as
+        :meth:`_shape` keeps the weights'; other biases are stacked at every call.
+        """
+        kept = self.__dict__.get("_bias_stack_of")
+        if kept is None or kept[0] is not self.b:
+            kept = self.__dict__["_bias_stack_of"] = (self.b, backend.stack_of(self.b))
+        return kept[1] if kept[1] is not None else self.backend.xp.stack(self.b)
 
     @functools.cached_property
     def _writers(self) -> tuple:
