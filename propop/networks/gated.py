@@ -49,8 +49,6 @@ def kernel(run: Callable, inputs: Any, hidden: Any, weights: list) -> Any:
     its own tensors, not an ``nn.RNN``'s, so the user could not act on the warning:
     it is not shown (the copy is of one layer's weights, small beside the sequence).
     """
-    import torch
-
     outputs = []
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=UNFLATTENED, category=UserWarning)
@@ -58,7 +56,14 @@ def kernel(run: Callable, inputs: Any, hidden: Any, weights: list) -> Any:
             out, *last = run(inputs[start: start + KERNEL_STEPS], hidden, weights, *ONE_LAYER)
             outputs.append(out)
             hidden = last[0] if len(last) == 1 else tuple(last)
-    return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+    return joined(outputs)
+
+
+def joined(parts: list, dim: int = 0) -> Any:
+    """``torch.cat(parts, dim)``, or the one part itself (a copy saved: one layer's case)."""
+    import torch
+
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
 
 
 def elman_kernel(nonlinearity: str, inputs: Any, first: Any, weights: list) -> Any:
@@ -148,8 +153,6 @@ class _Gated(Recurrence):
         ``state`` and ``x`` are one sample's vectors or a batch's rows (``(r, n)``):
         the step is written on the last axis, so a batch needs no ``vmap``.
         """
-        import torch
-
         width, new = self.carries * self.hidden_size, []
         for k in range(self.num_layers):
             own = state[..., k * width: (k + 1) * width]
@@ -158,7 +161,7 @@ class _Gated(Recurrence):
             layer = self._layer(gi, gh, own)
             new.append(layer)
             x = layer[..., : self.hidden_size]
-        return torch.cat(new, dim=-1)
+        return joined(new, -1)
 
     def _states(self, X: Any) -> Any:
         """The sequential pass layer by layer, by PyTorch's own loop over the steps.
@@ -185,7 +188,7 @@ class _Gated(Recurrence):
                 layers.append(self._sequence(inputs, start[:, k * width: (k + 1) * width],
                                              weights))
                 inputs = layers[-1][..., :H]
-        return cell.home_array(torch.cat(layers, dim=-1))
+        return cell.home_array(joined(layers, -1))
 
     def _jacobian_diagonal(self, p: Mapping[str, Any], state: Any, x: Any) -> Any:
         """``diag(dF/dstate)`` of a batch's rows in closed form, ``(r, n)``: quasi-Newton's.
@@ -195,14 +198,12 @@ class _Gated(Recurrence):
         the state is a row scaling of a weight, whose diagonal is the weight's
         diagonal scaled: ``O(r n)`` a step beyond the step itself, no ``n x n``.
         """
-        import torch
-
         width, out = self.carries * self.hidden_size, []
         for k in range(self.num_layers):
             new, diagonal = self._layer_diagonal(p, k, x, state[..., k * width: (k + 1) * width])
             out.append(diagonal)
             x = new[..., : self.hidden_size]
-        return torch.cat(out, dim=-1)
+        return joined(out, -1)
 
     def _jacobian(self, p: Mapping[str, Any], state: Any, x: Any) -> Any:
         """``dF/dstate`` of one sample in closed form: block lower triangular over layers.
@@ -220,10 +221,11 @@ class _Gated(Recurrence):
         for k in range(self.num_layers):
             own = state[k * width: (k + 1) * width]
             new, d_own, d_x = self._layer_jacobian(p, k, x, own)
-            block = torch.nn.functional.pad(d_own, (k * width, n - (k + 1) * width))
+            block = d_own if n == width else torch.nn.functional.pad(
+                d_own, (k * width, n - (k + 1) * width))
             rows.append(block if below is None else block + d_x @ below)
             below, x = rows[-1][:H], new[:H]
-        return torch.cat(rows)
+        return joined(rows)
 
 
 def linear_scan(a: Any, b: Any, first: Any) -> Any:
