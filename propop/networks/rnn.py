@@ -231,7 +231,8 @@ class RNN:
                 continue
             yk = backend.contiguous(inputs)  # y_s = W z_s + b, then U z_(s-1) added in place
             zk = xp.empty(inputs.shape, dtype=self.dtype, device=backend.device(inputs))
-            ys, zs = backend.unstack(yk), backend.unstack(zk)  # views of the steps
+            one = yk.ndim == 3 and yk.shape[2] == 1  # one sample: vectors, BLAS's gemv
+            ys, zs = (backend.unstack(a[..., 0] if one else a) for a in (yk, zk))  # the steps
             write = f.writer(xp)
             write(ys[0], out=zs[0])
             recur = backend.matmul_writer(Uk, plain=True, accumulate=True)
