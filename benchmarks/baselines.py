@@ -5,7 +5,12 @@
   weights made once outside the timing (a training loop would keep them),
   ``np.dot(..., out=)`` into those arrays, the slopes ``f'(y)`` computed once for
   all layers, the gradients written into preallocated stacks. Nothing is
-  recomputed or reallocated per call.
+  recomputed or reallocated per call. With ``blas=True`` (:class:`TightMLP`,
+  :class:`TightRNN`) each product calls BLAS through SciPy instead, adding into its
+  output where the loop adds (``y = b`` first, then ``y += W z`` in one call), as
+  propop's sequential loops do (:func:`propop.backend.matmul_writer`): the loop
+  as one would write it knowing that ``np.dot`` costs three times BLAS's own call
+  on small blocks.
 - **PyTorch written idiomatically** (:func:`torch_mlp`, :func:`torch_rnn`): an
   ``nn.Sequential`` of ``nn.Linear`` and ``nn.Tanh`` with samples as rows, one
   parameter tensor per layer; ``nn.RNN``; ``loss.backward()``.
@@ -27,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from propop.backend import matmul_writer
 from propop.networks.gated import KERNEL_STEPS
 
 
@@ -40,12 +46,18 @@ class TightMLP:
     (fewer NumPy calls per layer than any per-layer form).
     """
 
-    def __init__(self, W: Sequence[np.ndarray], b: Sequence[np.ndarray], r: int) -> None:
+    def __init__(self, W: Sequence[np.ndarray], b: Sequence[np.ndarray], r: int,
+                 blas: bool = False) -> None:
         self.W = [np.ascontiguousarray(Wk) for Wk in W]
         self.WT = [np.ascontiguousarray(Wk.T) for Wk in W]  # made once, kept
         self.b = [bk[:, None].copy() for bk in b]
+        self.blas = blas
+        # the products' writers, made once: y += W z, v = W^T v
+        self.adds = [matmul_writer(Wk, plain=True, accumulate=True) for Wk in self.W]
+        self.backs = [matmul_writer(WTk, plain=True) for WTk in self.WT]
         sizes = [W[0].shape[1]] + [Wk.shape[0] for Wk in W]
         self.stacked = len(set(sizes)) == 1
+        self.B = np.stack(self.b) if self.stacked else None  # the biases' columns, stacked
         if self.stacked:  # views of two stacks, and the slopes as one array
             self.Z, self.V = (np.empty((len(sizes), sizes[0], r)) for _ in range(2))
             self.z, self.v = list(self.Z), list(self.V)
@@ -64,10 +76,13 @@ class TightMLP:
         """``(dW, db, dx)``, in this object's arrays (overwritten by the next call)."""
         z, v, slope = self.z, self.v, self.slope
         z[0][...] = x
-        for k, (Wk, bk) in enumerate(zip(self.W, self.b)):  # forward: z_(k+1) = tanh(W z + b)
-            np.dot(Wk, z[k], out=z[k + 1])
-            z[k + 1] += bk
-            np.tanh(z[k + 1], out=z[k + 1])
+        if self.blas:
+            self._forward_by_blas()
+        else:
+            for k, (Wk, bk) in enumerate(zip(self.W, self.b)):  # z_(k+1) = tanh(W z + b)
+                np.dot(Wk, z[k], out=z[k + 1])
+                z[k + 1] += bk
+                np.tanh(z[k + 1], out=z[k + 1])
         if self.stacked:  # f'(y) = 1 - z^2, once for all layers
             np.multiply(self.Z[1:], self.Z[1:], out=self.S)
             np.subtract(1.0, self.S, out=self.S)
@@ -82,13 +97,28 @@ class TightMLP:
             if not self.stacked:
                 np.dot(v[k + 1], z[k].T, out=self.dW[k])
                 np.sum(v[k + 1], axis=1, out=self.db[k])
-            np.dot(self.WT[k], v[k + 1], out=v[k])
+            if self.blas:
+                self.backs[k](v[k + 1], out=v[k])
+            else:
+                np.dot(self.WT[k], v[k + 1], out=v[k])
             if k > 0:
                 v[k] *= slope[k - 1]
         if self.stacked:  # every layer's gradients in one batched product
             np.matmul(self.V[1:], self.Z[:-1].transpose(0, 2, 1), out=self.dW)
             np.sum(self.V[1:], axis=2, out=self.db)
         return self.dW, self.db, v[0]
+
+    def _forward_by_blas(self) -> None:
+        """``z_(k+1) = b_k`` (all layers in one copy where stacked), then ``W_k z_k`` added."""
+        z = self.z
+        if self.stacked:
+            np.copyto(self.Z[1:], self.B)
+        else:
+            for zk, bk in zip(z[1:], self.b):
+                zk[...] = bk
+        for k, add in enumerate(self.adds):
+            add(z[k], out=z[k + 1])
+            np.tanh(z[k + 1], out=z[k + 1])
 
 
 class TightBackward:
@@ -128,8 +158,12 @@ class TightRNN:
     recurrence is the sequential part, written in place.
     """
 
-    def __init__(self, W: np.ndarray, U: np.ndarray, b: np.ndarray, tau: int, r: int) -> None:
+    def __init__(self, W: np.ndarray, U: np.ndarray, b: np.ndarray, tau: int, r: int,
+                 blas: bool = False) -> None:
         h = U.shape[0]
+        self.blas = blas  # z_(s+1) += U z_s and v_s += U^T v_(s+1), one BLAS call each
+        self.add_U, self.add_UT = (matmul_writer(np.ascontiguousarray(M), plain=True,
+                                                 accumulate=True) for M in (U, U.T))
         self.W, self.U, self.UT = W, U, np.ascontiguousarray(U.T)
         self.b = b[:, None].copy()
         self.inputs = np.empty((tau, h, r))
@@ -147,20 +181,45 @@ class TightRNN:
         z, v, tau = self.z, self.v, xs.shape[0]
         np.matmul(self.W, xs, out=self.inputs)  # W x_s for every step at once
         self.inputs += self.b
-        for s in range(tau):
-            np.dot(self.U, z[s], out=z[s + 1])
-            z[s + 1] += self.inputs[s]
-            np.tanh(z[s + 1], out=z[s + 1])
+        if self.blas:
+            self._forward_by_blas()
+        else:
+            for s in range(tau):
+                np.dot(self.U, z[s], out=z[s + 1])
+                z[s + 1] += self.inputs[s]
+                np.tanh(z[s + 1], out=z[s + 1])
         np.multiply(z[1:], z[1:], out=self.slope)
         np.subtract(1.0, self.slope, out=self.slope)
         np.subtract(z[1:], t, out=v[:tau])  # dE/dz, then the recurrence adds U^T v
-        for s in range(tau - 1, -1, -1):
-            np.dot(self.UT, v[s + 1], out=self.carry)
-            v[s] += self.carry
-            v[s] *= self.slope[s]
+        if self.blas:
+            self._backward_by_blas()
+        else:
+            for s in range(tau - 1, -1, -1):
+                np.dot(self.UT, v[s + 1], out=self.carry)
+                v[s] += self.carry
+                v[s] *= self.slope[s]
         np.matmul(self.WT, v[:tau], out=self.dx)
         return (self._summed_products(v[:tau], xs), self._summed_products(v[1:tau], z[1:tau]),
                 v[:tau].sum(axis=0).sum(axis=1), self.dx)
+
+    def _steps(self, a: np.ndarray) -> np.ndarray:
+        """``a``'s steps as BLAS takes them: vectors (``gemv``) for one sample, else blocks."""
+        return a[..., 0] if a.shape[2] == 1 else a
+
+    def _forward_by_blas(self) -> None:
+        """``z_(s+1) = W x_s + b``, then ``U z_s`` added by one BLAS call a step."""
+        z = self._steps(self.z)
+        z[1:] = self._steps(self.inputs)
+        for s in range(len(z) - 1):
+            self.add_U(z[s], out=z[s + 1])
+            np.tanh(z[s + 1], out=z[s + 1])
+
+    def _backward_by_blas(self) -> None:
+        """``v_s = f'_s (dE/dz_s + U^T v_(s+1))``, the product added by one BLAS call."""
+        v, slope = self._steps(self.v), self._steps(self.slope)
+        for s in range(len(slope) - 1, -1, -1):
+            self.add_UT(v[s + 1], out=v[s])
+            v[s] *= slope[s]
 
     def _summed_products(self, V: np.ndarray, Z: np.ndarray) -> np.ndarray:
         """``sum_s V[s] Z[s]^T``, the faster of two forms for the shape.

@@ -9,7 +9,9 @@ unless ``OMP_NUM_THREADS`` says otherwise):
 - **the tight NumPy loop**: preallocated arrays, transposes made once, ``np.dot(...,
   out=)``, slopes computed once; the floor of sequential NumPy code. Like propop (whose
   solution holds it) it also returns the input gradient ``dx``; PyTorch and JAX, as
-  their users write them, the weights' gradients only;
+  their users write them, the weights' gradients only; ``loop.blas`` is the same
+  loop with every product a call of SciPy's BLAS that adds into its output where
+  the loop adds, as propop's own sequential loops call it;
 - **PyTorch** written idiomatically: ``nn.Sequential`` of ``nn.Linear`` and ``nn.Tanh``,
   ``nn.RNN``, ``loss.backward()``;
 - **JAX** under ``jit``: ``jax.grad`` of a ``lax.scan`` forward, and the BPPSA backward
@@ -62,18 +64,19 @@ def mlp_row(layers: int, width: int, r: int) -> dict:
     net = pp.FNN.random([width] * (layers + 1), activation="tanh", seed=0, bias=0.1)
     rng = np.random.default_rng(1)
     x, t = rng.standard_normal((width, r)), rng.standard_normal((width, r))
-    loop = TightMLP(net.W, net.b, r)
+    loop, loop_blas = TightMLP(net.W, net.b, r), TightMLP(net.W, net.b, r, blas=True)
     dW = np.stack(loop(x, t)[0])
     W, b = np.stack(net.W), np.stack(net.b)
     Wj, bj, xj, tj = (jnp.asarray(a) for a in (W, b, x, t))
     X, T = torch.tensor(x.T.copy()), torch.tensor(t.T.copy())  # PyTorch: samples are rows
     grad, bppsa, autograd = jax_mlp_grad(), jax_mlp_bppsa(), torch_mlp(net.W, net.b)
-    jobs = {"loop": lambda: loop(x, t),
+    jobs = {"loop": lambda: loop(x, t), "loop.blas": lambda: loop_blas(x, t),
             "torch": lambda: autograd(X, T),
             "jax.grad": lambda: jax.block_until_ready(grad(Wj, bj, xj, tj)),
             "jax.bppsa": lambda: jax.block_until_ready(bppsa(Wj, bj, xj, tj))}
     jobs.update({m: (lambda m=m: pp.backprop(net, x, t, method=m)) for m in PROPOP_MLP})
-    errors = {"torch": _relative(np.stack([g.numpy() for g in autograd(X, T)]), dW),
+    errors = {"loop.blas": _relative(np.stack(loop_blas(x, t)[0]), dW),
+              "torch": _relative(np.stack([g.numpy() for g in autograd(X, T)]), dW),
               "jax.grad": _relative(grad(Wj, bj, xj, tj)[0], dW),
               "jax.bppsa": _relative(bppsa(Wj, bj, xj, tj)[0], dW)}
     errors.update({m: _relative(np.stack(pp.backprop(net, x, t, method=m).W), dW)
@@ -92,18 +95,19 @@ def rnn_row(hidden: int, r: int, tau: int) -> dict:
     rng = np.random.default_rng(1)
     xs, t = rng.standard_normal((tau, hidden, r)), rng.standard_normal((tau, hidden, r))
     W, U, b = rnn.W[0], rnn.U[0], rnn.b[0]
-    loop = TightRNN(W, U, b, tau, r)
+    loop, loop_blas = TightRNN(W, U, b, tau, r), TightRNN(W, U, b, tau, r, blas=True)
     dW = loop(xs, t)[0].copy()
     args = tuple(jnp.asarray(a) for a in (W, U, b, xs, t))
     X = torch.tensor(xs).permute(0, 2, 1).contiguous()
     T = torch.tensor(t).permute(0, 2, 1).contiguous()
     grad, bppsa, autograd = jax_rnn_grad(), jax_rnn_bppsa(), torch_rnn(W, U, b)
-    jobs = {"loop": lambda: loop(xs, t),
+    jobs = {"loop": lambda: loop(xs, t), "loop.blas": lambda: loop_blas(xs, t),
             "torch": lambda: autograd(X, T),
             "jax.grad": lambda: jax.block_until_ready(grad(*args)),
             "jax.bppsa": lambda: jax.block_until_ready(bppsa(*args))}
     jobs.update({m: (lambda m=m: pp.backprop(rnn, xs, t, method=m)) for m in PROPOP_RNN})
-    errors = {"torch": _relative(autograd(X, T).numpy(), dW),
+    errors = {"loop.blas": _relative(loop_blas(xs, t)[0], dW),
+              "torch": _relative(autograd(X, T).numpy(), dW),
               "jax.grad": _relative(grad(*args)[0], dW),
               "jax.bppsa": _relative(bppsa(*args)[0], dW)}
     errors.update({m: _relative(pp.backprop(rnn, xs, t, method=m).W[0], dW)

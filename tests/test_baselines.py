@@ -15,12 +15,13 @@ from benchmarks.baselines import TightBackward, TightMLP, TightRNN, TightRNNForw
 torch = pytest.importorskip("torch")
 
 
+@pytest.mark.parametrize("blas", [False, True])
 @pytest.mark.parametrize("widths", [(5, 6, 6, 4), (5, 5, 5, 5)], ids=["unequal", "stacked"])
-def test_the_tight_mlp_loop_is_autograd(widths):
+def test_the_tight_mlp_loop_is_autograd(widths, blas):
     net = pp.FNN.random(widths, activation="tanh", seed=0, bias=0.1)
     rng = np.random.default_rng(1)
     x, t = rng.standard_normal((5, 3)), rng.standard_normal((widths[-1], 3))
-    loop = TightMLP(net.W, net.b, 3)
+    loop = TightMLP(net.W, net.b, 3, blas=blas)
     for _ in range(2):  # the preallocated arrays are reused without leftovers
         dW, db, dx = loop(x, t)
     W = [torch.tensor(Wk, requires_grad=True) for Wk in net.W]
@@ -38,13 +39,14 @@ def test_the_tight_mlp_loop_is_autograd(widths):
         np.testing.assert_allclose(ours, theirs.numpy(), rtol=1e-12, atol=1e-14)
 
 
-@pytest.mark.parametrize(("m", "r"), [(3, 2), (5, 4)])  # the two forms of the weight products
-def test_the_tight_rnn_loop_is_autograd(m, r):
+@pytest.mark.parametrize("blas", [False, True])
+@pytest.mark.parametrize(("m", "r"), [(3, 2), (5, 4), (3, 1)])  # both weight products' forms
+def test_the_tight_rnn_loop_is_autograd(m, r, blas):
     rnn = pp.RNN.random([m, 3], activation="tanh", seed=0)
     W, U, b = rnn.W[0], rnn.U[0], rnn.b[0]
     rng = np.random.default_rng(2)
     xs, t = rng.standard_normal((7, m, r)), rng.standard_normal((7, 3, r))
-    loop = TightRNN(W, U, b, 7, r)
+    loop = TightRNN(W, U, b, 7, r, blas=blas)
     loop(xs, t)
     dW, dU, db, dx = loop(xs, t)
     g = pp.backprop(rnn, xs, t)  # propop's sequential reference, itself tested on autograd
