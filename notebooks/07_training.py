@@ -95,8 +95,8 @@ for pattern in ("magnitude", "block"):
 # its temporaries; on Linux glibc gives that memory back after each step and faults it
 # in again at the next. Set `MALLOC_TRIM_THRESHOLD_=4000000000
 # MALLOC_MMAP_THRESHOLD_=33554432` before starting Python (or Jupyter) to keep it: at
-# 256 layers of 32 a loop of `g = pp.backprop(...)` alone takes 8.5 ms a call with
-# glibc's defaults and 6.0 ms so (`python -m benchmarks.fresh_memory`).
+# 256 layers of 32 a loop of `g = pp.backprop(...)` alone takes 7.1-8.5 ms a call with
+# glibc's defaults and 6.0-6.5 ms so (`python -m benchmarks.fresh_memory`).
 
 # %% [markdown]
 # The plots (needs matplotlib).
