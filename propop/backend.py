@@ -177,14 +177,15 @@ def is_sparse(matrix: Any) -> bool:
 def matmul_writer(M: Any, plain: bool = False, accumulate: bool = False) -> Any:
     """``write(x, out=y)`` storing ``M @ x`` in ``y`` (or adding it), resolved once for ``M``.
 
-    For loops that multiply by the same matrix at every step: a dense ``M`` is
-    the array module's ``matmul`` with ``M`` bound (written in place, no
-    dispatch per call), a sparse one a product then a copy. ``plain``: the
-    caller's promise of :func:`matmul_out` (every ``x`` and C-ordered ``y`` of
-    ``M``'s dtype); NumPy then calls BLAS itself (:func:`_blas_writer`).
+    For loops that multiply by the same matrix at every step (one step's blocks,
+    vectors or matrices): a NumPy ``M`` of float32 or float64 goes to BLAS itself
+    (:func:`_blas_writer`, right in any layout), another dense ``M`` is the array
+    module's ``matmul`` with ``M`` bound (written in place, no dispatch per call), a
+    sparse one a product then a copy. ``plain``: the caller's promise of
+    :func:`matmul_out` (every ``x`` and C-ordered ``y`` of ``M``'s dtype).
     ``accumulate=True``: ``y += M @ x``, one fused call where BLAS runs it.
     """
-    if plain and not is_sparse(M):
+    if not is_sparse(M):
         write = _blas_writer(M, accumulate)
         if write is not None:
             return write
@@ -265,6 +266,10 @@ def _blas_into(pair: tuple, trans: int, beta: float, A: Any, x: Any, out: Any) -
         result = pair[0](1.0, A, x, beta, out, 0, 1, 0, 1, trans, 1)
         if result is not out:
             out[...] = result
+        return out
+    if out.ndim > 2:  # a stack of blocks: no single BLAS call
+        product = (A.T if trans else A) @ x
+        out[...] = out + product if beta else product
         return out
     c = out.T
     result = pair[1](1.0, x.T, A, beta, c, 0, 1 - trans, 1)

@@ -134,23 +134,25 @@ def test_numpys_product_into_out_is_matmuls_in_every_case(M, x, out):
 
 @pytest.mark.parametrize("accumulate", [False, True])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize(("M", "columns", "out"), [
-    (lambda M: M, (3,), lambda s, d: np.empty(s, d)),  # BLAS in place: gemm
-    (lambda M: M, (), lambda s, d: np.empty(s, d)),  # a vector: gemv
-    (lambda M: M.T, (3,), lambda s, d: np.empty(s, d)),  # a Fortran-ordered M
-    (lambda M: M[:, ::2], (3,), lambda s, d: np.empty(s, d)),  # a strided M: copied once
-    (lambda M: M, (3,), lambda s, d: np.empty((s[1], s[0]), d).T),  # an out BLAS cannot fill
-    (lambda M: M, (3,), lambda s, d: np.empty(s, "float64" if d == "float32" else "float32")),
-    (lambda M: M, (1,), lambda s, d: np.empty(s, d)[::-1, :])])  # a reversed out
-def test_a_matrix_writer_is_the_product_in_every_layout(M, columns, out, dtype, accumulate):
-    """``matmul_writer(M, plain=True)`` calls BLAS on NumPy floats: never a missed write."""
+@pytest.mark.parametrize(("M", "x", "out"), [
+    (lambda M: M, lambda n: (n, 3), lambda s, d: np.empty(s, d)),  # BLAS in place: gemm
+    (lambda M: M, lambda n: (n,), lambda s, d: np.empty(s, d)),  # a vector: gemv
+    (lambda M: M.T, lambda n: (n, 3), lambda s, d: np.empty(s, d)),  # a Fortran-ordered M
+    (lambda M: M[:, ::2], lambda n: (n, 3), lambda s, d: np.empty(s, d)),  # strided: copied
+    (lambda M: M, lambda n: (n, 3), lambda s, d: np.empty((s[1], s[0]), d).T),  # BLAS can't
+    (lambda M: M, lambda n: (n, 3), lambda s, d: np.empty(s, "float64" if d == "float32"
+                                                          else "float32")),
+    (lambda M: M, lambda n: (n, 1), lambda s, d: np.empty(s, d)[::-1, :]),  # a reversed out
+    (lambda M: M, lambda n: (2, n, 3), lambda s, d: np.empty(s, d))])  # a stack: no one call
+def test_a_matrix_writer_is_the_product_in_every_layout(M, x, out, dtype, accumulate):
+    """``matmul_writer(M)`` calls BLAS on NumPy floats: never a missed write, any layout."""
     rng = np.random.default_rng(0)
     M = M(rng.standard_normal((8, 8)).astype(dtype))
-    x = rng.standard_normal((M.shape[1],) + columns).astype(dtype)
-    target = out((M.shape[0],) + columns, dtype)
+    x = rng.standard_normal(x(M.shape[1])).astype(dtype)
+    target = out((M @ x).shape, dtype)
     target[...] = rng.standard_normal(target.shape) if accumulate else np.nan  # beta 0: unread
     before = target.astype(np.float64) if accumulate else 0.0
-    write = backend.matmul_writer(M, plain=True, accumulate=accumulate)
+    write = backend.matmul_writer(M, accumulate=accumulate)
     assert write(x, out=target) is target
     single = np.float32 in (M.dtype, target.dtype)
     np.testing.assert_allclose(target, M.astype(np.float64) @ x + before,

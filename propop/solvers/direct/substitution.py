@@ -288,7 +288,7 @@ def _later_steps(x: list, c: list, scale: Any, k: int, terms: list, lower: bool)
     parts = [(itertools.repeat(M), at(x[col], offset), itertools.repeat(kind))
              for offset, col, M, kind in terms] or [(none, none, none)]
     if terms and terms[0][3] is DENSE:  # the first product: one matrix's writer for every step
-        parts[0] = (itertools.repeat(backend.matmul_writer(terms[0][2], plain=True)),
+        parts[0] = (itertools.repeat(backend.matmul_writer(terms[0][2])),
                     parts[0][1], itertools.repeat(WRITER))
     more = zip(*(zip(*part) for part in parts[1:])) if len(parts) > 1 else itertools.repeat(())
     return zip(at(x[k]), *parts[0], more, none if scale is None else at(scale), at(c[k]))
