@@ -315,7 +315,22 @@ def _calls():
     calls["fnn newton"] = lambda: pp.forward(net, x, method="cyclic-reduction")
     calls["gru newton"] = lambda: pp.forward(gru, rng.standard_normal((20, 2, 3)),
                                              method="cyclic-reduction")
+    calls.update({f"propop.torch {kind}": _module_step(kind) for kind in ("GRU", "LSTM")})
     return calls
+
+
+def _module_step(kind):
+    """A forward and backward of ``propop.torch``'s module, which makes its cell per call."""
+    def step():
+        import torch
+
+        import propop.torch as ptorch
+
+        module = getattr(ptorch, kind)(2, 3, mode="newton", method="cyclic-reduction").double()
+        x = torch.randn(12, 2, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        module(x)[0].sum().backward()
+
+    return step
 
 
 @pytest.mark.parametrize("name", list(_calls()))

@@ -96,11 +96,23 @@ class _Gated(Recurrence):
             raise ValueError(f"{type(self).__name__} needs parameters {missing}")
         width = self.carries * self.hidden_size
         top = (self.num_layers - 1) * width
-        super().__init__(self._step, {k: parameters[k] for k in self._names()},
+        shape = self._shape_only()
+        super().__init__(shape._step, {k: parameters[k] for k in self._names()},
                          state_size=self.num_layers * width, input_size=input_size,
                          output=np.arange(top, top + self.hidden_size), block_size=width,
-                         jacobian=self._jacobian, dtype=dtype, batched=True,
-                         jacobian_diagonal=self._jacobian_diagonal)
+                         jacobian=shape._jacobian, dtype=dtype, batched=True,
+                         jacobian_diagonal=shape._jacobian_diagonal)
+
+    def _shape_only(self) -> _Gated:
+        """A twin of this cell's kind holding its sizes and options alone, not its cell.
+
+        Its step and Jacobians are bound to the twin: the cell that keeps them then
+        keeps no path back to this network, which would otherwise sit in a reference
+        cycle until the cyclic collector ran (one per ``propop.torch.GRU`` call).
+        """
+        twin = object.__new__(type(self))
+        twin.__dict__.update(vars(self))  # the sizes and options set so far: no cell yet
+        return twin
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.input_size}, {self.hidden_size}, "
