@@ -183,7 +183,8 @@ def matmul_writer(M: Any, plain: bool = False, accumulate: bool = False) -> Any:
     module's ``matmul`` with ``M`` bound (written in place, no dispatch per call), a
     sparse one a product then a copy. ``plain``: the caller's promise of
     :func:`matmul_out` (every ``x`` and C-ordered ``y`` of ``M``'s dtype).
-    ``accumulate=True``: ``y += M @ x``, one fused call where BLAS runs it.
+    ``accumulate=True``: ``y += M @ x``, one fused call where BLAS runs it. ``x``
+    must not share memory with ``y`` (BLAS reads it while writing ``y``).
     """
     if not is_sparse(M):
         write = _blas_writer(M, accumulate)
