@@ -227,14 +227,14 @@ def _blas_writer(M: Any, accumulate: bool) -> Any:
     if not M.flags.c_contiguous and not M.flags.f_contiguous:
         M = M.copy()
     A, trans = (M, 0) if M.strides[0] < M.strides[1] else (M.T, 1)  # op(A) = M, A Fortran
-    return functools.partial(_blas_into, pair, trans, 1.0 if accumulate else 0.0, A)
+    return functools.partial(_blas_into, pair, trans, 1.0 if accumulate else 0.0, M.shape, A)
 
 
 def matmul_adder(matrices: Sequence[Any]) -> tuple[Any, Any]:
     """``(add, operands)``: ``add(A, x, out=y)`` adds ``M @ x`` into ``y``, ``A`` from ``operands``.
 
-    For a loop over dense matrices of one dtype, one per step (an MLP's layers),
-    given as a sequence or as one ``(l, m, n)`` stack:
+    For a loop over dense matrices of one dtype and shape, one per step (an MLP's
+    layers), given as a sequence or as one ``(l, m, n)`` stack:
     ``operands`` walks ``matrices`` in the form ``add`` takes. NumPy's float32 and
     float64 go to BLAS (:func:`_blas_into`, ``beta = 1``: one call where ``dot`` then
     ``+=`` are two), each ``M`` as its transpose ``M^T`` (Fortran-ordered where ``M``
@@ -247,7 +247,7 @@ def matmul_adder(matrices: Sequence[Any]) -> tuple[Any, Any]:
         return _add_product, walk(matrices)
     transposed = iter(matrices.transpose(0, 2, 1)) if getattr(matrices, "ndim", 0) == 3 else \
         (M.T for M in matrices)  # a stack's walk makes the views in C
-    return functools.partial(_blas_into, pair, 1, 1.0), transposed
+    return functools.partial(_blas_into, pair, 1, 1.0, tuple(first.shape)), transposed
 
 
 def _add_product(M: Any, x: Any, out: Any) -> Any:
@@ -255,16 +255,24 @@ def _add_product(M: Any, x: Any, out: Any) -> Any:
     return out
 
 
-def _blas_into(pair: tuple, trans: int, beta: float, A: Any, x: Any, out: Any) -> Any:
+def _blas_into(pair: tuple, trans: int, beta: float, shape: tuple, A: Any, x: Any,
+               out: Any) -> Any:
     """``out = op(A) x + beta out`` by ``gemv`` (vectors) or ``gemm`` on the transposes.
 
-    ``y^T = x^T M^T``: C-ordered blocks are Fortran-ordered there, so BLAS writes
-    ``out`` itself and copies nothing (``beta = 0``: ``out`` is not read). Where it
-    cannot write in place (an ``out`` of another layout or dtype) its result is
-    copied in: never a silent miss.
+    ``shape`` is ``op(A)``'s, ``(m, n)``. ``y^T = x^T M^T``: C-ordered blocks are
+    Fortran-ordered there, so BLAS writes ``out`` itself and copies nothing
+    (``beta = 0``: ``out`` is not read). Where it cannot write in place (an ``out`` of
+    another layout or dtype) its result is copied in: never a silent miss. Shapes
+    that do not match raise ``ValueError`` naming them (``gemv`` alone would read a
+    longer vector's head).
     """
     if out.ndim == 1:
-        result = pair[0](1.0, A, x, beta, out, 0, 1, 0, 1, trans, 1)
+        if x.ndim != 1 or len(x) != shape[1] or len(out) != shape[0]:
+            raise _mismatch(shape, x, out)
+        try:
+            result = pair[0](1.0, A, x, beta, out, 0, 1, 0, 1, trans, 1)
+        except Exception as error:  # f2py's own error class: an x of more axes
+            raise _mismatch(shape, x, out) from error
         if result is not out:
             out[...] = result
         return out
@@ -273,10 +281,18 @@ def _blas_into(pair: tuple, trans: int, beta: float, A: Any, x: Any, out: Any) -
         out[...] = out + product if beta else product
         return out
     c = out.T
-    result = pair[1](1.0, x.T, A, beta, c, 0, 1 - trans, 1)
+    try:
+        result = pair[1](1.0, x.T, A, beta, c, 0, 1 - trans, 1)
+    except Exception as error:  # f2py's own error class: shapes BLAS refused
+        raise _mismatch(shape, x, out) from error
     if result is not c:
         out[...] = result.T
     return out
+
+
+def _mismatch(shape: tuple, x: Any, out: Any) -> ValueError:
+    return ValueError(f"matmul of a {tuple(shape)} matrix and x of shape {tuple(x.shape)} "
+                      f"into out of shape {tuple(out.shape)}: the shapes do not match")
 
 
 def kind(dtype: Any) -> str:

@@ -218,3 +218,22 @@ def test_a_matrix_adder_adds_each_product_in_its_turn(form, dtype):
     single = dtype == "float32"
     np.testing.assert_allclose(np.asarray(ys), stack @ x + y, rtol=1e-5 if single else 1e-14,
                                atol=1e-5 if single else 1e-14)
+
+
+@pytest.mark.parametrize(("x", "out"), [
+    ((5,), (4,)),  # a longer x: gemv alone would read its head
+    ((3,), (5,)),  # a longer out: gemv alone would leave its tail
+    ((3, 2), (4,)),  # a matrix into a vector
+    ((5, 2), (4, 2)), ((3, 2), (5, 2)), ((3,), (4, 2))])
+@pytest.mark.parametrize("adder", [False, True])
+def test_a_matrix_writer_refuses_shapes_that_do_not_match_by_name(x, out, adder):
+    """Shapes that do not match are a ``ValueError`` naming them, never a partial product."""
+    M = np.ones((4, 3))
+    if adder:
+        add, operands = backend.matmul_adder([M])
+        write = lambda x, out: add(next(operands), x, out=out)  # noqa: E731
+    else:
+        write = backend.matmul_writer(M)
+    with pytest.raises(ValueError, match=r"matmul of a \(4, 3\) matrix and x of shape "
+                                         rf"\({x[0]}, ?{x[1] if len(x) > 1 else ''}\)"):
+        write(np.ones(x), out=np.zeros(out))
