@@ -50,6 +50,7 @@ import importlib
 import importlib.util
 import json
 import pathlib
+import textwrap
 import time
 from collections.abc import Callable
 from typing import Any
@@ -379,8 +380,14 @@ def record(device: str, path: pathlib.Path | None = None) -> dict[str, str]:
     passed = {}
     for spec in pp.solvers.available():
         kinds = list(versions) if spec.native else ["cupy"] * ("cupy" in spec.backends)
-        failures = [(kind, f"{layout}: {why}") for layout, build in SYSTEMS.items()
-                    for kind, why in _disagreements(spec, build(3), device, kinds)]
+        if not kinds:
+            continue
+        failures, alike = [], {}
+        for layout, build in SYSTEMS.items():
+            wrong, home = _disagreements(spec, build(3), device, kinds)
+            failures += [(kind, f"{layout}: {why}") for kind, why in wrong]
+            if home:
+                alike.setdefault(home, []).append(layout)
         if failures:
             print(f"{spec.name} failed:", "; ".join(f"{k} {w}" for k, w in failures))
         good = [kind for kind in kinds if kind not in {k for k, _ in failures}]
@@ -388,37 +395,54 @@ def record(device: str, path: pathlib.Path | None = None) -> dict[str, str]:
             passed[spec.name] = (f"{torch.cuda.get_device_name(0)}, every layout, float64: "
                                  + ", ".join(versions[k] for k in good)
                                  + ("" if len(good) == len(kinds) else
-                                    f"; {failures[0][0]} failed ({failures[0][1]})"))
+                                    f"; {failures[0][0]} failed ({failures[0][1]})")
+                                 + "".join(f"; {status} on {', '.join(layouts)}, as on NumPy"
+                                           for status, layouts in alike.items()))
     path = path or pathlib.Path(pp.__file__).parent / "solvers" / "gpu_runs.py"
     text = path.read_text()
     head = text[: text.index("RUNS: dict[str, str] = ")]
-    body = "".join(f"    {k!r}:\n        {v!r},\n" for k, v in sorted(passed.items()))
+    body = "".join(f"    {k!r}:\n        {_literal(v, 8)},\n" for k, v in sorted(passed.items()))
     path.write_text(head + "RUNS: dict[str, str] = {\n" + body + "}\n")
     return passed
 
 
-def _disagreements(spec: Any, system: Any, device: str, kinds: list[str]
-                   ) -> list[tuple[str, str]]:
-    """``(backend, why)`` for each of ``kinds`` where the method misses NumPy's ``x``.
+def _literal(text: str, indent: int) -> str:
+    """``text`` as Python source within 100 columns: adjacent literals, one a line."""
+    parts = textwrap.wrap(text, 96 - indent, drop_whitespace=False) or [""]
+    joined = f"\n{' ' * (indent + 1)}".join(repr(part) for part in parts)
+    return joined if len(parts) == 1 else f"({joined})"
 
-    Within ``1e-9`` of the largest entry for an exact method, ``1e-6`` for an iterative
-    one (its own tolerance is on the residual).
+
+def _disagreements(spec: Any, system: Any, device: str, kinds: list[str]
+                   ) -> tuple[list[tuple[str, str]], str]:
+    """``(backend, why)`` for each of ``kinds`` where the method disagrees with NumPy's run.
+
+    The method runs on NumPy too: where it converges there, a backend must converge
+    within ``1e-9`` of the largest entry of substitution's ``x`` for an exact method,
+    ``1e-6`` for an iterative one (its own tolerance is on the residual); where it
+    fails there (a breakdown, ``maxiter``), a backend must report the same status.
+    Also returns the NumPy status when it was a failure (``""`` when it converged).
     """
     if not spec.applies_to(system):
-        return []
+        return [], ""
     exact, bound = pp.solve(system, "substitution").x, 1e-9 if spec.exact else 1e-6
+    home = pp.solve(system, spec.name).status
     out = []
     for kind in kinds:
         try:
             moved = system.to(kind.split()[0], None if kind == "cupy" else device)
-            x = pp.backend.to_host(pp.solve(moved, spec.name).x)
+            solution = pp.solve(moved, spec.name)
         except Exception as error:  # reported with the method and layout
             out.append((kind, f"{type(error).__name__}: {error}"[:200]))
             continue
+        if solution.status is not home:
+            out.append((kind, f"{solution.status.name} where NumPy's is {home.name}"))
+            continue
+        x = pp.backend.to_host(solution.x)
         error = float(np.abs(x - exact).max() / max(np.abs(exact).max(), 1))
-        if not error <= bound:
+        if home is pp.Status.CONVERGED and not error <= bound:
             out.append((kind, f"relative error {error:.1e}"))
-    return out
+    return out, "" if home is pp.Status.CONVERGED else home.name
 
 
 def _full_float32() -> None:

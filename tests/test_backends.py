@@ -216,6 +216,7 @@ def test_the_gpu_record_keeps_each_backend_that_agreed(tmp_path, monkeypatch, ca
 
     torch = pytest.importorskip("torch")
     from benchmarks import gpu
+    from benchmarks.systems import SYSTEMS
 
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(__version__="9.9"))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "Stub GPU")
@@ -223,7 +224,8 @@ def test_the_gpu_record_keeps_each_backend_that_agreed(tmp_path, monkeypatch, ca
                "richardson": [("cupy", "x"), ("torch (CUDA)", "y")]}
     asked = {}
     monkeypatch.setattr(gpu, "_disagreements", lambda spec, system, device, kinds: (
-        asked.__setitem__(spec.name, kinds), failing.get(spec.name, []))[1])
+        asked.__setitem__(spec.name, kinds), failing.get(spec.name, []))[1:] + (
+        "BREAKDOWN" * (spec.name == "scipy.cgs"),))
     path = tmp_path / "gpu_runs.py"
     path.write_text('"""Recorded runs."""\n\nRUNS: dict[str, str] = {}\n')
     passed = gpu.record("cuda", path)
@@ -232,11 +234,33 @@ def test_the_gpu_record_keeps_each_backend_that_agreed(tmp_path, monkeypatch, ca
     assert "CuPy" not in passed["jacobi"] and "; cupy failed (" in passed["jacobi"]
     assert passed["jacobi"].endswith(": NotImplementedError: )")
     assert "CuPy 9.9" in passed["substitution"]
-    assert asked["scipy.gmres"] == ["cupy"] and asked["pyamg.gmres"] == []  # no GPU path
+    assert asked["scipy.gmres"] == ["cupy"] and "pyamg.gmres" not in asked  # no GPU path
     assert passed["scipy.gmres"] == "Stub GPU, every layout, float64: CuPy 9.9"
+    assert passed["scipy.cgs"] == ("Stub GPU, every layout, float64: CuPy 9.9; BREAKDOWN on "
+                                   + ", ".join(SYSTEMS) + ", as on NumPy")
     assert "pyamg.gmres" not in passed
     spec = importlib.util.spec_from_file_location("runs", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.RUNS == passed
+    assert max(len(line) for line in path.read_text().splitlines()) <= 100  # ruff's limit
     assert "richardson failed: cupy" in capsys.readouterr().out
+
+
+def test_the_gpu_record_compares_each_backend_with_the_method_on_numpy():
+    """``benchmarks.gpu._disagreements`` on the CPU (PyTorch's CPU device for CUDA's).
+
+    A method that converges must agree with substitution; one that fails on NumPy
+    (SciPy's CGS breaks down on the linear layout) must fail there with the same status,
+    and that status is returned; a backend the method does not run on is a disagreement.
+    """
+    pytest.importorskip("torch")
+    from benchmarks import gpu
+    from benchmarks.systems import SYSTEMS
+
+    jacobi, cgs = pp.solvers.info("jacobi"), pp.solvers.info("scipy.cgs")
+    assert gpu._disagreements(jacobi, SYSTEMS["rnn"](3), "cpu", ["torch (CUDA)"]) == ([], "")
+    assert pp.solve(SYSTEMS["linear"](3), "scipy.cgs").status is pp.Status.BREAKDOWN
+    assert gpu._disagreements(cgs, SYSTEMS["linear"](3), "cpu", ["numpy"]) == ([], "BREAKDOWN")
+    wrong, home = gpu._disagreements(cgs, SYSTEMS["rnn"](3), "cpu", ["torch (CUDA)"])
+    assert home == "" and wrong[0][0] == "torch (CUDA)" and "runs on numpy" in wrong[0][1]

@@ -220,3 +220,19 @@ def test_a_failed_training_solve_is_one_line_not_a_traceback():
     if result.returncode == 2:
         assert result.stderr.startswith("propop: error: ")
         assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_demo_counts_native_methods_and_adapters_of_the_gpu_record(monkeypatch):
+    """The demo's GPU sentence counts the recorded SciPy adapters apart from native methods."""
+    from propop.cli import demos
+    from propop.solvers import gpu_runs
+
+    monkeypatch.setattr(gpu_runs, "RUNS", {"substitution": "Stub GPU, every layout",
+                                           "jacobi": "Stub GPU, every layout",
+                                           "scipy.gmres": "Stub GPU, every layout"})
+    assert demos._gpu_runs() == ("2 native methods and 1 SciPy adapters (CuPy's namesakes) "
+                                 "ran on an Stub GPU and agreed with NumPy")
+    monkeypatch.setattr(gpu_runs, "RUNS", {"substitution": "Stub GPU, every layout"})
+    assert demos._gpu_runs() == "1 native methods ran on an Stub GPU and agreed with NumPy"
+    monkeypatch.setattr(gpu_runs, "RUNS", {})
+    assert demos._gpu_runs() == "not yet run on a GPU"

@@ -72,13 +72,16 @@ def storage() -> None:
 
 
 def _gpu_runs() -> str:
-    """How many native methods a recorded GPU run covered, and where (``gpu_runs``)."""
+    """How many methods a recorded GPU run covered, and where (``gpu_runs``)."""
     from ..solvers.gpu_runs import RUNS
 
     if not RUNS:
         return "not yet run on a GPU"
     device = next(iter(RUNS.values())).split(",")[0]
-    return f"{len(RUNS)} native methods ran on an {device} and agreed with NumPy"
+    adapters = sum(name.startswith("scipy.") for name in RUNS)
+    return (f"{len(RUNS) - adapters} native methods" + (
+        f" and {adapters} SciPy adapters (CuPy's namesakes)" if adapters else "")
+        + f" ran on an {device} and agreed with NumPy")
 
 
 def backends() -> None:
