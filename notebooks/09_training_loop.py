@@ -207,10 +207,11 @@ print("last backward:", wrapped.propop.last["backward"])
 #
 # propop's native methods run where the tensors are (`backend="torch"` keeps
 # `parallelize`'s graph on the inputs' device). Every one of them has run on an NVIDIA
-# H200, on PyTorch CUDA and on CuPy, and agreed with NumPy on every layout; the timings
+# H200, on PyTorch CUDA and on CuPy, and agreed with NumPy on every layout (SciPy's
+# `gmres`, `cgs` and `lsmr` on CuPy too, through `cupyx`); the timings
 # there against autograd, JAX, DEER's `seq1d` and pararnn-torch are in
 # `benchmarks/results/gpu.md` (cyclic reduction 2.0-3.7x faster than autograd on deep
-# MLPs, 0.60x autograd's time on an RNN of 65536 steps in float64; Newton slower than
+# MLPs, 0.56-0.66x autograd's time on RNNs in float64; Newton slower than
 # DEER's compiled iteration). Sequences longer than cuDNN's 65535 steps run in chained
 # kernel calls. A training step with these modules has not been timed on a GPU yet.
 # Where a method has run:

@@ -20,10 +20,19 @@ def system_of(r, density=1.0, dtype="float64", activation="tanh", sizes=(12,) * 
 
 
 def one_matrix(r, density=1.0, dtype="float64", sizes=(12,) * 7):
-    """A batch of one matrix exactly: one input repeated, a different error per column."""
+    """A batch of one matrix exactly: one sample's pass repeated, a different error per column.
+
+    The pass of one sample is repeated, not the input: BLAS need not give equal columns
+    of a product whose input columns are equal (OpenBLAS's float32 kernels do not).
+    """
     case = Case(sizes, density=density, r=r, dtype=dtype)
     net, (x, t) = case.net(), case.data()
-    trace = net.forward(np.repeat(x[:, :1], r, axis=1))
+    one = net.forward(x[:, :1])
+
+    def repeated(a):
+        return np.repeat(a, r, axis=1)
+
+    trace = pp.Trace(repeated(one.x), tuple(map(repeated, one.y)), tuple(map(repeated, one.z)))
     return pp.backward_system(net, trace, pp.loss_gradient(trace.output, t)).shared()
 
 

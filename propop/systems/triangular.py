@@ -273,8 +273,10 @@ class TriangularSystem:
         ----------
         how : {"exact", "mean"}
             ``"exact"``: every row scaling must be the same for all samples (a
-            linear network, or a batch repeated), else ``ValueError`` names the
-            first block that differs. ``"mean"``: the batch mean of each scaling,
+            linear network, or one sample's trace repeated), else ``ValueError``
+            names the first block that differs. A forward pass of a repeated input
+            need not give equal columns: BLAS may round the columns of one product
+            differently (OpenBLAS's float32 kernels do). ``"mean"``: the batch mean of each scaling,
             an approximation (the scaled right-hand side is kept). The result
             records the system it stands for in :attr:`approximates` and says so
             in its repr; :func:`propop.solve` judges its answer against that true
