@@ -83,9 +83,8 @@ def gru_row(device: str, inputs: int, hidden: int, layers: int, batch: int, tau:
             num_layers=layers, solver="newton", batch_first=False, return_hidden=True,
             config=pararnn.NewtonConfig(scan_backend="eager"), dtype=torch.float64)
     jobs = {name: _step(copy.deepcopy(model), loss) for name, model in models.items()}
-    times = timings(jobs, repeats=REPEATS)
     return _row("gru", f"in={inputs} H={hidden} layers={layers} batch={batch} tau={tau}",
-                times, "torch.nn.GRU")
+                *_timed(jobs), "torch.nn.GRU")
 
 
 def mlp_row(device: str, width: int, layers: int, batch: int) -> dict:
@@ -110,14 +109,29 @@ def mlp_row(device: str, width: int, layers: int, batch: int) -> dict:
                                                              method=method)
     jobs = {name: _step(model if name != "torch autograd" else copy.deepcopy(model), loss)
             for name, model in models.items()}
-    times = timings(jobs, repeats=REPEATS)
-    return _row("mlp", f"width={width} layers={layers} batch={batch}", times,
+    return _row("mlp", f"width={width} layers={layers} batch={batch}", *_timed(jobs),
                 "torch autograd")
 
 
-def _row(kind: str, case: str, times: dict, base: str) -> dict:
+def _timed(jobs: dict[str, Callable]) -> tuple[dict, dict]:
+    """``(times, errors)``: each job's first step tried alone, the ones that ran timed.
+
+    A contender that raises (pararnn-torch's CUDA kernels take no float64) is left out
+    of the timing with its error, instead of ending the whole run.
+    """
+    errors = {}
+    for name, job in jobs.items():
+        try:
+            job()
+        except Exception as error:  # reported in the table, with the contender's name
+            errors[name] = f"{type(error).__name__}: {error}"[:200]
+    ran = {name: job for name, job in jobs.items() if name not in errors}
+    return timings(ran, repeats=REPEATS), errors
+
+
+def _row(kind: str, case: str, times: dict, errors: dict, base: str) -> dict:
     reference = times[base]["median"]
-    return {"kind": kind, "case": case, "seconds": dict(times),
+    return {"kind": kind, "case": case, "seconds": dict(times), "errors": errors,
             "vs_plain": {k: v["median"] / reference for k, v in times.items()}}
 
 
@@ -125,15 +139,19 @@ def table(rows: list[dict]) -> str:
     """Markdown: per case, each contender's median step time and its ratio to plain."""
     out = []
     for title, chosen, names in by_kind(rows, (("gru", "GRU language model"), ("mlp", "MLP"))):
+        names += [n for row in chosen for n in row.get("errors", {}) if n not in names]
         out += [f"**One training step, {title}** (Adam, float64): median [ms], / plain "
                 "autograd's", "", "| case | " + " | ".join(names) + " |",
                 "|---|" + "---:|" * len(names)]
         for row in chosen:
             out.append(f"| {row['case']} | " + " | ".join(
                 f"{1e3 * row['seconds'][n]['median']:.2f} ({row['vs_plain'][n]:.2f}x)"
-                for n in names) + " |")
+                if n in row["seconds"] else "failed" for n in names) + " |")
+        out += [f"- {row['case']}, {name}: {why}" for row in chosen
+                for name, why in row.get("errors", {}).items()]
         out.append("")
-    if not any("pararnn" in name for row in rows for name in row["seconds"]):
+    if not any("pararnn" in name for row in rows
+               for name in [*row["seconds"], *row.get("errors", {})]):
         out.append("pararnn-torch is not installed here (pip install pararnn-torch; it needs "
                    "triton on Linux): no ParaGRU row.")
     return "\n".join(out)

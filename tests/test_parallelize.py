@@ -192,3 +192,20 @@ def test_a_backend_the_method_cannot_use_is_refused_by_name():
         ptorch.parallelize(mlp(), method="scipy.gmres", backend="torch")
     with pytest.raises(ValueError, match="backend must be one of"):
         ptorch.parallelize(mlp(), backend="jax")
+
+
+def test_the_training_step_benchmark_reports_a_contender_that_fails(monkeypatch):
+    """A contender whose step raises is left out of the timing and named in the table."""
+    from benchmarks import training_step
+
+    def broken():
+        raise TypeError("kernel supports float16/float32/bfloat16, got torch.float64")
+
+    times, errors = training_step._timed({"plain": lambda: None, "pararnn": broken})
+    assert set(times) == {"plain"} and errors == {
+        "pararnn": "TypeError: kernel supports float16/float32/bfloat16, got torch.float64"}
+    row = training_step._row("gru", "case A", times, errors, "plain")
+    text = training_step.table([row])
+    assert "| case | plain | pararnn |" in text and "| failed |" in text
+    assert "- case A, pararnn: TypeError: kernel supports" in text
+    assert "not installed" not in text  # it is installed: it failed
