@@ -32,7 +32,7 @@ __all__ = ["Backend", "of", "namespace", "is_sparse", "all_finite", "is_real_flo
            "take_rows",
            "subtract_rows", "itemsize", "like", "device", "take_columns", "spread_columns",
            "matmul_writer", "matmul_adder", "kind", "dtype_name", "stack_of", "astype",
-           "contiguous",
+           "contiguous", "block_matmul",
            "indices", "eps", "to_host",
            "quiet", "erf",
            "is_matrix_like", "convert", "KINDS"]
@@ -328,6 +328,35 @@ def matmul_into(out: Any, M: Any, x: Any, sparse: bool | None = None) -> Any:
         out[...] = M @ x
     else:
         matmul_out(of(out).xp)(M, x, out=out)
+    return out
+
+
+def block_matmul(A: Any, B: Any) -> Any:
+    """``A @ B`` over stacks of blocks; NumPy's blocks of at most 2 x 2, entry by entry.
+
+    NumPy's ``matmul`` loops over a stack one block at a time, some 20-40 ns a block
+    whatever its size: more than the arithmetic of a 2 x 2 block. Each entry of the
+    product, a sum of at most two products, is then a vector operation over the whole
+    stack instead (measured, 80000 blocks of 2 x 2, one thread: 3.0 against 0.67 ms
+    for products of blocks, 1.6 against 0.25 ms for products with vectors). Other
+    arrays (one kernel launch on a GPU, where the entries would take several) and
+    larger blocks go to ``@``.
+    """
+    rows, inner, cols = A.shape[-2], A.shape[-1], B.shape[-1]
+    if (type(A).__module__ != "numpy" or type(B).__module__ != "numpy" or A.ndim < 2
+            or B.ndim < 2 or max(A.ndim, B.ndim) < 3 or max(rows, inner, cols) > 2
+            or B.shape[-2] != inner):
+        return A @ B
+    import numpy as np
+
+    out = np.empty(np.broadcast_shapes(A.shape[:-2], B.shape[:-2]) + (rows, cols),
+                   dtype=np.result_type(A, B))
+    for i in range(rows):
+        for j in range(cols):
+            entry = out[..., i, j]
+            np.multiply(A[..., i, 0], B[..., 0, j], out=entry)
+            for k in range(1, inner):
+                entry += A[..., i, k] * B[..., k, j]
     return out
 
 

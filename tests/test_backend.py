@@ -237,3 +237,37 @@ def test_a_matrix_writer_refuses_shapes_that_do_not_match_by_name(x, out, adder)
     with pytest.raises(ValueError, match=r"matmul of a \(4, 3\) matrix and x of shape "
                                          rf"\({x[0]}, ?{x[1] if len(x) > 1 else ''}\)"):
         write(np.ones(x), out=np.zeros(out))
+
+
+@pytest.mark.parametrize(("left", "right"), [
+    ((50, 16, 2, 2), (50, 16, 2, 2)),  # the reduction's products of cores
+    ((50, 1, 2, 2), (50, 16, 2, 1)),  # a shared core times every sample's column
+    ((50, 16, 2, 2), (2, 2)),  # a stack times one matrix
+    ((7, 1, 1), (7, 1, 1)),  # scalar blocks
+    ((7, 2, 1), (7, 1, 2)),  # an outer product per block
+    ((7, 1, 2), (7, 2, 2)),
+])
+@pytest.mark.parametrize("dtypes", [("float64", "float64"), ("float32", "float32"),
+                                    ("float32", "float64")])
+def test_block_matmul_agrees_with_matmul_on_small_blocks(left, right, dtypes):
+    """Entry by entry on NumPy's blocks of at most 2 x 2: matmul's values, shape and dtype."""
+    rng = np.random.default_rng(0)
+    A, B = (rng.standard_normal(s).astype(d) for s, d in zip((left, right), dtypes))
+    got, want = backend.block_matmul(A, B), A @ B
+    assert got.shape == want.shape and got.dtype == want.dtype
+    bound = 4 * np.finfo(got.dtype).eps * (np.abs(A) @ np.abs(B))  # a sum's rounding
+    assert (np.abs(got - want) <= bound).all()
+
+
+def test_block_matmul_leaves_larger_blocks_other_arrays_and_bad_shapes_to_matmul():
+    """Larger blocks, one matrix alone and PyTorch tensors are ``@``'s; so are its errors."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    A, B = rng.standard_normal((5, 3, 3)), rng.standard_normal((5, 3, 3))
+    np.testing.assert_array_equal(backend.block_matmul(A, B), A @ B)
+    M, x = rng.standard_normal((2, 2)), rng.standard_normal((2, 1))
+    np.testing.assert_array_equal(backend.block_matmul(M, x), M @ x)
+    T = torch.as_tensor(rng.standard_normal((5, 2, 2)))
+    assert torch.equal(backend.block_matmul(T, T), T @ T)
+    with pytest.raises(ValueError, match="mismatch"):
+        backend.block_matmul(rng.standard_normal((5, 2, 2)), rng.standard_normal((5, 1, 2)))

@@ -634,9 +634,10 @@ class Operator:
         if transpose:
             source = X[rows, ...] if scales is None else scales * X[rows, ...]
             out[cols, ...] -= source if identity else outer(
-                xp.matrix_transpose(M) @ inner(source))
+                backend.block_matmul(xp.matrix_transpose(M), inner(source)))
         else:  # a new array, scaled in place
-            product = X[cols, ...] * 1 if identity else outer(M @ inner(X[cols, ...]))
+            product = X[cols, ...] * 1 if identity else outer(
+                backend.block_matmul(M, inner(X[cols, ...])))
             if scales is not None:
                 product *= scales
             out[rows, ...] -= product

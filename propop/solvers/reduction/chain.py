@@ -298,7 +298,7 @@ def product(L1: Any, C1: Any, L2: Any, C2: Any, counter: Counter) -> Any:
     """
     left = C1 if L2 is None else C1 * L2[:, :, None, :]
     p, b, n, _ = left.shape
-    out = left @ C2
+    out = backend.block_matmul(left, C2)
     counter.flops += 2 * p * b * n**3 + (0 if L2 is None else p * b * n * n)
     return out
 
@@ -315,11 +315,13 @@ def apply(L: Any, C: Any, X: Any, counter: Counter, xp: Any = None) -> Any:
     counter.flops += (2 * n * n + (0 if L is None else n)) * p * r * columns
     xp = backend.namespace(X) if xp is None else xp
     if X.ndim == 4:
-        CX = C @ X
+        CX = backend.block_matmul(C, X)
         if L is not None:
             CX *= L[..., None]  # in place: the product is new, and scaling it is half the time
         return CX
-    if C.shape[1] == 1 and r == 1 and hasattr(xp, "einsum"):  # einsum reads strided cores
+    if n <= 2 and isinstance(X, np.ndarray):  # entry by entry (backend.block_matmul)
+        CX = backend.block_matmul(C, X[..., None])[..., 0]
+    elif C.shape[1] == 1 and r == 1 and hasattr(xp, "einsum"):  # einsum reads strided cores
         CX = xp.einsum("pij,pj->pi", C[:, 0, ...], X[:, 0, ...])[:, None, :]  # 3x matmul here
     elif C.shape[1] == 1:  # one shared core per block: a matrix-matrix product
         CX = xp.permute_dims(C[:, 0, ...] @ xp.permute_dims(X, (0, 2, 1)), (0, 2, 1))
