@@ -437,7 +437,7 @@ class Recurrence:
             size = 1 if linearization == "quasi" else self.block_size
             block = np.arange(self.state_size) // size
             J = J * xp.astype(backend.like(block[:, None] == block[None, :], J), J.dtype)
-        c = F - (J @ previous[..., None])[..., 0]
+        c = F - backend.block_matmul(J, previous[..., None])[..., 0]
         c = xp.concat([F[:r, ...], c[r:, ...]])  # step 0: h_{-1} is given, no unknown
         return (xp.reshape(J, (tau, r, self.state_size, -1)), xp.reshape(c, (tau, r, -1)))
 
