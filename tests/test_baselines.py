@@ -163,3 +163,20 @@ def test_the_profiles_charge_a_kernel_to_the_function_that_calls_it():
     assert "(misses: a target;" in text and f"over {result['calls']} calls" in text
     assert set(profiles.CASES) >= {"GRU Newton forward in=2 H=2 batch=16 tau=10000, "
                                    "cyclic-reduction"}
+
+
+def test_the_benchmarks_record_the_processor_and_its_vector_unit(tmp_path):
+    """``benchmarks.common.cpu_model`` reads the first processor of ``/proc/cpuinfo``."""
+    from benchmarks.common import cpu_model, describe, environment
+
+    first = "processor\t: 0\nmodel name\t: Some CPU 9000\nflags\t\t: fpu sse avx2 avx512f\n"
+    info = tmp_path / "cpuinfo"
+    info.write_text(first + "\nprocessor\t: 1\nmodel name\t: Other\nflags\t\t: fpu\n")
+    assert cpu_model(str(info)) == "Some CPU 9000, AVX-512"
+    info.write_text(first.replace(" avx512f", ""))
+    assert cpu_model(str(info)) == "Some CPU 9000, AVX2"
+    info.write_text("processor\t: 0\n")
+    assert cpu_model(str(info)) == "unknown, no AVX2"
+    env = dict(environment(), cpu="Some CPU 9000, AVX2")
+    assert describe(env).startswith(f"{env['machine']} (Some CPU 9000, AVX2), ")
+    assert "(" not in describe({k: v for k, v in env.items() if k != "cpu"}).split(",")[0]
