@@ -342,11 +342,11 @@ def block_matmul(A: Any, B: Any) -> Any:
     arrays (one kernel launch on a GPU, where the entries would take several) and
     larger blocks go to ``@``.
     """
-    rows, inner, cols = A.shape[-2], A.shape[-1], B.shape[-1]
-    if (type(A).__module__ != "numpy" or type(B).__module__ != "numpy" or A.ndim < 2
-            or B.ndim < 2 or max(A.ndim, B.ndim) < 3 or max(rows, inner, cols) > 2
-            or B.shape[-2] != inner):
+    if (type(A).__module__ != "numpy" or type(B).__module__ != "numpy" or min(A.ndim, B.ndim) < 2
+            or max(A.ndim, B.ndim) < 3 or max(A.shape[-2:] + B.shape[-1:]) > 2
+            or B.shape[-2] != A.shape[-1]):
         return A @ B
+    rows, inner, cols = A.shape[-2], A.shape[-1], B.shape[-1]
     import numpy as np
 
     out = np.empty(np.broadcast_shapes(A.shape[:-2], B.shape[:-2]) + (rows, cols),

@@ -267,6 +267,9 @@ def test_block_matmul_leaves_larger_blocks_other_arrays_and_bad_shapes_to_matmul
     np.testing.assert_array_equal(backend.block_matmul(A, B), A @ B)
     M, x = rng.standard_normal((2, 2)), rng.standard_normal((2, 1))
     np.testing.assert_array_equal(backend.block_matmul(M, x), M @ x)
+    S, v = rng.standard_normal((5, 2, 2)), rng.standard_normal(2)  # a vector: @'s meaning
+    np.testing.assert_array_equal(backend.block_matmul(S, v), S @ v)
+    np.testing.assert_array_equal(backend.block_matmul(v, S), v @ S)
     T = torch.as_tensor(rng.standard_normal((5, 2, 2)))
     assert torch.equal(backend.block_matmul(T, T), T @ T)
     with pytest.raises(ValueError, match="mismatch"):
