@@ -104,7 +104,8 @@ class TightMLP:
             if k > 0:
                 v[k] *= slope[k - 1]
         if self.stacked:  # every layer's gradients in one batched product
-            np.matmul(self.V[1:], self.Z[:-1].transpose(0, 2, 1), out=self.dW)
+            outer = np.multiply if self.V.shape[2] == 1 else np.matmul  # k = 1: half the time
+            outer(self.V[1:], self.Z[:-1].transpose(0, 2, 1), out=self.dW)
             np.sum(self.V[1:], axis=2, out=self.db)
         return self.dW, self.db, v[0]
 

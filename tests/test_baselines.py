@@ -15,13 +15,14 @@ from benchmarks.baselines import TightBackward, TightMLP, TightRNN, TightRNNForw
 torch = pytest.importorskip("torch")
 
 
+@pytest.mark.parametrize("r", [3, 1])  # one sample: the gradients as outer products
 @pytest.mark.parametrize("blas", [False, True])
 @pytest.mark.parametrize("widths", [(5, 6, 6, 4), (5, 5, 5, 5)], ids=["unequal", "stacked"])
-def test_the_tight_mlp_loop_is_autograd(widths, blas):
+def test_the_tight_mlp_loop_is_autograd(widths, blas, r):
     net = pp.FNN.random(widths, activation="tanh", seed=0, bias=0.1)
     rng = np.random.default_rng(1)
-    x, t = rng.standard_normal((5, 3)), rng.standard_normal((widths[-1], 3))
-    loop = TightMLP(net.W, net.b, 3, blas=blas)
+    x, t = rng.standard_normal((5, r)), rng.standard_normal((widths[-1], r))
+    loop = TightMLP(net.W, net.b, r, blas=blas)
     for _ in range(2):  # the preallocated arrays are reused without leftovers
         dW, db, dx = loop(x, t)
     W = [torch.tensor(Wk, requires_grad=True) for Wk in net.W]

@@ -93,7 +93,7 @@ def test_random_respects_dtype_density_and_seed():
     assert abs(a.W[0].nnz / 30 - 0.5) < 0.1
 
 
-@pytest.mark.parametrize("shape", [(6,), (6, 3)], ids=["vector", "batch"])
+@pytest.mark.parametrize("shape", [(6,), (6, 3), (6, 1)], ids=["vector", "batch", "column"])
 @pytest.mark.parametrize("activations", [["tanh"] * 4, ["relu", "tanh", "sigmoid", "identity"]],
                          ids=["one-kind", "mixed"])
 def test_equal_widths_run_stacked_and_agree_with_autograd_in_every_layer(shape, activations):
