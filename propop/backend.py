@@ -186,18 +186,15 @@ def matmul_writer(M: Any, plain: bool = False, accumulate: bool = False) -> Any:
     ``accumulate=True``: ``y += M @ x``, one fused call where BLAS runs it. ``x``
     must not share memory with ``y`` (BLAS reads it while writing ``y``).
     """
-    if not is_sparse(M):
-        write = _blas_writer(M, accumulate)
-        if write is not None:
-            return write
-    if is_sparse(M):
-        product = lambda x, out: matmul_into(out, M, x, sparse=True)  # noqa: E731
-    else:
-        product = functools.partial(matmul_out(of(M).xp, plain), M)
-    if not accumulate:
-        return product
-
-    return functools.partial(_add_product, M)
+    sparse = is_sparse(M)
+    write = None if sparse else _blas_writer(M, accumulate)
+    if write is not None:
+        return write
+    if accumulate:
+        return functools.partial(_add_product, M)
+    if sparse:
+        return lambda x, out: matmul_into(out, M, x, sparse=True)
+    return functools.partial(matmul_out(of(M).xp, plain), M)
 
 
 _BLAS = {"float64": ("dgemv", "dgemm"), "float32": ("sgemv", "sgemm")}

@@ -168,6 +168,16 @@ def test_a_matrix_writer_adds_on_every_backend():
     torch.testing.assert_close(target, M @ x + y, rtol=1e-15, atol=0)
 
 
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_a_sparse_matrix_writer_writes_or_adds_its_product(accumulate):
+    """A sparse ``M`` (no BLAS call): the product written into ``out``, or added to it."""
+    M = sp.random_array((6, 5), density=0.4, format="csr", rng=np.random.default_rng(0))
+    x, y = np.random.default_rng(1).standard_normal((2, 5, 2))[0], np.ones((6, 2))
+    target = y.copy()
+    backend.matmul_writer(M, accumulate=accumulate)(x, out=target)
+    np.testing.assert_allclose(target, M.toarray() @ x + (y if accumulate else 0), rtol=1e-14)
+
+
 def test_a_stack_is_found_only_where_the_arrays_are_its_entries_in_order():
     torch = pytest.importorskip("torch")
     S = np.random.default_rng(0).standard_normal((4, 3, 3))

@@ -408,10 +408,11 @@ class FNN:
             V = v[1:, ...] if stacked else xp.stack(v[1:])
             x = v[0, ...] if stacked else v[0]
             Z = trace.stacked["z"][:-1, ...] if trace.stacked else xp.stack(trace.z[:-1])
-            if V.ndim == 2 or V.shape[2] == 1:  # one sample: outer products, no sum
-                v_, z_ = (V, Z) if V.ndim == 2 else (V[..., 0], Z[..., 0])
-                return Gradients(W=backend.unstack(v_[:, :, None] * z_[:, None, :]),
-                                 b=backend.unstack(v_), x=x)  # half matmul's time (k = 1)
+            if V.ndim == 3 and V.shape[2] == 1:  # one sample as a column: as a vector
+                V, Z = V[..., 0], Z[..., 0]
+            if V.ndim == 2:  # outer products, no sum: half matmul's time (inner size 1)
+                return Gradients(W=backend.unstack(V[:, :, None] * Z[:, None, :]),
+                                 b=backend.unstack(V), x=x)
             return Gradients(W=backend.unstack(V @ xp.permute_dims(Z, (0, 2, 1))),
                              b=backend.unstack(xp.sum(V, axis=2)), x=x)
         dW = tuple(backend.outer_on_pattern(Wk, vk, zk)
