@@ -12,9 +12,11 @@ solvers are. Peak memory is the weights plus the solve's peak allocation
 for its "at most twice the memory" claim.
 
 Then the block products alone (``chain.product`` on one level's stacked pairs)
-against this machine's DGEMM rate, measured in the same run: a per-sample batch's
-products run at a fraction of it, because scaling a core by the next position's
-per-sample slopes makes a temporary as large as the product.
+against this machine's DGEMM rate, measured in the same run, beside NumPy's own
+``matmul`` of the same blocks (scaled already) and propop's ``backend.block_matmul``:
+blocks of 8 to 32 are far from DGEMM's rate whoever multiplies them (a BLAS call per
+block, or per pair where the right block is shared), and the product adds the
+scaling, a temporary as large as the product.
 
 Run: ``python -m benchmarks.cr`` (a few minutes on 2 cores).
 """
@@ -134,28 +136,42 @@ def product_rates() -> list[dict]:
 
     ``r > 1``: per-sample blocks, as a batch's reduction forms them (a per-sample
     left core scaled by the next position's per-sample slopes, times a shared core).
+    Beside each, NumPy's own ``matmul`` of the same blocks, already scaled: the rate
+    a batched product of blocks this size reaches here, whoever calls it.
     """
+    from propop import backend
     from propop.solvers.reduction.chain import Counter, product
 
     peak, rng, rows = dgemm_rate(), np.random.default_rng(1), []
     for n, r, pairs in PRODUCTS:
         L1, L2 = (rng.standard_normal((pairs, r, n)) for _ in range(2))
         C1, C2 = rng.standard_normal((pairs, r, n, n)), rng.standard_normal((pairs, 1, n, n))
-        job = functools.partial(product, L1, C1, L2, C2, Counter())
-        seconds = median_times({"product": job}, repeats=5)["product"]
-        rate = (2 * pairs * r * n**3 + pairs * r * n * n) / seconds
+        left = C1 * L2[:, :, None, :]
+        seconds = median_times({"product": functools.partial(product, L1, C1, L2, C2,
+                                                             Counter()),
+                                "matmul": functools.partial(np.matmul, left, C2),
+                                "block_matmul": functools.partial(backend.block_matmul,
+                                                                  left, C2)},
+                               repeats=5)
+        flops = 2 * pairs * r * n**3
+        rate = (flops + pairs * r * n * n) / seconds["product"]
         rows.append({"n": n, "r": r, "pairs": pairs, "gflops": rate / 1e9,
-                     "dgemm_gflops": peak / 1e9, "of_dgemm": rate / peak})
+                     "dgemm_gflops": peak / 1e9, "of_dgemm": rate / peak,
+                     "matmul_gflops": flops / seconds["matmul"] / 1e9,
+                     "block_matmul_gflops": flops / seconds["block_matmul"] / 1e9})
     return rows
 
 
 def product_table(rows: list[dict]) -> str:
     """The block products' rates as a Markdown table, DGEMM's in the heading."""
     lines = [f"**Block products** (`chain.product`, one level's pairs) against this machine's "
-             f"DGEMM (1024 x 1024: {rows[0]['dgemm_gflops']:.1f} GFLOP/s)", "",
-             "| n | r | pairs | GFLOP/s | of DGEMM |", "|---:|---:|---:|---:|---:|"]
+             f"DGEMM (1024 x 1024: {rows[0]['dgemm_gflops']:.1f} GFLOP/s), and NumPy's "
+             "`matmul` and propop's `block_matmul` of the same blocks, scaled already",
+             "", "| n | r | pairs | GFLOP/s | of DGEMM | matmul alone | block_matmul alone |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {row['n']} | {row['r']} | {row['pairs']} | {row['gflops']:.1f} | "
-              f"{100 * row['of_dgemm']:.0f}% |" for row in rows]
+              f"{100 * row['of_dgemm']:.0f}% | {row['matmul_gflops']:.1f} | "
+              f"{row['block_matmul_gflops']:.1f} |" for row in rows]
     return "\n".join(lines)
 
 

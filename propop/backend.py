@@ -337,12 +337,15 @@ def block_matmul(A: Any, B: Any) -> Any:
     stack instead (measured, 80000 blocks of 2 x 2, one thread: 3.0 against 0.67 ms
     for products of blocks, 1.6 against 0.25 ms for products with vectors). Other
     arrays (one kernel launch on a GPU, where the entries would take several) and
-    larger blocks go to ``@``.
+    larger blocks go to ``@``, in one product per right-hand block where a NumPy stack
+    ``A`` ``(..., b, n, k)`` meets ``B`` ``(..., 1, k, m)`` shared over ``b``
+    (:func:`_shared_right`).
     """
     if (type(A).__module__ != "numpy" or type(B).__module__ != "numpy" or min(A.ndim, B.ndim) < 2
-            or max(A.ndim, B.ndim) < 3 or max(A.shape[-2:] + B.shape[-1:]) > 2
-            or B.shape[-2] != A.shape[-1]):
+            or max(A.ndim, B.ndim) < 3 or B.shape[-2] != A.shape[-1]):
         return A @ B
+    if max(A.shape[-2:] + B.shape[-1:]) > 2:
+        return _shared_right(A, B)
     rows, inner, cols = A.shape[-2], A.shape[-1], B.shape[-1]
     import numpy as np
 
@@ -355,6 +358,24 @@ def block_matmul(A: Any, B: Any) -> Any:
             for k in range(1, inner):
                 entry += A[..., i, k] * B[..., k, j]
     return out
+
+
+def _shared_right(A: Any, B: Any) -> Any:
+    """``A @ B`` for NumPy stacks, ``B`` ``(..., 1, k, m)`` as one product with ``b n`` rows.
+
+    ``matmul`` broadcasting ``B`` over ``A``'s ``b`` blocks calls BLAS once per
+    ``n x k`` block; the ``b`` blocks laid one under another are one ``(b n) x k``
+    product with ``B``'s block (measured, one thread: 512 pairs of 32 blocks of 8 x 8,
+    13.6 against 24.1 GFLOP/s; 32 x 32 blocks 22.6 against 25.8). Where ``A``'s
+    blocks do not lie one under another in memory (a reshape would copy) and for
+    other shapes, ``matmul`` as it is.
+    """
+    b = A.shape[-3] if A.ndim >= 3 else 0
+    if not (A.ndim == B.ndim >= 3 and b > 1 and B.shape[-3] == 1
+            and A.shape[:-3] == B.shape[:-3] and A.strides[-3] == A.shape[-2] * A.strides[-2]):
+        return A @ B
+    rows = A.reshape(A.shape[:-3] + (b * A.shape[-2], A.shape[-1]))
+    return (rows @ B[..., 0, :, :]).reshape(A.shape[:-1] + B.shape[-1:])
 
 
 def matmul_out(xp: ModuleType, plain: bool = False) -> Any:

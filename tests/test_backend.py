@@ -269,6 +269,28 @@ def test_block_matmul_agrees_with_matmul_on_small_blocks(left, right, dtypes):
     assert (np.abs(got - want) <= bound).all()
 
 
+@pytest.mark.parametrize(("left", "right", "view"), [
+    ((6, 5, 3, 4), (6, 1, 4, 2), None),  # per-sample blocks times a shared core
+    ((5, 3, 4), (1, 4, 3), None),
+    ((2, 6, 5, 3, 4), (2, 6, 1, 4, 2), None),
+    ((12, 5, 3, 4), (6, 1, 4, 2), "every other block"),  # rows of a level: still one stack
+    ((6, 3, 5, 4), (6, 1, 4, 2), "transposed"),  # blocks not one under another: matmul
+    ((6, 5, 3, 4), (6, 5, 4, 2), None),  # nothing shared
+])
+def test_block_matmul_with_a_shared_right_block_agrees_with_matmul(left, right, view):
+    """Larger blocks times a block shared over the samples: matmul's values and shape."""
+    rng = np.random.default_rng(0)
+    A, B = rng.standard_normal(left), rng.standard_normal(right)
+    if view == "every other block":
+        A = A[::2]
+    elif view == "transposed":
+        A = A.transpose(0, 2, 1, 3)
+    got, want = backend.block_matmul(A, B), A @ B
+    assert got.shape == want.shape and got.dtype == want.dtype
+    bound = 8 * np.finfo(got.dtype).eps * (np.abs(A) @ np.abs(B))  # a sum's rounding
+    assert (np.abs(got - want) <= bound).all()
+
+
 def test_block_matmul_leaves_larger_blocks_other_arrays_and_bad_shapes_to_matmul():
     """Larger blocks, one matrix alone and PyTorch tensors are ``@``'s; so are its errors."""
     torch = pytest.importorskip("torch")
