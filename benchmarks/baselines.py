@@ -72,9 +72,13 @@ class TightMLP:
             self.dW = [np.empty_like(Wk) for Wk in W]
             self.db = [np.empty(Wk.shape[0]) for Wk in W]
 
-    def __call__(self, x: np.ndarray, t: np.ndarray) -> tuple[Any, Any, np.ndarray]:
-        """``(dW, db, dx)``, in this object's arrays (overwritten by the next call)."""
-        z, v, slope = self.z, self.v, self.slope
+    def forward(self, x: np.ndarray) -> list:
+        """The forward pass alone, ``z[0..l]`` in this object's arrays.
+
+        The sequential part of the job, which every method that solves only the
+        backward system runs as well: the floor of its time.
+        """
+        z = self.z
         z[0][...] = x
         if self.blas:
             self._forward_by_blas()
@@ -83,6 +87,11 @@ class TightMLP:
                 np.dot(Wk, z[k], out=z[k + 1])
                 z[k + 1] += bk
                 np.tanh(z[k + 1], out=z[k + 1])
+        return z
+
+    def __call__(self, x: np.ndarray, t: np.ndarray) -> tuple[Any, Any, np.ndarray]:
+        """``(dW, db, dx)``, in this object's arrays (overwritten by the next call)."""
+        z, v, slope = self.forward(x), self.v, self.slope
         if self.stacked:  # f'(y) = 1 - z^2, once for all layers
             np.multiply(self.Z[1:], self.Z[1:], out=self.S)
             np.subtract(1.0, self.S, out=self.S)
@@ -177,18 +186,28 @@ class TightRNN:
         self.products = {m: np.empty((max(1, min(tau, 2**20 // (h * m))), h, m))
                          for m in {h, W.shape[1]}}  # per-step products, by width read
 
-    def __call__(self, xs: np.ndarray, t: np.ndarray) -> tuple:
-        """``(dW, dU, db, dx)``; ``dx`` in this object's array."""
-        z, v, tau = self.z, self.v, xs.shape[0]
+    def forward(self, xs: np.ndarray) -> np.ndarray:
+        """The forward pass alone, the states ``z[1..tau]`` in this object's array.
+
+        The sequential part of the job, which every method that solves only the
+        backward system runs as well: the floor of its time.
+        """
+        z = self.z
         np.matmul(self.W, xs, out=self.inputs)  # W x_s for every step at once
         self.inputs += self.b
         if self.blas:
             self._forward_by_blas()
         else:
-            for s in range(tau):
+            for s in range(xs.shape[0]):
                 np.dot(self.U, z[s], out=z[s + 1])
                 z[s + 1] += self.inputs[s]
                 np.tanh(z[s + 1], out=z[s + 1])
+        return z[1:]
+
+    def __call__(self, xs: np.ndarray, t: np.ndarray) -> tuple:
+        """``(dW, dU, db, dx)``; ``dx`` in this object's array."""
+        z, v, tau = self.z, self.v, xs.shape[0]
+        self.forward(xs)
         np.multiply(z[1:], z[1:], out=self.slope)
         np.subtract(1.0, self.slope, out=self.slope)
         np.subtract(z[1:], t, out=v[:tau])  # dE/dz, then the recurrence adds U^T v

@@ -41,6 +41,28 @@ def test_the_tight_mlp_loop_is_autograd(widths, blas, r):
 
 
 @pytest.mark.parametrize("blas", [False, True])
+def test_the_loops_forward_alone_is_the_forward_pass(blas):
+    """``loop.forward`` in ``benchmarks.peers``: the states of the sequential pass, no more."""
+    net = pp.FNN.random([4, 4, 4, 4], activation="tanh", seed=0, bias=0.1)
+    x = np.random.default_rng(1).standard_normal((4, 2))
+    loop = TightMLP(net.W, net.b, 2, blas=blas)
+    z = torch.tensor(x)
+    for Wk, bk, ours in zip(net.W, net.b, loop.forward(x)[1:]):
+        z = torch.tanh(torch.tensor(Wk) @ z + torch.tensor(bk)[:, None])
+        np.testing.assert_allclose(ours, z.numpy(), rtol=1e-13, atol=1e-15)
+    rnn = pp.RNN.random([3, 3], activation="tanh", seed=0)
+    xs = np.random.default_rng(2).standard_normal((6, 3, 2))
+    cell = torch.nn.RNN(3, 3).double()
+    with torch.no_grad():  # the same weights; the bias once (propop's RNN has one)
+        for name, value in (("weight_ih_l0", rnn.W[0]), ("weight_hh_l0", rnn.U[0]),
+                            ("bias_ih_l0", rnn.b[0]), ("bias_hh_l0", 0 * rnn.b[0])):
+            getattr(cell, name).copy_(torch.tensor(value))
+        want = cell(torch.tensor(xs).permute(0, 2, 1))[0].permute(0, 2, 1).numpy()
+    states = TightRNN(rnn.W[0], rnn.U[0], rnn.b[0], 6, 2, blas=blas).forward(xs)
+    np.testing.assert_allclose(states, want, rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("blas", [False, True])
 @pytest.mark.parametrize(("m", "r"), [(3, 2), (5, 4), (3, 1)])  # both weight products' forms
 def test_the_tight_rnn_loop_is_autograd(m, r, blas):
     rnn = pp.RNN.random([m, 3], activation="tanh", seed=0)
