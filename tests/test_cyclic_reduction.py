@@ -331,3 +331,37 @@ def test_columns_are_the_batchs_samples():
     for bad in ((0.5, 2), (0, "3"), (True, 2)):
         with pytest.raises(TypeError, match=r"columns\(start, stop\) takes an integer index"):
             B.columns(*bad)
+
+
+@pytest.mark.parametrize("within", ["cyclic-reduction", "substitution"])
+@pytest.mark.parametrize("lower", [True, False])
+def test_a_step_whose_inner_layers_the_next_step_does_not_read(lower, within):
+    """Reduction over time where the chain carries layer 1 alone: layers 2 and 3 follow.
+
+    Layer 3 of each step reads layer 1 of the step before (after, if upper), so the
+    reduced positions are layers 1 to 3 and only layer 1 is carried: its values are
+    the chain's own unknowns, the others ``D^{-1} c + D^{-1} G y_prev``. Against a
+    dense solve of the explicit matrix.
+    """
+    from propop.systems.time_structure import Template, TimeStructure
+
+    rng = np.random.default_rng(3)
+    sizes, tau, r = (2, 3, 2, 3), 6, 2
+    M = {(1, 0): (3, 2), (2, 1): (2, 3), (3, 2): (3, 2), (3, 1): (3, 3)}
+    templates = []
+    for (row, col), shape in M.items():
+        matrix = 0.5 * rng.standard_normal(shape)
+        offset = -1 if (row, col) == (3, 1) else 0
+        if not lower:  # the transposed structure: row and column swap, time runs back
+            row, col, offset, matrix = col, row, -offset, matrix.T
+        templates.append(Template(row, col, offset, matrix))
+    scales = [None] + [rng.uniform(0.5, 1.5, (tau, n, r)) for n in sizes[1:]]
+    rhs = rng.standard_normal((tau * sum(sizes), r))
+    system = pp.TriangularSystem(None, None, rhs, lower=lower, sizes=list(sizes) * tau,
+                                 structure=TimeStructure(tau, sizes, tuple(templates)),
+                                 layer_scales=scales)
+    stacked = np.linalg.solve(system.matrix.toarray(), rhs.T.reshape(-1))  # samples in turn
+    want = stacked.reshape(r, -1).T
+    solution = pp.solve(system, "cyclic-reduction", within=within)
+    assert solution.converged
+    assert relative_error(solution.x, want) < 1e-13

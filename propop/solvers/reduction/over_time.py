@@ -44,7 +44,7 @@ from ... import backend
 from ...systems.coefficients import DENSE
 from ..direct.substitution import sweep
 from .chain import Chain, Counter
-from .segments import Across, expand
+from .segments import Across, expand, shifted
 
 __all__ = ["OverTime", "WITHIN", "Layout"]
 
@@ -70,10 +70,12 @@ class OverTime:
         self.inner = self.layers.chain(counter)  # G: the across-step couplings, (m, b, n, w)
         if within == "cyclic-reduction":
             self.levels = factor(self.inner, counter)
-        self.DG = self._inner_solve(self.inner.G, counter)
+        DG = self._inner_solve(self.inner.G, counter)
         self.inner = dataclasses.replace(self.inner, G=None)  # its blocks only are kept
         self.flip = not system.lower  # chain order over time: backward, last step first
-        A = self.layers.carried(self.DG)
+        A = self.layers.carried(DG)
+        # stage 3 reads D^{-1} G of the positions the next step does not read only
+        self.DG = DG if self.layers.uncarried else None
         steps = range(A.shape[0])
         self.across = Across(self._time_order(A), factor, counter,
                              _Steps(steps[::-1] if self.flip else steps))
@@ -95,9 +97,9 @@ class OverTime:
         leading = layers.leading(rhs, counter)
         Dc = self._inner_solve(layers.rhs_column(rhs, leading, counter), counter)
         g = layers.carried(Dc)[..., 0]
-        previous = self._time_order(self.across.previous(self._time_order(g), self.substitute,
-                                                         counter))
-        x = layers.solution(self.DG, Dc[..., 0], previous, leading, rhs, counter)
+        y = self.across.solve(self._time_order(g), self.substitute, counter)
+        x = layers.solution(self.DG, Dc[..., 0], self._time_order(y),
+                            self._time_order(shifted(y)), leading, rhs, counter)
         inner = (len(self.levels) if self.within == "cyclic-reduction"
                  else self.inner.C.shape[0]) + layers.first  # the leading positions too
         time = len(self.across.levels)
@@ -276,16 +278,27 @@ class _LayerChain(Layout):
         Z = rows[0] if len(rows) == 1 else xp.concat(rows, axis=1)
         return xp.reshape(Z, (self.tau, self.r, self.width, Y.shape[-1]))
 
-    def solution(self, DG: Any, Dc: Any, previous: Any, leading: list, rhs: list,
+    @property
+    def uncarried(self) -> list:
+        """The reduced layers that the next step does not read (a step's inner layers)."""
+        return [k for k in self.positions if k not in self.carried_offset]
+
+    def solution(self, DG: Any, Dc: Any, y: Any, previous: Any, leading: list, rhs: list,
                  counter: Counter) -> Any:
-        """``x = D^{-1} c + D^{-1} G y_prev`` in the system's layout ``(tau H, r)``."""
+        """``x = D^{-1} c + D^{-1} G y_prev`` in the system's layout ``(tau H, r)``.
+
+        The carried layers are the chain's own unknowns ``y`` (``(tau, r, width)``, as
+        ``previous``): their rows of that sum are the chain's equation, solved already.
+        """
         xp = self.system.backend.xp
-        prev = xp.reshape(previous, (-1, self.width))  # (b, width)
+        prev, own = (xp.reshape(a, (-1, self.width)) for a in (previous, y))  # (b, width)
         x: list[Any] = [None] * len(self.sizes)
         for i, k in enumerate(self.order):
             h = self.sizes[k]
             if i < self.first:
                 x[k] = leading[i]
+            elif k in self.carried_offset:
+                x[k] = own[:, self.carried_offset[k]: self.carried_offset[k] + h]
             elif i < self.kept:
                 x[k] = expand(DG[i - self.first, :, :h, ...], Dc[i - self.first, :, :h], prev,
                               counter)

@@ -31,7 +31,7 @@ from typing import Any
 from ... import backend
 from .chain import Chain, Counter
 
-__all__ = ["Across", "expand"]
+__all__ = ["Across", "expand", "shifted"]
 
 
 class Across:
@@ -47,12 +47,20 @@ class Across:
                  ) -> None:
         self.levels = factor(Chain(None, A[1:, ...], None, names, ()), counter)  # unscaled
 
+    def solve(self, g: Any, substitute: Callable, counter: Counter) -> Any:
+        """Every segment's carried entries ``y_s`` from ``g`` ``(m, r, w)``."""
+        return substitute(self.levels, g, counter)
+
     def previous(self, g: Any, substitute: Callable, counter: Counter) -> Any:
         """What each segment reads, ``y_{s-1}`` (zero for the first), from ``g`` ``(m, r, w)``."""
-        y = substitute(self.levels, g, counter)
-        previous = backend.namespace(y).zeros_like(y)
-        previous[1:, ...] = y[:-1, ...]
-        return previous
+        return shifted(self.solve(g, substitute, counter))
+
+
+def shifted(y: Any) -> Any:
+    """``y_{s-1}`` at every segment ``s`` of ``y`` ``(m, ...)``, zero at the first."""
+    previous = backend.namespace(y).zeros_like(y)
+    previous[1:, ...] = y[:-1, ...]
+    return previous
 
 
 def expand(DG: Any, Dc: Any, previous: Any, counter: Counter) -> Any:
