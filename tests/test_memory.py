@@ -263,6 +263,26 @@ def test_the_guard_remembers_a_peak_per_shape_and_never_across_shapes():
     assert footprint.dense_cyclic_reduction(b, False, False) == fresh[0]
     footprint._PEAKS.clear()
     assert footprint.dense_cyclic_reduction(b, False, False) == fresh[0]
+    # peaks are kept by the signature's hash: another signature with that hash is no hit
+    key = (("chain", False), None, hash(shapes.signature(b)))
+    footprint._PEAKS[key] = (shapes.signature(c), 1)
+    assert footprint.dense_cyclic_reduction(b, False, False) == fresh[0]
+
+
+def test_an_operators_signature_is_read_once_and_dies_with_it():
+    """Kept per operator (its arrays' shapes and strides do not change), never across."""
+    from propop.solvers.reduction import shapes
+
+    a = fnn_system([16] * 9, 4)
+    first = shapes.signature(a)
+    again = shapes.signature(a.with_rhs(a.rhs * 2.0))  # one operator, another rhs
+    assert again == first and all(x is y for x, y in zip(again[:-1], first[:-1]))
+    other = fnn_system([16] * 9, 4)
+    assert shapes.signature(other) == first and shapes.signature(other)[3] is not first[3]
+    kept = len(shapes._OPERATORS)
+    del a, other
+    gc.collect()
+    assert len(shapes._OPERATORS) <= kept - 2
 
 
 @pytest.mark.parametrize("kind", ["torch", "array_api_strict"])

@@ -98,22 +98,25 @@ def reduction(prepare: Callable, system: Any, shared_diagonal: str | None = None
     name and :func:`.shapes.signature` (equal signatures make equal twins), as
     a training loop solves systems of one shape again and again.
     """
-    key = (name, shared_diagonal, shapes.signature(system))
-    if key in _PEAKS:
+    signature = shapes.signature(system)
+    key = (name, shared_diagonal, hash(signature))  # hashed once: a long chain's is long
+    seen = _PEAKS.get(key)
+    if seen is not None and seen[0] == signature:
         _PEAKS.move_to_end(key)
-        return _PEAKS[key]
+        return seen[1]
     counter = Counter()
     with shapes.counting(counter):
         shaped = shapes.system(system, counter)
         x = prepare(shaped, shared_diagonal, counter)(shaped, counter)[0]
         counter.passing(2 * x.nbytes)
-    _PEAKS[key] = counter.peak_bytes
+    _PEAKS[key] = (signature, counter.peak_bytes)
+    _PEAKS.move_to_end(key)
     if len(_PEAKS) > _REMEMBERED:
         _PEAKS.popitem(last=False)
     return counter.peak_bytes
 
 
-_PEAKS: collections.OrderedDict = collections.OrderedDict()  # the latest peaks, by key
+_PEAKS: collections.OrderedDict = collections.OrderedDict()  # (signature, peak), latest last
 _REMEMBERED = 256
 
 

@@ -24,8 +24,10 @@ from __future__ import annotations
 import math
 import contextlib
 import dataclasses
+import itertools
+import weakref
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -367,16 +369,39 @@ def signature(s: Any) -> tuple:
     The layout's fields, the stored arrays' shapes and NumPy strides (and which
     couplings are one matrix stored once), the scalings' placement, form, samples, item size and
     the right-hand side's shape. Values are never read: a shape-only run takes
-    the same path whatever they are.
+    the same path whatever they are. The operator's part is kept while the operator
+    lives (:data:`_OPERATORS`): its arrays' shapes and strides never change.
     """
     is_system = isinstance(s, TriangularSystem)
     op = s.operator_of if is_system else s
+    mine = _OPERATORS.get(op)
+    if mine is None:
+        mine = _OPERATORS[op] = _operator_signature(op)
+    return mine + (_stored([s._scaled_rhs])[0] if is_system else None,)
+
+
+# an operator's signature, read once: 65536 sparse couplings and as many scalings take
+# 30 ms to read, a fifth of a cyclic reduction of them (a system solved again, a plan)
+_OPERATORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _operator_signature(op: Any) -> tuple:
+    """The operator's part of :func:`signature`."""
     layout, couplings, scalings = op.layout, op.couplings, op.scalings
-    first: dict = {}
-    stored = tuple(first.setdefault(id(M), k) for k, M in enumerate(couplings.arrays()))
+    arrays = couplings.arrays()
+    stored = tuple(map({}.setdefault, map(id, arrays), itertools.count()))
     return (type(layout), tuple(getattr(layout, f.name) for f in dataclasses.fields(layout)),
-            type(couplings), tuple((tuple(M.shape), _steps(M)) for M in couplings.arrays()),
-            stored,
-            tuple(None if a is None else (tuple(a.shape), _steps(a)) for a in scalings.stacks),
-            scalings.first, op.form, op.samples, backend.itemsize(op.dtype),
-            (tuple(s._scaled_rhs.shape), _steps(s._scaled_rhs)) if is_system else None)
+            type(couplings), _stored(arrays), stored, _stored(scalings.stacks),
+            scalings.first, op.form, op.samples, backend.itemsize(op.dtype))
+
+
+def _stored(arrays: Sequence[Any]) -> tuple:
+    """Each array's shape and NumPy strides (in bytes: one item size throughout a system).
+
+    Read for every stored array of a system at each solve, in comprehensions rather
+    than a call per array (65536 sparse couplings and as many scalings: 16 against 54
+    ms with :func:`_steps`' strides in entries, a call each). ``None`` stays ``None``.
+    """
+    ndarray = np.ndarray
+    return tuple([None if a is None else (a.shape, a.strides) if isinstance(a, ndarray)
+                  else (a.shape, None) for a in arrays])
