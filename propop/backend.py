@@ -345,7 +345,7 @@ def block_matmul(A: Any, B: Any) -> Any:
             or max(A.ndim, B.ndim) < 3 or B.shape[-2] != A.shape[-1]):
         return A @ B
     if max(A.shape[-2:] + B.shape[-1:]) > 2:
-        return _shared_right(A, B)
+        return _shared_right(A, B) if _right_is_shared(A, B) else A @ B
     rows, inner, cols = A.shape[-2], A.shape[-1], B.shape[-1]
     import numpy as np
 
@@ -360,21 +360,26 @@ def block_matmul(A: Any, B: Any) -> Any:
     return out
 
 
-def _shared_right(A: Any, B: Any) -> Any:
-    """``A @ B`` for NumPy stacks, ``B`` ``(..., 1, k, m)`` as one product with ``b n`` rows.
+def _right_is_shared(A: Any, B: Any) -> bool:
+    """Whether ``B`` ``(..., 1, k, m)`` is shared over the ``b > 1`` blocks of ``A``.
 
-    ``matmul`` broadcasting ``B`` over ``A``'s ``b`` blocks calls BLAS once per
-    ``n x k`` block; the ``b`` blocks laid one under another are one ``(b n) x k``
-    product with ``B``'s block (measured, one thread: 512 pairs of 32 blocks of 8 x 8,
-    13.6 against 24.1 GFLOP/s; 32 x 32 blocks 22.6 against 25.8). Where ``A``'s
-    blocks do not lie one under another in memory (a reshape would copy) and for
-    other shapes, ``matmul`` as it is.
+    ``A`` ``(..., b, n, k)`` over the same leading axes, its blocks one under another
+    in memory (a NumPy stack: a reshape of it copies nothing).
     """
-    b = A.shape[-3] if A.ndim >= 3 else 0
-    if not (A.ndim == B.ndim >= 3 and b > 1 and B.shape[-3] == 1
-            and A.shape[:-3] == B.shape[:-3] and A.strides[-3] == A.shape[-2] * A.strides[-2]):
-        return A @ B
-    rows = A.reshape(A.shape[:-3] + (b * A.shape[-2], A.shape[-1]))
+    return (A.ndim == B.ndim >= 3 and A.shape[-3] > 1 and B.shape[-3] == 1
+            and A.shape[:-3] == B.shape[:-3]
+            and A.strides[-3] == A.shape[-2] * A.strides[-2])
+
+
+def _shared_right(A: Any, B: Any) -> Any:
+    """``A @ B`` for ``B`` shared over ``A``'s ``b`` blocks, as one product with ``b n`` rows.
+
+    ``matmul`` broadcasting ``B`` calls BLAS once per ``n x k`` block; the ``b``
+    blocks laid one under another are one ``(b n) x k`` product with ``B``'s block
+    (measured, one thread: 512 pairs of 32 blocks of 8 x 8, 13.6 against 24.1
+    GFLOP/s; 32 x 32 blocks 22.6 against 25.8). :func:`_right_is_shared` says when.
+    """
+    rows = A.reshape(A.shape[:-3] + (A.shape[-3] * A.shape[-2], A.shape[-1]))
     return (rows @ B[..., 0, :, :]).reshape(A.shape[:-1] + B.shape[-1:])
 
 

@@ -188,6 +188,27 @@ def test_the_profiles_charge_a_kernel_to_the_function_that_calls_it():
                                    "cyclic-reduction"}
 
 
+@pytest.mark.parametrize("tau", [1, 2, 3, 8, 13, 64])
+def test_the_reduction_floor_solves_the_recurrence_it_times(tau):
+    """``profiles.odd_even`` is the chain's solution, the sequential loop's.
+
+    So its time is that of the arithmetic a reduction cannot skip, not of something less.
+    """
+    from benchmarks import profiles
+
+    rng = np.random.default_rng(tau)
+    A, g = rng.uniform(-1, 1, (tau, 3, 3)), rng.standard_normal((tau, 3))
+    want = [g[0]]
+    for s in range(1, tau):
+        want.append(A[s] @ want[-1] + g[s])
+    np.testing.assert_allclose(profiles.odd_even(A, g), np.array(want), rtol=1e-12,
+                               atol=1e-12)
+    floor = profiles.reduction_floor(3, tau, 2, repeats=2)
+    assert floor["seconds"] > 0 and floor["iterations"] == 2
+    text = profiles.table([], floor)
+    assert f"tau {tau}): odd-even" in text and "2 times" in text
+
+
 def test_the_benchmarks_record_the_processor_and_its_vector_unit(tmp_path):
     """``benchmarks.common.cpu_model`` reads the first processor of ``/proc/cpuinfo``."""
     from benchmarks.common import cpu_model, describe, environment
