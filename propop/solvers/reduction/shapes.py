@@ -381,7 +381,7 @@ def signature(s: Any) -> tuple:
 
 
 # an operator's signature, read once: 65536 sparse couplings and as many scalings take
-# 30 ms to read, a fifth of a cyclic reduction of them (a system solved again, a plan)
+# 32 ms to read, a quarter of a cyclic reduction of them (a system solved again, a plan)
 _OPERATORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -398,9 +398,9 @@ def _operator_signature(op: Any) -> tuple:
 def _stored(arrays: Sequence[Any]) -> tuple:
     """Each array's shape and NumPy strides (in bytes: one item size throughout a system).
 
-    Read for every stored array of a system at each solve, in comprehensions rather
-    than a call per array (65536 sparse couplings and as many scalings: 16 against 54
-    ms with :func:`_steps`' strides in entries, a call each). ``None`` stays ``None``.
+    Read for every stored array of a new operator, in comprehensions rather than a call
+    per array (65536 sparse couplings and as many scalings: the signature in 32 against
+    54 ms with :func:`_steps`' strides in entries, a call each). ``None`` stays ``None``.
     """
     ndarray = np.ndarray
     return tuple([None if a is None else (a.shape, a.strides) if isinstance(a, ndarray)
