@@ -159,6 +159,30 @@ def test_a_matrix_writer_is_the_product_in_every_layout(M, x, out, dtype, accumu
                                rtol=1e-5 if single else 1e-14, atol=1e-5 if single else 1e-14)
 
 
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("out", [
+    lambda s, d: np.empty(s, d),  # gemv writes the column in place
+    lambda s, d: np.empty(s, d)[::-1, :],  # a reversed column: the result copied in
+    lambda s, d: np.empty((s[0], 3), d)[:, 1:2],  # a strided column
+    lambda s, d: np.empty(s, "float32" if d == "float64" else "float64")])  # another dtype
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_one_column_of_a_larger_matrix_is_a_vector_to_blas(out, dtype, accumulate):
+    """From 32 columns up one sample's column goes to ``gemv``: the product, in any ``out``."""
+    rng = np.random.default_rng(2)
+    M = rng.standard_normal((40, 48)).astype(dtype)
+    x = rng.standard_normal((48, 1)).astype(dtype)
+    target = out((40, 1), dtype)
+    target[...] = rng.standard_normal(target.shape) if accumulate else np.nan
+    before = target.astype(np.float64) if accumulate else 0.0
+    assert backend.matmul_writer(M, accumulate=accumulate)(x, out=target) is target
+    single = np.float32 in (M.dtype, target.dtype)
+    np.testing.assert_allclose(target, M.astype(np.float64) @ x + before,
+                               rtol=1e-5 if single else 1e-13, atol=1e-5 if single else 1e-13)
+    with pytest.raises(ValueError, match=r"matmul of a \(40, 48\) matrix and x of shape "
+                                         r"\(47, 1\) into out of shape \(40, 1\)"):
+        backend.matmul_writer(M)(x[:47], out=np.zeros((40, 1), dtype))
+
+
 def test_a_matrix_writer_adds_on_every_backend():
     torch = pytest.importorskip("torch")
     M, x, y = (torch.arange(k, dtype=torch.float64) for k in (12, 4, 3))
