@@ -800,13 +800,32 @@ def quiet(xp: ModuleType) -> contextlib.AbstractContextManager:
 
 
 def outer_on_pattern(Wk: Any, vk: Any, zk: Any) -> Any:
-    """``sum_i v_i z_i^T`` over samples, on the pattern of ``Wk`` if it is sparse."""
+    """``sum_i v_i z_i^T`` over samples, on the pattern of ``Wk`` if it is sparse.
+
+    On a pattern, one sample's entries are gathered products; with several samples
+    either each stored entry's row of ``v`` and of ``z`` is gathered and their
+    products summed (``nnz x r`` temporaries), or, for a pattern of at least 1/64 of
+    a matrix of at most ``2^22`` entries whose gathered temporaries would hold
+    ``2^18`` products or more, the dense product ``v z^T`` is read at the pattern
+    (one GEMM). Measured in backpropagation, one thread: 16 layers of 512 x 512 at
+    density 0.05, 32 samples, 45-46 against 21-23 ms; an RNN of 256 at density 0.05,
+    4 samples, 1000 steps (the steps are the columns) 123-124 against 81-86 ms. Below
+    ``2^18`` products the
+    gathers' temporaries are the smaller fresh memory (64 layers of 256 x 256 at
+    density 0.05: 3145 page faults a call gathering, 6380 with ``v z^T``, and 4%
+    slower).
+    """
     be = of(Wk)
     if not be.sparse.issparse(Wk):
         return vk[:, None] * zk[None, :] if vk.ndim == 1 else vk @ zk.T
     rows = be.xp.repeat(be.xp.arange(Wk.shape[0]), be.xp.diff(Wk.indptr))
-    products = vk[rows] * zk[Wk.indices]
-    data = products if vk.ndim == 1 else products.sum(axis=1)
+    size = Wk.shape[0] * Wk.shape[1]
+    if vk.ndim == 2 and 64 * Wk.nnz >= size and size <= 2**22 and \
+            Wk.nnz * vk.shape[1] >= 2**18:
+        data = (vk @ zk.T)[rows, Wk.indices]
+    else:
+        products = vk[rows] * zk[Wk.indices]
+        data = products if vk.ndim == 1 else products.sum(axis=1)
     return type(Wk)((data, Wk.indices.copy(), Wk.indptr.copy()), shape=Wk.shape)
 
 

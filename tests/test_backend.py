@@ -183,6 +183,28 @@ def test_one_column_of_a_larger_matrix_is_a_vector_to_blas(out, dtype, accumulat
         backend.matmul_writer(M)(x[:47], out=np.zeros((40, 1), dtype))
 
 
+@pytest.mark.parametrize(("shape", "density", "columns"), [
+    ((300, 300), 0.05, 64),  # a dense enough pattern, many products: v z^T read there
+    ((40, 30), 0.3, 5),  # dense enough, but few products: each entry's rows gathered
+    ((200, 300), 0.005, 900),  # a sparse pattern: gathered
+    ((2049, 2048), 0.02, 4),  # dense enough, but v z^T too large to form: gathered
+    ((40, 30), 0.3, None),  # one sample: its products gathered
+])
+def test_weight_gradients_on_a_pattern_are_the_dense_ones_there(shape, density, columns):
+    """``outer_on_pattern``: ``v z^T`` at the stored entries, in the weight's own pattern."""
+    rng = np.random.default_rng(4)
+    W = sp.random_array(shape, density=density, format="csr", rng=rng)
+    W.sort_indices()
+    v = rng.standard_normal(shape[0] if columns is None else (shape[0], columns))
+    z = rng.standard_normal(shape[1] if columns is None else (shape[1], columns))
+    got = backend.outer_on_pattern(W, v, z)
+    np.testing.assert_array_equal(got.indptr, W.indptr)
+    np.testing.assert_array_equal(got.indices, W.indices)
+    full = np.outer(v, z) if columns is None else v @ z.T
+    rows = np.repeat(np.arange(shape[0]), np.diff(W.indptr))
+    np.testing.assert_allclose(got.data, full[rows, W.indices], rtol=1e-13, atol=1e-14)
+
+
 def test_a_matrix_writer_adds_on_every_backend():
     torch = pytest.importorskip("torch")
     M, x, y = (torch.arange(k, dtype=torch.float64) for k in (12, 4, 3))
