@@ -810,10 +810,9 @@ def outer_on_pattern(Wk: Any, vk: Any, zk: Any) -> Any:
     (one GEMM). Measured in backpropagation, one thread: 16 layers of 512 x 512 at
     density 0.05, 32 samples, 45-46 against 21-23 ms; an RNN of 256 at density 0.05,
     4 samples, 1000 steps (the steps are the columns) 123-124 against 81-86 ms. Below
-    ``2^18`` products the
-    gathers' temporaries are the smaller fresh memory (64 layers of 256 x 256 at
-    density 0.05: 3145 page faults a call gathering, 6380 with ``v z^T``, and 4%
-    slower).
+    ``2^18`` products the gathers' temporaries are the smaller fresh memory (64 layers
+    of 256 x 256 at density 0.05: 3145 page faults a call gathering, 6380 with
+    ``v z^T``, and 4% slower).
     """
     be = of(Wk)
     if not be.sparse.issparse(Wk):
