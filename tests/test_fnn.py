@@ -26,6 +26,30 @@ def test_forward_backward_gradients_match_autograd(case):
     assert relative_error(g.x, dx) < tol
 
 
+@pytest.mark.parametrize(("widths", "density", "r"), [
+    ([40, 40, 40, 40], 1.0, 1),  # one sample as a column, 32 or more wide: gemv's path
+    ([300, 300, 300], 0.05, 64),  # a sparse pattern's gradient read off the dense v z^T
+    ([300, 300, 300], 0.05, 2),  # the same pattern, few samples: gathered
+])
+def test_backprop_on_the_wide_paths_matches_autograd_per_layer(widths, density, r):
+    """``pp.backprop`` on the wide paths: autograd's values in every layer.
+
+    The forward pass calls ``gemv`` on a column; sparse gradients come from one
+    dense product (or, with few samples, from gathered rows).
+    """
+    net = pp.FNN.random(widths, activation="tanh", density=density, seed=5, bias=0.1)
+    rng = np.random.default_rng(6)
+    x, t = rng.standard_normal((widths[0], r)), rng.standard_normal((widths[-1], r))
+    g = pp.backprop(net, x, t, method="substitution")
+    out, dW, db, dx = torch_gradients(net, x, t)
+    for k in range(net.depth):
+        want = dW[k] * (dense(net.W[k]) != 0) if sp.issparse(net.W[k]) else dW[k]
+        assert sp.issparse(g.W[k]) == sp.issparse(net.W[k])
+        assert relative_error(dense(g.W[k]), want) < 1e-12, k
+        assert relative_error(g.b[k], db[k]) < 1e-12, k
+    assert relative_error(g.x, dx) < 1e-12
+
+
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_gradients_match_finite_differences(activation):
     case = Case((4, 5, 3), activation=activation, r=2)
