@@ -56,35 +56,40 @@ class TimeStructure:
                 if 0 <= s + t.offset < self.tau]
 
     def apply(self, system: Any, x: Any, transpose: bool = False) -> Any:
-        """``A x`` or ``A^T x`` with one product per template (any form, any batch)."""
+        """``A x`` or ``A^T x`` with one product per template (any form, any batch).
+
+        One copy of ``x`` is the result: each template's product covers only the
+        steps it couples and is subtracted into that copy's rows (a fresh array the
+        size of ``x`` costs its page faults, the arithmetic here being light).
+        """
         xp = system.backend.xp
         per, batch = len(self.sizes), x.shape[1:]
         X = xp.reshape(x, (self.tau, sum(self.sizes)) + batch)
-        offsets = [sum(self.sizes[:k]) for k in range(per)]
-        layers = [X[:, o: o + n, ...] for o, n in zip(offsets, self.sizes)]
+        starts = [sum(self.sizes[:k]) for k in range(per + 1)]
+        layer = [slice(a, b) for a, b in zip(starts, starts[1:])]
         scales = system.periodic_scales(per)
         paper = system.form == "paper"
-        out = [xk / s if paper and s is not None else xp.asarray(xk, copy=True)
-               for xk, s in zip(layers, scales)]
+        out = xp.asarray(X, copy=True)
+        for k, s in enumerate(scales):
+            if paper and s is not None:  # the paper form's diagonal, 1 / s
+                out[:, layer[k], ...] /= s
         for t in self.templates:
-            scale = None if paper else scales[t.row]
+            rows, cols = _steps(self.tau, t.offset)  # step s reads step s + offset
+            scale = None if paper or scales[t.row] is None else scales[t.row][rows, ...]
             if transpose:  # out_col[s + offset] -= M^T (scale_row x_row)[s]
-                source = layers[t.row] if scale is None else scale * layers[t.row]
-                out[t.col] -= _shifted(xp, backend.over_time(xp.matrix_transpose(t.M), source),
-                                       -t.offset)
+                source = X[rows, layer[t.row], ...]
+                product = backend.over_time(xp.matrix_transpose(t.M), source if scale is None
+                                            else scale * source)
+                out[cols, layer[t.col], ...] -= product
             else:  # out_row[s] -= scale_row[s] (M x_col[s + offset])
-                product = _shifted(xp, backend.over_time(t.M, layers[t.col]), t.offset)
-                out[t.row] -= product if scale is None else scale * product
-        return xp.reshape(xp.concat(out, axis=1), tuple(x.shape))
+                product = backend.over_time(t.M, X[cols, layer[t.col], ...])
+                if scale is not None:
+                    product *= scale  # a new array, scaled in place
+                out[rows, layer[t.row], ...] -= product
+        return xp.reshape(out, tuple(x.shape))
 
 
-def _shifted(xp: Any, Y: Any, offset: int) -> Any:
-    """``Y[s + offset]`` at step ``s``, zero where that step does not exist."""
-    if offset == 0:
-        return Y
-    out = xp.zeros_like(Y)
-    if offset > 0:
-        out[:-offset, ...] = Y[offset:, ...]
-    else:
-        out[-offset:, ...] = Y[:offset, ...]
-    return out
+def _steps(tau: int, offset: int) -> tuple[slice, slice]:
+    """The steps ``s`` that read a step ``s + offset`` of ``tau``, and the steps they read."""
+    return (slice(max(0, -offset), tau - max(0, offset)),
+            slice(max(0, offset), tau - max(0, -offset)))
