@@ -358,8 +358,15 @@ class Graph:
                 grads = self.layers[name].gradients([z[p] for p in self.inputs[name]], block)
                 if grads:
                     out[name] = grads
+        return self.named_gradients(out, blocks[0])
+
+    def named_gradients(self, parameters: dict, x: Any) -> GraphGradients:
+        """``GraphGradients`` of per-node gradients ``{node: {name: array}}`` and ``dE/dx``.
+
+        Named as :meth:`parameter_names` and tied as :meth:`ties` say.
+        """
         names, ties = self.parameter_names(), self.ties()
-        return GraphGradients(parameters=out, x=blocks[0],
+        return GraphGradients(parameters=parameters, x=x,
                               names={key: (names[key], ties[key]) for key in names})
 
     # -- systems ------------------------------------------------------------------------

@@ -29,7 +29,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..backend import of as backend_of
 from ..interop.torch_import import from_torch
+from ..networks.graph_fnn import GraphFNN, as_fnn
 from ..newton.loop import forward as newton_forward
 from ..solvers.plan import prepare, solve
 from ..solvers.registry import available, info
@@ -96,10 +98,11 @@ def parallelize(module: torch.nn.Module, *, method: str = "auto", forward: str =
     state = _State(graph, method, forward, rtol, options, _input_shape(graph, input_shape),
                    backend)
     if example_input is not None:  # the method and its options, checked on this graph now
-        on = state.graph_on(example_input.device)
-        trace = on.forward(state.columns(example_input))
-        eps = on.backend.xp.ones_like(on.output_values(trace)[0])
-        prepare(backward_system(on, trace, [eps]), method, rtol=rtol, **options)
+        on = state.net_on(example_input.device)
+        trace = _network(on).forward(state.columns(example_input))
+        output = on.output_values(trace)[0]
+        eps = backend_of(output).xp.ones_like(output)
+        prepare(_backward_system(on, trace, eps), method, rtol=rtol, **options)
     wrapped = copy.copy(module)  # the same parameters, buffers and submodules: shared
     wrapped.__class__ = type(f"Parallel{type(module).__name__}", (_Parallelized, type(module)),
                              {})
@@ -117,6 +120,7 @@ class _State:
         self.names = graph.parameter_names()
         self.last: dict = {}
         self._moved: dict = {}  # device -> the graph on it (backend="torch")
+        self._nets: dict = {}  # device -> what computes there (net_on)
 
     def graph_on(self, device: Any) -> Any:
         """The graph that computes for inputs on ``device``: the host's, or moved there."""
@@ -126,6 +130,20 @@ class _State:
         if key not in self._moved:
             self._moved[key] = self.graph.to("torch", device)
         return self._moved[key]
+
+    def net_on(self, device: Any) -> Any:
+        """What computes for inputs on ``device``: the FNN the graph is, else the graph.
+
+        A chain of dense layers and activations (an ``nn.Sequential`` MLP) is computed
+        as the :class:`~propop.FNN` it is (:func:`~propop.networks.graph_fnn.as_fnn`, on
+        the graph's own arrays): half the blocks, and no identity couplings built per
+        call. Found once per device.
+        """
+        key = str(device) if self.backend == "torch" else "host"
+        if key not in self._nets:
+            graph = self.graph_on(device)
+            self._nets[key] = as_fnn(graph) or graph
+        return self._nets[key]
 
     def columns(self, x: Any) -> Any:
         """A batch of tensors ``(N, *shape)`` as the graph's float64 columns ``(n, N)``."""
@@ -162,33 +180,43 @@ class _Graph(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, state: _State, names: list, x: Any, *parameters: Any) -> Any:
-        graph = state.graph_on(x.device)
-        _load(state, graph, dict(zip(names, parameters)))
+        _load(state, state.graph_on(x.device), dict(zip(names, parameters)))
+        net = state.net_on(x.device)
         columns = state.columns(x)
         if state.forward == "sequential":
-            trace = graph.forward(columns)
+            trace = _network(net).forward(columns)
         else:
-            trace = newton_forward(graph, columns, method=state.method,
+            trace = newton_forward(_network(net), columns, method=state.method,
                                    linearization=state.forward, rtol=state.rtol,
                                    **state.options)
             state.last["forward"] = trace.info
         ctx.state, ctx.names, ctx.trace, ctx.x = state, names, trace, (x.shape, x.dtype,
                                                                       x.device)
-        return _rows(graph.output_values(trace)[0], x.dtype, x.device)
+        return _rows(net.output_values(trace)[0], x.dtype, x.device)
 
     @staticmethod
     def backward(ctx: Any, grad_output: Any) -> tuple:
         state, trace = ctx.state, ctx.trace
-        graph = state.graph_on(grad_output.device)
-        system = backward_system(graph, trace, [state.columns(grad_output)])
+        net = state.net_on(grad_output.device)
+        system = _backward_system(net, trace, state.columns(grad_output))
         solution = solve(system, state.method, rtol=state.rtol, **state.options)
         state.last["backward"] = solution
-        gradients = graph.gradients(trace, graph.unstack(system, solution.x))
+        gradients = net.gradients(trace, _network(net).unstack(system, solution.x))
         by_name = dict(gradients.named_parameters())
         shape, dtype, device = ctx.x
         grads = [None if by_name.get(name) is None else
                  torch.as_tensor(by_name[name], device=device).to(dtype) for name in ctx.names]
         return (None, None, _rows(gradients.x, dtype, device).reshape(shape), *grads)
+
+
+def _network(net: Any) -> Any:
+    """The network that computes: the FNN of a :class:`GraphFNN`, else the graph itself."""
+    return net.net if isinstance(net, GraphFNN) else net
+
+
+def _backward_system(net: Any, trace: Any, eps: Any) -> Any:
+    """The backward system of the graph's one output's ``eps`` (the FNN's, for a chain)."""
+    return backward_system(_network(net), trace, eps if isinstance(net, GraphFNN) else [eps])
 
 
 def _rows(columns: Any, dtype: Any, device: Any) -> Any:
