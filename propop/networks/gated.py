@@ -101,7 +101,7 @@ class _Gated(Recurrence):
                          state_size=self.num_layers * width, input_size=input_size,
                          output=np.arange(top, top + self.hidden_size), block_size=width,
                          jacobian=shape._jacobian, dtype=dtype, batched=True,
-                         jacobian_diagonal=shape._jacobian_diagonal)
+                         jacobian_diagonal=shape._jacobian_diagonal, jacobian_batched=True)
 
     def _shape_only(self) -> _Gated:
         """A twin of this cell's kind holding its sizes and options alone, not its cell.
@@ -218,26 +218,28 @@ class _Gated(Recurrence):
         return joined(out, -1)
 
     def _jacobian(self, p: Mapping[str, Any], state: Any, x: Any) -> Any:
-        """``dF/dstate`` of one sample in closed form: block lower triangular over layers.
+        """``dF/dstate`` of a batch's rows in closed form, ``(r, n, n)``: block lower triangular.
 
         Layer ``k``'s new state depends on its own state (``d_own``) and on its
         input, the new ``h`` of layer ``k - 1`` (``d_x``; the first layer's input is no
-        state, so its ``d_x`` is not formed), whose own dependence on
-        the layers below is the rows above (the chain rule); ``torch.func`` then
-        batches this over every step and sample with no backward pass.
+        state, so its ``d_x`` is not formed), whose own dependence on the layers
+        below is the rows above (the chain rule). Written on the last axes (one
+        sample's vectors give its ``(n, n)``) into one stack, block by block: each
+        ``d_own`` in place, the blocks above the diagonal zeroed, nothing padded or
+        concatenated (the stack is ``r n^2`` entries, the largest array here).
         """
-        import torch
-
-        width, n, H = self.carries * self.hidden_size, state.shape[0], self.hidden_size
-        rows, below = [], None
+        width, H = self.carries * self.hidden_size, self.hidden_size
+        n = state.shape[-1]
+        J = state.new_empty(tuple(state.shape) + (n,))
         for k in range(self.num_layers):
-            own = state[k * width: (k + 1) * width]
-            new, d_own, d_x = self._layer_jacobian(p, k, x, own)
-            block = d_own if n == width else torch.nn.functional.pad(
-                d_own, (k * width, n - (k + 1) * width))
-            rows.append(block if below is None else block + d_x @ below)
-            below, x = rows[-1][:H], new[:H]
-        return joined(rows)
+            rows = slice(k * width, (k + 1) * width)
+            J[..., rows, (k + 1) * width:] = 0  # no layer reads a later one's state
+            new, d_x = self._layer_jacobian(p, k, x, state[..., rows], J[..., rows, rows])
+            if k:  # through the layer below's new h, whose rows of J are complete
+                J[..., rows, : k * width] = d_x @ J[..., k * width - width:
+                                                    k * width - width + H, : k * width]
+            x = new[..., :H]
+        return J
 
 
 def linear_scan(a: Any, b: Any, first: Any) -> Any:
@@ -289,33 +291,35 @@ class GRU(_Gated):
 
         return kernel(torch.gru, inputs, own[None, ...].contiguous(), weights)
 
-    def _layer_jacobian(self, p: Mapping[str, Any], k: int, x: Any, h: Any) -> tuple:
-        """``(h', dh'/dh, dh'/dx)`` of layer ``k``: the GRU's equations differentiated.
+    def _layer_jacobian(self, p: Mapping[str, Any], k: int, x: Any, h: Any,
+                        d_own: Any) -> tuple:
+        """``(h', dh'/dx)`` of layer ``k``, ``dh'/dh`` into ``d_own``: the GRU differentiated.
 
         Every gate reads its input through a row block of a weight, so each
         derivative is a sum over the gates of row-scaled blocks,
         ``diag(c_r) W_r + diag(c_z) W_z + diag(c_n) W_n``: the coefficients are
         vectors, and each block is read once (three products of the matrix's size,
-        not nine).
+        not nine), summed in place. On the last axes: rows of a batch, or one sample.
         """
         import torch
 
         W_x, W_h = p[f"weight_ih_l{k}"], p[f"weight_hh_l{k}"]
-        gi, gh = W_x @ x + p[f"bias_ih_l{k}"], W_h @ h + p[f"bias_hh_l{k}"]
-        (i_r, i_z, i_n), (h_r, h_z, h_n) = gi.chunk(3), gh.chunk(3)
+        gi, gh = x @ W_x.T + p[f"bias_ih_l{k}"], h @ W_h.T + p[f"bias_hh_l{k}"]
+        (i_r, i_z, i_n), (h_r, h_z, h_n) = gi.chunk(3, -1), gh.chunk(3, -1)
         r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
         n = torch.tanh(i_n + r * h_n)
         on_n = (1 - z) * (1 - n * n)  # dh'/d(i_n + r h_n)
         via_r, via_z = on_n * h_n * (r * (1 - r)), (h - n) * (z * (1 - z))
 
-        def through(W: Any, c_n: Any) -> Any:  # dh'/d(input of W): h or x
+        def through(W: Any, c_n: Any, out: Any = None) -> Any:  # dh'/d(input of W): h or x
             W_r, W_z, W_n = W.chunk(3)
-            d = torch.addcmul(c_n[:, None] * W_n, via_r[:, None], W_r)
-            return torch.addcmul(d, via_z[:, None], W_z)
+            d = torch.mul(c_n[..., None], W_n, out=out)
+            d.addcmul_(via_r[..., None], W_r)
+            return d.addcmul_(via_z[..., None], W_z)
 
-        d_own = through(W_h, on_n * r)  # h_n = W_hn h + b: r scales it
-        d_own.diagonal().add_(z)  # h' = ... + z h
-        return (1 - z) * n + z * h, d_own, through(W_x, on_n) if k else None
+        through(W_h, on_n * r, d_own)  # h_n = W_hn h + b: r scales it
+        torch.diagonal(d_own, dim1=-2, dim2=-1).add_(z)  # h' = ... + z h
+        return (1 - z) * n + z * h, through(W_x, on_n) if k else None
 
     def _layer_diagonal(self, p: Mapping[str, Any], k: int, x: Any, h: Any) -> tuple:
         """``(h', diag(dh'/dh))`` of layer ``k`` on rows: :meth:`_layer_jacobian`'s diagonal."""
@@ -376,32 +380,42 @@ class LSTM(_Gated):
         u = i_f[..., :H] * gate(slice(2 * H, 3 * H)).tanh_()
         return torch.cat([h, linear_scan(i_f[..., H:], u, c0)], dim=-1)
 
-    def _layer_jacobian(self, p: Mapping[str, Any], k: int, x: Any, own: Any) -> tuple:
-        """``([h'; c'], d[h'; c']/d[h; c], d[h'; c']/dx)`` of layer ``k``, differentiated."""
+    def _layer_jacobian(self, p: Mapping[str, Any], k: int, x: Any, own: Any,
+                        d_own: Any) -> tuple:
+        """``([h'; c'], d[h'; c']/dx)`` of layer ``k``, ``d[h'; c']/d[h; c]`` into ``d_own``.
+
+        On the last axes: rows of a batch, or one sample.
+        """
         import torch
 
         H = self.hidden_size
-        h, c = own[:H], own[H:]
+        h, c = own[..., :H], own[..., H:]
         W_x, W_h = p[f"weight_ih_l{k}"], p[f"weight_hh_l{k}"]
-        i, f, g, o = (W_x @ x + p[f"bias_ih_l{k}"] + W_h @ h + p[f"bias_hh_l{k}"]).chunk(4)
+        i, f, g, o = (x @ W_x.T + p[f"bias_ih_l{k}"] + h @ W_h.T + p[f"bias_hh_l{k}"]
+                      ).chunk(4, -1)
         si, sf, tg, so = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
         c_new = sf * c + si * tg
         tc = torch.tanh(c_new)
-        out = (so * (1 - tc * tc))[:, None]  # dh'/dc'
+        on_c = (so * (1 - tc * tc))[..., None]  # dh'/dc'
         # each gate's row block of a weight, row-scaled by a vector: sum_g diag(c_g) W_g
-        on_i, on_f, on_g = (tg * si * (1 - si))[:, None], (c * sf * (1 - sf))[:, None], \
-            (si * (1 - tg * tg))[:, None]
-        on_o = (tc * so * (1 - so))[:, None]
+        on_i, on_f, on_g = (tg * si * (1 - si))[..., None], (c * sf * (1 - sf))[..., None], \
+            (si * (1 - tg * tg))[..., None]
+        on_o = (tc * so * (1 - so))[..., None]
 
-        def through(W: Any) -> tuple:  # d(h', c')/d(input of W)
+        def through(W: Any, into: Any) -> Any:  # d[h'; c']/d(input of W): h' rows, c' rows
             W_i, W_f, W_g, W_o = W.chunk(4)
-            d_c = torch.addcmul(torch.addcmul(on_i * W_i, on_f, W_f), on_g, W_g)
-            return torch.addcmul(on_o * W_o, out, d_c), d_c
+            d_c = torch.mul(on_i, W_i, out=into[..., H:, :])
+            d_c.addcmul_(on_f, W_f).addcmul_(on_g, W_g)
+            torch.mul(on_o, W_o, out=into[..., :H, :]).addcmul_(on_c, d_c)
+            return into
 
-        dh_dh, dc_dh = through(W_h)
-        keep = torch.diag_embed(sf)  # dc'/dc
-        d_own = torch.cat([torch.cat([dh_dh, out * keep], 1), torch.cat([dc_dh, keep], 1)])
-        return torch.cat([so * tc, c_new]), d_own, torch.cat(through(W_x)) if k else None
+        through(W_h, d_own[..., :H])
+        keep = torch.diag_embed(sf)  # dc'/dc, and dh'/dc = diag(dh'/dc') dc'/dc
+        torch.mul(on_c, keep, out=d_own[..., :H, H:])
+        d_own[..., H:, H:] = keep
+        d_x = through(W_x, x.new_empty(tuple(x.shape[:-1]) + (2 * H, x.shape[-1]))) if k \
+            else None
+        return torch.cat([so * tc, c_new], -1), d_x
 
     def _layer_diagonal(self, p: Mapping[str, Any], k: int, x: Any, own: Any) -> tuple:
         """``([h'; c'], [diag(dh'/dh); diag(dc'/dc)])`` of layer ``k`` on rows."""
@@ -457,13 +471,17 @@ class ElmanRNN(_Gated):
         """One layer's ``h`` at every step: ``torch.nn.RNN``'s kernel, ``(tau, r, H)``."""
         return elman_kernel(self.nonlinearity, inputs, own, weights)
 
-    def _layer_jacobian(self, p: Mapping[str, Any], k: int, x: Any, h: Any) -> tuple:
-        """``(h', dh'/dh, dh'/dx)`` of layer ``k``: ``f'(a) W``."""
+    def _layer_jacobian(self, p: Mapping[str, Any], k: int, x: Any, h: Any,
+                        d_own: Any) -> tuple:
+        """``(h', dh'/dx)`` of layer ``k``, ``dh'/dh`` into ``d_own``: ``f'(a) W``."""
+        import torch
+
         W_x, W_h = p[f"weight_ih_l{k}"], p[f"weight_hh_l{k}"]
-        new = self._layer(W_x @ x + p[f"bias_ih_l{k}"], W_h @ h + p[f"bias_hh_l{k}"], h)
+        new = self._layer(x @ W_x.T + p[f"bias_ih_l{k}"], h @ W_h.T + p[f"bias_hh_l{k}"], h)
         slope = (1 - new * new if self.nonlinearity == "tanh" else
-                 (new > 0).to(new.dtype))[:, None]
-        return new, slope * W_h, slope * W_x if k else None
+                 (new > 0).to(new.dtype))[..., None]
+        torch.mul(slope, W_h, out=d_own)
+        return new, slope * W_x if k else None
 
     def _layer_diagonal(self, p: Mapping[str, Any], k: int, x: Any, h: Any) -> tuple:
         """``(h', diag(dh'/dh))`` of layer ``k`` on rows: ``f'(a) diag(W_hh)``."""

@@ -118,13 +118,19 @@ class Recurrence:
         (``(r, n)``, ``(r, m)``) as it is, so no ``vmap`` wraps it (the built-in
         cells are written so); ``False`` (default): ``step`` is written for one
         sample and ``torch.func.vmap`` batches it. A NumPy step always takes batches.
+    jacobian_batched : bool
+        ``backend="torch"``: the given ``jacobian`` takes a batch's rows too,
+        ``(r, n, n)``, and no ``vmap`` wraps it (the built-in cells': their Jacobians
+        written into one stack, no per-sample temporaries); ``False`` (default): of
+        one sample. A NumPy ``jacobian`` always takes batches.
     """
 
     def __init__(self, step: Callable, parameters: Mapping[str, Any], *, state_size: int,
                  input_size: int, output: Sequence[int] | None = None,
                  jacobian: Callable | None = None, vjp: Callable | None = None,
                  block_size: int = 1, backend: str = "torch", dtype: Any = "float64",
-                 batched: bool = False, jacobian_diagonal: Callable | None = None) -> None:
+                 batched: bool = False, jacobian_diagonal: Callable | None = None,
+                 jacobian_batched: bool = False) -> None:
         if backend not in CELLS:
             raise ValueError(f"backend must be one of {tuple(CELLS)}, got {backend!r}")
         self._dtype = np.dtype(dtype)
@@ -132,7 +138,7 @@ class Recurrence:
             raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
         self.step = step
         self.cell = CELLS[backend](step, parameters, jacobian, vjp, self._dtype, batched,
-                                   jacobian_diagonal)
+                                   jacobian_diagonal, jacobian_batched)
         self.state_size, self.input_size = int(state_size), int(input_size)
         self.output = np.arange(self.state_size) if output is None else _rows(output,
                                                                                self.state_size)
@@ -468,7 +474,8 @@ class _TorchCell:
     """
 
     def __init__(self, step: Callable, parameters: Mapping[str, Any], jacobian: Any,
-                 vjp: Any, dtype: Any, batched: bool = False, diagonal: Any = None) -> None:
+                 vjp: Any, dtype: Any, batched: bool = False, diagonal: Any = None,
+                 jacobian_batched: bool = False) -> None:
         import torch
         from torch.func import jacrev, vmap
 
@@ -489,7 +496,8 @@ class _TorchCell:
         self.like = np.zeros(0, dtype=dtype)  # an empty array of the home backend and dtype
         self.step = step
         self._batched = step if batched else vmap(step, in_dims=(None, 0, 0))
-        self._jacobian = vmap(jacobian or jacrev(step, argnums=1), in_dims=(None, 0, 0))
+        self._jacobian = jacobian if jacobian is not None and jacobian_batched else \
+            vmap(jacobian or jacrev(step, argnums=1), in_dims=(None, 0, 0))
         self._diagonal = diagonal
 
     @property
@@ -590,7 +598,8 @@ class _NumpyCell:
     """A step on NumPy batches with the user's Jacobian (and vector-Jacobian product)."""
 
     def __init__(self, step: Callable, parameters: Mapping[str, Any], jacobian: Any,
-                 vjp: Any, dtype: Any, batched: bool = True, diagonal: Any = None) -> None:
+                 vjp: Any, dtype: Any, batched: bool = True, diagonal: Any = None,
+                 jacobian_batched: bool = True) -> None:
         if jacobian is None:
             raise ValueError("backend='numpy' needs jacobian(parameters, h, x) -> (b, n, n): "
                              "nothing differentiates a NumPy step (or write the step in "

@@ -30,7 +30,7 @@ def _chain(net: Recurrence, coupling: Any, rhs: Any, lower: bool, letter: str, f
     stack = coupling if batch else coupling[:, 0, ...]
     rhs = net.backend.xp.reshape(rhs, (tau * n,) + tuple(rhs.shape[2:]))
     return TriangularSystem(None, None, rhs, lower=lower, sizes=[n] * tau, form=form,
-                            names=_names(letter), coupling_stack=backend.contiguous(stack))
+                            names=_names(letter), coupling_stack=stack)
 
 
 @backward_system.register
