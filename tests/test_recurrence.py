@@ -105,6 +105,12 @@ def minimal_jacobian(p, h, x):
     return torch.diag(p["a"] * (1 - torch.tanh(p["a"] * h + p["B"] @ x) ** 2))
 
 
+def rows_jacobian(p, h, x):
+    """:func:`minimal_jacobian` of a batch's rows, ``(r, n, n)``: ``jacobian_batched=True``."""
+    assert h.ndim == 2, "called on one sample: vmap wrapped a Jacobian written for rows"
+    return torch.diag_embed(p["a"] * (1 - torch.tanh(p["a"] * h + x @ p["B"].T) ** 2))
+
+
 def test_any_step_function_with_jacrev_or_its_own_jacobian():
     rng = np.random.default_rng(4)
     parameters = {"a": rng.uniform(0.5, 1.0, 5), "B": rng.standard_normal((5, 2))}
@@ -118,9 +124,11 @@ def test_any_step_function_with_jacrev_or_its_own_jacobian():
     loss.backward()
     for step, jacobian, batched in ((minimal_step, None, False),
                                     (minimal_step, minimal_jacobian, False),
-                                    (rows_step, None, True)):  # no vmap: rows as they are
+                                    (rows_step, None, True),  # no vmap: rows as they are
+                                    (rows_step, rows_jacobian, True)):  # the Jacobian too
         net = pp.Recurrence(step, parameters, state_size=5, input_size=2,
-                            jacobian=jacobian, batched=batched)
+                            jacobian=jacobian, batched=batched,
+                            jacobian_batched=jacobian is rows_jacobian)
         g = pp.backprop(net, xs, np.zeros((TAU, 5, R)), method="cyclic-reduction")
         for name in parameters:
             assert relative_error(g.parameters[name], t[name].grad.numpy()) < 1e-12, name
