@@ -6,9 +6,9 @@ CPU (``--device cuda`` on a GPU machine), on one thread unless ``OMP_NUM_THREADS
 says otherwise:
 
 - a **2-layer GRU language model**: ``torch.nn.GRU`` (PyTorch's C++ loop and
-  autograd) against ``propop.torch.GRU`` with the sequential forward, and with
-  Newton's forward (DEER) solved by cyclic reduction and by substitution, the
-  backward always propop's solve; ``pararnn-torch``'s ``ParaGRU`` (its Newton +
+  autograd) against ``propop.torch.GRU`` with the sequential forward and with
+  Newton's forward (DEER), each solved by substitution and by cyclic reduction, the
+  backward always propop's solve by the same method; ``pararnn-torch``'s ``ParaGRU`` (its Newton +
   eager scan, its defaults: at most 3 Newton iterations, a residual gate at 1e-5)
   where it is installed, a different cell (diagonal recurrent weights, so each
   Newton step is a diagonal scan, ``O(tau H)`` against the dense GRU's
@@ -69,8 +69,10 @@ def gru_row(device: str, inputs: int, hidden: int, layers: int, batch: int, tau:
 
     plain = torch.nn.GRU(inputs, hidden, num_layers=layers, dtype=torch.float64, device=device)
     models = {"torch.nn.GRU": plain,
-              "propop sequential": ptorch.from_module(plain, mode="sequential",
-                                                      method="cyclic-reduction"),
+              "propop sequential + substitution": ptorch.from_module(
+                  plain, mode="sequential", method="substitution"),
+              "propop sequential + CR": ptorch.from_module(plain, mode="sequential",
+                                                           method="cyclic-reduction"),
               "propop newton + CR": ptorch.from_module(plain, mode="newton",
                                                        method="cyclic-reduction"),
               "propop newton + substitution": ptorch.from_module(plain, mode="newton",
