@@ -153,3 +153,32 @@ def test_adam_steps_through_the_fnn_equal_plain_autograds():
     for (name, p), (_, q) in zip(module.named_parameters(), plain.named_parameters()):
         torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12, msg=name)
     assert all(not torch.allclose(p, q) for p, q in zip(module.parameters(), start.parameters()))
+
+
+def test_a_parameter_the_graph_rebinds_is_seen_not_the_old_one():
+    """``current()`` finds the FNN anew when a weight or bias is rebound (set_parameter)."""
+    graph = pp.from_torch(sequential(linear(3, 3, bias=False), torch.nn.Tanh(), linear(3, 2)))
+    found = as_fnn(graph)
+    assert found.current() is found  # nothing rebound: itself, no work
+    x = np.ones((3, 2))
+    graph.layers["2"].set_parameter("b", np.full(2, 0.5))  # a bias rebound alone
+    again = found.current()
+    assert again is not found and again.net.b[1] is graph.layers["2"].bias
+    graph.layers["2"].set_parameter("W", 2 * graph.layers["2"].W)
+    latest = again.current()
+    assert latest is not again and latest.net.W[1] is graph.layers["2"].W
+    np.testing.assert_allclose(latest.net.forward(x).output,
+                               graph.output_values(graph.forward(x))[0], rtol=1e-14)
+    assert not np.allclose(found.net.forward(x).output, latest.net.forward(x).output)
+
+
+def test_parallelize_sees_a_weight_rebound_in_its_graph():
+    module = sequential(linear(4, 5), torch.nn.Tanh(), linear(5, 2))
+    ours = ptorch.parallelize(module, method="substitution")
+    x = torch.randn(3, 4, dtype=torch.float64)
+    first = ours.propop.net_on(x.device)
+    ours(x)
+    graph = ours.propop.graph
+    graph.layers["2"].set_parameter("W", np.array(graph.layers["2"].W))  # a new array
+    assert ours.propop.net_on(x.device) is not first
+    torch.testing.assert_close(ours(x), module(x), rtol=1e-12, atol=1e-14)

@@ -16,7 +16,7 @@ the gradients under the graph's names.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import backend
@@ -40,11 +40,29 @@ class GraphFNN:
         zeros of its own, which no parameter writes).
     dense : tuple of str
         The dense node of each layer, in order.
+    names : dict
+        The graph's public names and ties of its parameters (:meth:`Graph.named_gradients`),
+        read when the FNN was found: :meth:`current` finds it anew if a parameter is rebound.
     """
 
     graph: Graph
     net: FNN
     dense: tuple
+    names: dict = field(repr=False, compare=False)  # GraphGradients.names of the graph
+
+    def current(self) -> GraphFNN | None:
+        """Itself while its FNN holds the graph's parameter arrays, else :func:`as_fnn` anew.
+
+        Values written into those arrays are the FNN's already; a parameter the graph
+        rebinds (``set_parameter``) is not, and the FNN would compute with the old one.
+        Identity checks only: nothing is compared entry by entry.
+        """
+        layers = self.graph.layers
+        if all(self.net.W[k] is layers[node].W and (
+                layers[node].bias is None or self.net.b[k] is layers[node].bias)
+               for k, node in enumerate(self.dense)):
+            return self
+        return as_fnn(self.graph)
 
     def output_values(self, trace: Trace) -> list:
         """The graph's one output, the FNN's: ``[z_l]`` of the FNN's trace."""
@@ -61,7 +79,7 @@ class GraphFNN:
             own = self.graph.layers[node].parameters()
             parameters[node] = {"W": gradients.W[k], **({"b": gradients.b[k]} if "b" in own
                                                         else {})}
-        return self.graph.named_gradients(parameters, gradients.x)
+        return GraphGradients(parameters=parameters, x=gradients.x, names=self.names)
 
 
 def as_fnn(graph: Graph) -> GraphFNN | None:
@@ -92,7 +110,8 @@ def as_fnn(graph: Graph) -> GraphFNN | None:
         activations.append(activation)
         dense.append(node)
         i += 1
-    return GraphFNN(graph, FNN(weights, biases, activations), tuple(dense))
+    return GraphFNN(graph, FNN(weights, biases, activations), tuple(dense),
+                    graph.named_gradients({}, None).names)
 
 
 def _zeros(graph: Graph, W: Any) -> Any:

@@ -137,13 +137,14 @@ class _State:
         A chain of dense layers and activations (an ``nn.Sequential`` MLP) is computed
         as the :class:`~propop.FNN` it is (:func:`~propop.networks.graph_fnn.as_fnn`, on
         the graph's own arrays): half the blocks, and no identity couplings built per
-        call. Found once per device.
+        call. Found once per device, and anew if the graph rebinds a parameter.
         """
         key = str(device) if self.backend == "torch" else "host"
-        if key not in self._nets:
+        net = self._nets.get(key)
+        if net is None or isinstance(net, GraphFNN):  # found, or checked to be current
             graph = self.graph_on(device)
-            self._nets[key] = as_fnn(graph) or graph
-        return self._nets[key]
+            net = self._nets[key] = (as_fnn(graph) if net is None else net.current()) or graph
+        return net
 
     def columns(self, x: Any) -> Any:
         """A batch of tensors ``(N, *shape)`` as the graph's float64 columns ``(n, N)``."""
@@ -171,8 +172,8 @@ class _Parallelized:
                 raise ValueError(f"{type(sub).__name__} at {path or 'the top'} is in training "
                                  "mode, which the imported graph does not compute (it takes "
                                  "running statistics, no dropout): call .eval() on the module")
-        names = [name for name, _ in self.named_parameters()]
-        return _Graph.apply(state, names, x, *[p for _, p in self.named_parameters()])
+        named = list(self.named_parameters())  # one walk of the module tree
+        return _Graph.apply(state, [name for name, _ in named], x, *[p for _, p in named])
 
 
 class _Graph(torch.autograd.Function):
