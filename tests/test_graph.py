@@ -248,3 +248,34 @@ def test_bad_graphs_are_named():
         pp.from_torch(nn.Sequential(nn.Conv2d(1, 1, 2)))
     with pytest.raises(ValueError, match="x has shape"):
         pp.Graph(3).add("a", L.Activation("tanh")).forward(np.ones(4))
+
+
+def test_the_shared_identities_are_made_once_read_only_and_their_own_transpose():
+    """A graph's structural couplings (activations' inputs, residual sums) are shared."""
+    from propop.layers.base import scaled_identity, transposed
+
+    eye, minus = scaled_identity(5), scaled_identity(5, -1.0)
+    assert scaled_identity(5) is eye and scaled_identity(6) is not eye
+    assert eye.format == "csr" and eye.has_canonical_format
+    np.testing.assert_array_equal(eye.toarray(), np.eye(5))
+    np.testing.assert_array_equal(minus.toarray(), -np.eye(5))
+    with pytest.raises(ValueError, match="read-only"):
+        eye.data[0] = 2.0  # a caller cannot change what every graph shares
+    assert transposed(eye) is eye and transposed(minus) is minus
+    M = pp.layers.Dense(np.arange(6.0).reshape(2, 3)).W
+    np.testing.assert_array_equal(transposed(M), M.T)
+    import scipy.sparse as sp
+
+    other = sp.eye_array(5, format="csr")  # an identity not made here: transposed as any
+    assert transposed(other) is not other
+
+
+@pytest.mark.parametrize("weights", [None, (1.0, -1.0), (0.5, 2.0, -3.0)])
+def test_add_sums_its_inputs_as_its_jacobians_say(weights):
+    """``Add.forward`` (no product) against ``sum_i J_i x_i`` of its own Jacobians, exactly."""
+    rng = np.random.default_rng(0)
+    count = 2 if weights is None else len(weights)
+    xs = [rng.standard_normal((4, 3)) for _ in range(count)]
+    add = L.Add(weights)
+    products = sum(J @ x for J, x in zip(add.jacobians([4] * count), xs))
+    np.testing.assert_array_equal(add.forward(xs), products)

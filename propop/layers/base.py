@@ -9,6 +9,7 @@ the values through :func:`propop.backend.matrix_on`.
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +19,9 @@ import scipy.sparse as sp
 from .. import backend
 from .._checks import canonical_matrix, real_array, require_finite
 
-__all__ = ["Layer", "Linear", "Diagonal"]
+__all__ = ["Layer", "Linear", "Diagonal", "scaled_identity", "transposed"]
+
+_IDENTITIES: dict[int, Any] = {}  # id -> the shared scaled identities (kept by the cache)
 
 
 class Layer:
@@ -145,3 +148,26 @@ def _one_input(layer: Layer, sizes: Sequence[int], size: int | None = None) -> N
         raise ValueError(f"{layer!r} takes an input of size {size}, got {sizes[0]}")
 
 
+
+
+@functools.lru_cache(maxsize=512)
+def scaled_identity(n: int, w: float = 1.0) -> Any:
+    """``w I`` of size ``n``: a canonical CSR array made once, shared and read-only.
+
+    The structural couplings of a graph (an activation's input, a residual sum's
+    terms) are identities whose size is all that changes; made at every call they
+    cost more than the products they take part in. Shared, they are never written:
+    their arrays are read-only, so a caller that tried would raise, not corrupt them.
+    """
+    eye = sp.eye_array(int(n), format="csr", dtype=np.float64)
+    if w != 1.0:
+        eye = (float(w) * eye).tocsr()
+    for part in (eye.data, eye.indices, eye.indptr):
+        part.flags.writeable = False
+    _IDENTITIES[id(eye)] = eye
+    return eye
+
+
+def transposed(M: Any) -> Any:
+    """``M^T``: a shared scaled identity is its own (no transposed copy to make canonical)."""
+    return M if _IDENTITIES.get(id(M)) is M else M.T

@@ -12,7 +12,7 @@ import scipy.sparse as sp
 from .. import backend
 from ..activations import Activation as _Function
 from ..activations import get_activation
-from .base import Diagonal, Linear, _one_input, _weight
+from .base import Diagonal, Linear, _one_input, _weight, scaled_identity
 
 __all__ = ["Activation", "Dense", "Add", "Concat", "LinearMap", "BatchNorm", "LogSumExp",
            "softmax_over"]
@@ -116,9 +116,14 @@ class Add(Linear):
         return sizes[0]
 
     def jacobians(self, sizes: Sequence[int]) -> list:
-        """The shared Jacobians ``J_i``."""
+        """The shared Jacobians ``J_i = w_i I`` (:func:`~.base.scaled_identity`: made once)."""
         weights = self.weights or (1.0,) * len(sizes)
-        return [w * sp.eye_array(n, format="csr") for w, n in zip(weights, sizes)]
+        return [scaled_identity(n, w) for w, n in zip(weights, sizes)]
+
+    def forward(self, inputs: Sequence[Any]) -> Any:
+        """``sum_i w_i x_i``: what ``sum_i (w_i I) x_i`` gives, with no product."""
+        weights = self.weights or (1.0,) * len(inputs)
+        return sum(x if w == 1.0 else w * x for w, x in zip(weights, inputs))
 
 
 class Concat(Linear):

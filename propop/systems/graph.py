@@ -22,6 +22,7 @@ import scipy.sparse as sp
 
 from .. import backend
 from .._checks import real_array, require_finite
+from ..layers.base import scaled_identity, transposed
 from ..networks.graph import Graph
 from ..networks.trace import Trace
 from .builders import backward_system, forward_system
@@ -33,7 +34,7 @@ __all__: list[str] = []
 def _compose(left: Any, right: Any, size: int) -> Any:
     """``left @ right`` where ``None`` is the identity of ``size``; sparse stays sparse."""
     if left is None and right is None:
-        return sp.eye_array(size, format="csr")
+        return scaled_identity(size)
     if left is None or right is None:
         return left if right is None else right
     out = left @ right
@@ -87,7 +88,7 @@ def _graph_backward(graph: Graph, trace: Trace, eps: Any, *, form: str = "scaled
         A = graph.selection(name)
         rhs[k] = rhs[k] + (e if scales[k] is None else scales[k] * (
             e if A is None else backend.matrix_on(A, e).T @ e))
-    edges = [(p, k, M.T) for (k, p), M in _couplings(graph, trace.x).items()]
+    edges = [(p, k, transposed(M)) for (k, p), M in _couplings(graph, trace.x).items()]
     return TriangularSystem(None, scales, xp.concat(rhs), lower=False,
                             sizes=graph.block_sizes, form=form, names=_names(graph, "v"),
                             edges=sorted(edges, key=lambda e: (e[1], e[0])),
