@@ -13,8 +13,9 @@ says otherwise:
   where it is installed, a different cell (diagonal recurrent weights, so each
   Newton step is a diagonal scan, ``O(tau H)`` against the dense GRU's
   ``O(tau H^3)`` reduction), so its row is for scale only;
-- an **MLP** (``nn.Sequential`` of ``nn.Linear`` and ``nn.Tanh``): plain autograd
-  against ``propop.torch.parallelize`` with substitution and cyclic reduction.
+- an **MLP** (``nn.Sequential`` of ``nn.Linear`` and ``nn.Tanh``, computed as the FNN
+  it is) and a **residual MLP** (residual blocks: a graph): plain autograd against
+  ``propop.torch.parallelize`` with substitution and cyclic reduction.
 
 Times are medians over interleaved rounds after a warm-up
 (``benchmarks.common.timings``); ratios are to plain autograd.
@@ -33,8 +34,8 @@ from typing import Any
 from .common import arguments, by_kind, publish, timings
 
 GRU = [(16, 32, 2, 8, 256)]  # (input, hidden, layers, batch, tau)
-MLP = [(64, 8, 32)]  # (width, layers, batch)
-QUICK = {"gru": [(3, 4, 2, 2, 8)], "mlp": [(4, 3, 2)]}
+MLP = [(64, 8, 32, False), (64, 8, 32, True)]  # (width, layers, batch, residual)
+QUICK = {"gru": [(3, 4, 2, 2, 8)], "mlp": [(4, 3, 2, False), (4, 3, 2, True)]}
 REPEATS = 7
 
 
@@ -89,16 +90,23 @@ def gru_row(device: str, inputs: int, hidden: int, layers: int, batch: int, tau:
                 *_timed(jobs), "torch.nn.GRU")
 
 
-def mlp_row(device: str, width: int, layers: int, batch: int) -> dict:
-    """An MLP's step: plain autograd against parallelize's backward solves."""
+def mlp_row(device: str, width: int, layers: int, batch: int, residual: bool = False) -> dict:
+    """An MLP's step: plain autograd against parallelize's backward solves.
+
+    ``residual``: after a first layer, ``layers`` residual blocks ``x + tanh(W x + b)``
+    (a graph, not a chain: cyclic reduction over its groups); else ``layers`` of
+    ``Linear`` and ``Tanh`` (a chain, computed as the FNN it is).
+    """
     import torch
 
     import propop.torch as ptorch
+    from propop.interop.torch_import import Residual
 
     torch.manual_seed(0)
-    parts = []
+    parts = [torch.nn.Linear(width, width), torch.nn.Tanh()] if residual else []
     for _ in range(layers):
-        parts += [torch.nn.Linear(width, width), torch.nn.Tanh()]
+        layer = [torch.nn.Linear(width, width), torch.nn.Tanh()]
+        parts += [Residual(torch.nn.Sequential(*layer))] if residual else layer
     plain = torch.nn.Sequential(*parts).to(device=device, dtype=torch.float64)
     x = torch.randn(batch, width, dtype=torch.float64, device=device)
 
@@ -107,12 +115,14 @@ def mlp_row(device: str, width: int, layers: int, batch: int) -> dict:
 
     models = {"torch autograd": plain}
     for method in ("substitution", "cyclic-reduction"):
+        groups = {"groups": True} if residual and method == "cyclic-reduction" else {}
         models[f"parallelize {method}"] = ptorch.parallelize(copy.deepcopy(plain),
-                                                             method=method)
+                                                             method=method, **groups)
     jobs = {name: _step(model if name != "torch autograd" else copy.deepcopy(model), loss)
             for name, model in models.items()}
-    return _row("mlp", f"width={width} layers={layers} batch={batch}", *_timed(jobs),
-                "torch autograd")
+    case = (f"residual width={width} blocks={layers} batch={batch}" if residual else
+            f"width={width} layers={layers} batch={batch}")
+    return _row("mlp", case, *_timed(jobs), "torch autograd")
 
 
 def _timed(jobs: dict[str, Callable]) -> tuple[dict, dict]:

@@ -39,6 +39,8 @@ def traced_peak(system, method, **options):
     tiny = (rnn_system([2, 2], 3, 1) if system.structure is not None else
             graph_system(2, 2, 1) if options.get("groups") else fnn_system([2, 2, 2], 1))
     pp.solve(tiny, method, **options)
+    if options.get("groups"):  # the memory guard's shape-only run of this system too
+        pp.solve(system, method, **options)  # (its objects, once per system, are no array)
     gc.collect()
     tracemalloc.start()
     try:

@@ -13,7 +13,7 @@ allow) hold only an array object's header and keep their base alive. So
 temporaries included.
 
 :func:`namespace` is what the loops receive in place of NumPy: the functions
-the reductions call (``zeros``, ``concat``, ``linalg.inv``, ...), their new
+the reductions call (``zeros``, ``concat``, ``matmul``, ...), their new
 arrays counted in one counter. :func:`system` makes a system's shape-only twin
 (its operator on a backend of its own, ``"shapes"``), on which whole plans run
 within :func:`counting`; :func:`signature` is what the twin is made from.
@@ -293,7 +293,6 @@ def namespace(counter: Counter) -> SimpleNamespace:
         empty=new, zeros=new, ones=new,
         ascontiguousarray=lambda a: a if a.layout.flags.c_contiguous else a._new(a.shape),
         eye=lambda n, dtype=np.float64, device=None: new((n, n), dtype),
-        linalg=SimpleNamespace(inv=lambda a: _like(a)),
         matmul=lambda a, b, out=None: a @ b if out is None else out,
         asarray=lambda values, dtype=None, device=None: new(
             np.shape(values), np.result_type(values) if dtype is None else dtype),
