@@ -263,6 +263,36 @@ def test_the_built_in_cells_jacobians_in_closed_form_are_torch_funcs(cell, optio
     torch.testing.assert_close(torch.from_numpy(rows), reference, rtol=1e-13, atol=1e-14)
 
 
+@pytest.mark.parametrize(("kind", "options"), [
+    ("GRU", {}), ("LSTM", {}), ("RNN", {}), ("RNN", {"nonlinearity": "relu"})])
+@pytest.mark.parametrize("hidden", [2, 5])
+def test_one_step_on_rows_and_on_a_vector_is_torchs_own_step(kind, options, hidden):
+    """``_step`` feature-major on a batch's rows, and on one sample, against torch.nn's step.
+
+    The reference is the module itself run for one step from a given state (its own
+    kernel), every layer's new state compared, ``[h; c]`` per layer for an LSTM.
+    """
+    torch.manual_seed(3)
+    module = getattr(nn, kind)(3, hidden, num_layers=3, **options).double()
+    net = (gated.ElmanRNN if kind == "RNN" else getattr(gated, kind)).from_torch(module)
+    r, g = 7, torch.Generator().manual_seed(4)
+    x = torch.randn(r, 3, dtype=torch.float64, generator=g)
+    h0 = torch.randn(3, r, hidden, dtype=torch.float64, generator=g)
+    with torch.no_grad():
+        if kind == "LSTM":
+            c0 = torch.randn(3, r, hidden, dtype=torch.float64, generator=g)
+            _, (h1, c1) = module(x[None], (h0, c0))
+            state = torch.cat([h0, c0], -1).permute(1, 0, 2).reshape(r, -1)
+            expected = torch.cat([h1, c1], -1).permute(1, 0, 2).reshape(r, -1)
+        else:
+            _, h1 = module(x[None], h0)
+            state, expected = (a.permute(1, 0, 2).reshape(r, -1) for a in (h0, h1))
+        rows = net._step(net.parameters, state, x)
+        one = torch.stack([net._step(net.parameters, h, v) for h, v in zip(state, x)])
+    for ours in (rows, one):
+        torch.testing.assert_close(ours, expected, rtol=1e-13, atol=1e-14)
+
+
 @pytest.mark.parametrize("tau", [1, 2, 7, 64, 1000])
 def test_the_linear_scan_is_the_recurrence_step_by_step(tau):
     """``x_s = a_s x_{s-1} + b_s`` by the parallel prefix, against the loop (zeros included)."""

@@ -165,14 +165,15 @@ class _Gated(Recurrence):
         """All layers at one time step: each reads the output of the one below.
 
         ``state`` and ``x`` are one sample's vectors or a batch's rows (``(r, n)``):
-        the step is written on the last axis, so a batch needs no ``vmap``.
+        a batch needs no ``vmap``, and its layers are computed feature-major
+        (:func:`gates`, :meth:`_layer` on features first).
         """
         width, new = self.carries * self.hidden_size, []
         for k in range(self.num_layers):
             own = state[..., k * width: (k + 1) * width]
-            gi = x @ p[f"weight_ih_l{k}"].T + p[f"bias_ih_l{k}"]
-            gh = own[..., : self.hidden_size] @ p[f"weight_hh_l{k}"].T + p[f"bias_hh_l{k}"]
-            layer = self._layer(gi, gh, own)
+            gi = gates(p[f"weight_ih_l{k}"], p[f"bias_ih_l{k}"], x)
+            gh = gates(p[f"weight_hh_l{k}"], p[f"bias_hh_l{k}"], own[..., : self.hidden_size])
+            layer = features_first(self._layer(gi, gh, features_first(own)))
             new.append(layer)
             x = layer[..., : self.hidden_size]
         return joined(new, -1)
@@ -256,10 +257,16 @@ def gates(W: Any, b: Any, x: Any) -> Any:
     Each gate's rows are then one contiguous ``(H, rows)`` block: elementwise work on
     them runs at full speed where the columns of ``x W^T`` (stride ``3 H``) ran 5x
     slower for a narrow state (``H = 2``), and the product is one GEMM of that shape.
+    One sample's vector ``x`` ``(m,)`` gives ``W x + b``.
     """
     import torch
 
-    return torch.addmm(b[:, None], W, x.mT)
+    return torch.addmm(b[:, None], W, x.mT) if x.ndim == 2 else torch.addmv(b, W, x)
+
+
+def features_first(a: Any) -> Any:
+    """A batch's rows ``(r, n)`` as a feature-major view ``(n, r)``, and back; a vector stays."""
+    return a.mT if a.ndim == 2 else a
 
 
 def scaled_rows(c: Any, W: Any, out: Any = None) -> Any:
@@ -304,12 +311,15 @@ class GRU(_Gated):
     gates = 3
 
     def _layer(self, gi: Any, gh: Any, own: Any) -> Any:
-        """``(1 - z) n + z h``, ``n = tanh(i_n + r h_n)``; ``r, z`` by one sigmoid."""
+        """``(1 - z) n + z h``, ``n = tanh(i_n + r h_n)``; ``r, z`` by one sigmoid.
+
+        Features first (a vector, or feature-major rows ``(3 H, r)``, :func:`gates`).
+        """
         import torch
 
         H = self.hidden_size
-        (i_rz, i_n), (h_rz, h_n) = gi.split((2 * H, H), -1), gh.split((2 * H, H), -1)
-        r, z = (i_rz + h_rz).sigmoid_().chunk(2, -1)
+        (i_rz, i_n), (h_rz, h_n) = gi.split((2 * H, H)), gh.split((2 * H, H))
+        r, z = (i_rz + h_rz).sigmoid_().chunk(2)
         return torch.lerp(torch.addcmul(i_n, r, h_n).tanh_(), own, z)
 
     def _sequence(self, inputs: Any, own: Any, weights: list) -> Any:
@@ -374,15 +384,17 @@ class LSTM(_Gated):
     carries = 2
 
     def _layer(self, gi: Any, gh: Any, own: Any) -> Any:
-        """``[h'; c']``: ``c' = s(f) c + s(i) tanh(g)``, ``h' = s(o) tanh(c')``."""
+        """``[h'; c']``: ``c' = s(f) c + s(i) tanh(g)``, ``h' = s(o) tanh(c')``.
+
+        Features first (a vector, or feature-major rows ``(4 H, r)``, :func:`gates`).
+        """
         import torch
 
         H = self.hidden_size
         a = gi + gh
         s = torch.sigmoid(a)  # every gate's (g's unused): one call
-        c = torch.addcmul(s[..., H: 2 * H] * own[..., H:], s[..., :H],
-                          torch.tanh(a[..., 2 * H: 3 * H]))
-        return torch.cat([s[..., 3 * H:] * torch.tanh(c), c], dim=-1)
+        c = torch.addcmul(s[H: 2 * H] * own[H:], s[:H], torch.tanh(a[2 * H: 3 * H]))
+        return torch.cat([s[3 * H:] * torch.tanh(c), c])
 
     def _sequence(self, inputs: Any, own: Any, weights: list) -> Any:
         """One layer's ``[h; c]`` at every step, ``(tau, r, 2 H)``.
@@ -490,7 +502,7 @@ class ElmanRNN(_Gated):
         return {"nonlinearity": module.nonlinearity}
 
     def _layer(self, gi: Any, gh: Any, own: Any) -> Any:
-        """``f(gi + gh)``."""
+        """``f(gi + gh)``, entry by entry (any layout)."""
         import torch
 
         return torch.tanh(gi + gh) if self.nonlinearity == "tanh" else torch.relu(gi + gh)
@@ -504,7 +516,7 @@ class ElmanRNN(_Gated):
         """``(h', dh'/dx)`` of layer ``k``, ``dh'/dh`` into ``d_own``: ``f'(a) W`` (rows)."""
         W_x, W_h = p[f"weight_ih_l{k}"], p[f"weight_hh_l{k}"]
         new = self._layer(gates(W_x, p[f"bias_ih_l{k}"], x), gates(W_h, p[f"bias_hh_l{k}"], h),
-                          h)  # feature-major, (H, rows)
+                          h.mT)  # feature-major, (H, rows)
         slope = 1 - new * new if self.nonlinearity == "tanh" else (new > 0).to(new.dtype)
         scaled_rows(slope, W_h, d_own)
         return new.mT, scaled_rows(slope, W_x) if k else None
