@@ -9,7 +9,8 @@ weight matrix, so the first reduction never materialises per-sample blocks.
 Blocks of unequal widths are zero-padded to the widest, which keeps every level a
 single batched ``matmul`` over stacked blocks and is exact. Stacks:
 
-- ``L``: ``(m, bl, n)``, ``bl`` is 1 (shared) or ``r``;
+- ``L``: ``(m, bl, n)``, ``bl`` is 1 (shared) or ``r``; ``None`` where every scaling
+  is one (a chain given by its couplings' stack: a recurrence's Jacobians);
 - ``C``: ``(m - 1, b, n, n)``, the cores of positions ``1..m-1`` (position 0 has
   none), ``b`` is 1 (shared) or ``r``; a stacked chain's are its couplings
   themselves, a view;
@@ -219,25 +220,28 @@ def _stacked(system: Any, shared_diagonal: str | None, diagonal: bool = False
     rhs = system.rhs if system.nrhs is not None else system.rhs[:, None]
     G = _ordered(xp, xp.reshape(rhs, (m, n, -1)), order)
     couplings = list(range(m - 1)) if system.lower else list(range(m - 2, -1, -1))
-    S = _coupling_scales(system, couplings)
-    if system.form == "paper" and not system.unscaled_stack:  # divided by the diagonal
+    unscaled = system.unscaled_stack  # the couplings are the stack itself: L is None
+    S = None if unscaled else _coupling_scales(system, couplings)
+    if system.form == "paper" and not unscaled:  # divided by the diagonal
         D = _stack_columns(xp, [system.blocks.diagonal[k] for k in order], n, dtype)
         if D is None or S is None:
             return None
         G, S = G / D, S / D[1:, ...]
-    if S is None:
+    if S is None and not unscaled:  # ragged scalings
         return None
-    if shared_diagonal is not None:
+    if S is not None and shared_diagonal is not None:
         S = xp.mean(S, axis=2, keepdims=True)
-    L = xp.ones((m, S.shape[2], n), dtype=dtype, device=backend.device(S))  # samples first
-    L[1:, ...] = xp.permute_dims(S, (0, 2, 1))
+    L = None
+    if S is not None:  # samples first; row 0 (no coupling) one
+        L = xp.ones((m, S.shape[2], n), dtype=dtype, device=backend.device(S))
+        L[1:, ...] = xp.permute_dims(S, (0, 2, 1))
     if diagonal:  # identity couplings: the diagonals of their cores, ones
-        C = xp.ones((m - 1, 1, n), dtype=dtype, device=backend.device(S))
+        C = xp.ones((m - 1, 1, n), dtype=dtype, device=backend.device(G))
     elif system.coupling_stack is not None:  # the network's stack itself: no copy
         stack = backend.astype(system.coupling_stack, dtype)
         C = stack if system.lower else xp.flip(stack, axis=0)
-        if S.shape[2] > 1 and not system.per_sample_couplings:  # per-sample products run
-            C = backend.contiguous(C)  # 1.2x faster on C-ordered cores than on W^T's view
+        if L is not None and L.shape[1] > 1 and not system.per_sample_couplings:  # per-sample
+            C = backend.contiguous(C)  # products run 1.2x faster on C-ordered cores than on W^T's
         C = C if system.per_sample_couplings else C[:, None, ...]
     else:
         matrices = system.blocks.coupling
@@ -255,9 +259,6 @@ def _coupling_scales(system: Any, couplings: list) -> Any:
     chain's in row ``j``.
     """
     xp = system.backend.xp
-    if system.unscaled_stack:
-        return xp.ones((len(couplings), system.sizes[0], 1), dtype=system.dtype,
-                       device=backend.device(system.coupling_stack))
     if system.scale_stack is None or system.form != "scaled":
         scales = system.blocks.scale  # a tuple made per access: once
         return _stack_columns(xp, [scales[j] for j in couplings], system.sizes[0],

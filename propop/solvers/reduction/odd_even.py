@@ -240,14 +240,15 @@ def parallel_factor(chain: Chain, counter: Counter, xp: Any) -> list[tuple]:
     ``(L, C, first)``.
     """
     L, C, first = chain.L, chain.C, 1
-    m, shift, levels = chain.L.shape[0], 1, []
+    m, shift, levels = chain.C.shape[0] + 1, 1, []
     kernels = DenseKernels(xp)
+    rows = kernels.rows  # L = None (every scaling one) stays None
     while shift < m:
         levels.append((L, C, first))
         if 2 * shift < m:
-            cores = product(L[2 * shift:, ...], C[2 * shift - first:, ...],
-                            L[shift: m - shift, ...], C[shift - first: m - shift - first, ...],
-                            counter)
+            cores = product(rows(L, slice(2 * shift, None)), C[2 * shift - first:, ...],
+                            rows(L, slice(shift, m - shift)),
+                            C[shift - first: m - shift - first, ...], counter)
             bad = kernels.first_nonfinite(cores)
             if bad is not None:  # core ``bad`` couples positions a and a - 2 shift
                 a = 2 * shift + bad
@@ -262,8 +263,8 @@ def parallel_substitute(levels: list[tuple], G: Any, counter: Counter, xp: Any) 
     """The right-hand-side half: ``G_k <- A_k G_{k-s} + G_k`` at every level, no way back."""
     m, shift = G.shape[0], 1
     for L, C, first in levels:
-        rhs = apply(L[shift:, ...], C[shift - first:, ...], G[: m - shift, ...], counter,
-                    xp) + G[shift:, ...]
+        rhs = apply(DenseKernels.rows(L, slice(shift, None)), C[shift - first:, ...],
+                    G[: m - shift, ...], counter, xp) + G[shift:, ...]
         G = xp.concat([G[:shift, ...], rhs])
         del rhs
         shift *= 2
