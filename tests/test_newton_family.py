@@ -156,6 +156,23 @@ def test_the_newton_benchmark_runs_end_to_end_and_says_what_it_lacks(tmp_path, m
     assert "DEER's code not given (--deer PATH or $PROPOP_DEER)" in text
 
 
+def test_the_rows_of_one_trajectory_are_made_once_within_the_loop():
+    """Inside ``reusing_steps`` the inputs' rows are made once, each trajectory's once."""
+    net = pp.GRU(3, 2, seed=0)
+    rng = np.random.default_rng(8)
+    xs, h, other = (rng.standard_normal(shape) for shape in ((6, 3, 4), (6, 2, 4), (6, 2, 4)))
+    expected_previous = np.concatenate([np.zeros((1, 4, 2)), h[:-1].transpose(0, 2, 1)])
+    with net.reusing_steps():
+        previous, X, r = net._rows(xs, h)
+        again, X_again, _ = net._rows(xs, h)
+        moved, X_moved, _ = net._rows(xs, other)
+    assert r == 4 and again is previous and X_again is X and X_moved is X
+    assert moved is not previous
+    np.testing.assert_array_equal(previous, expected_previous.reshape(24, 2))
+    np.testing.assert_array_equal(X, xs.transpose(0, 2, 1).reshape(24, 3))
+    assert net._rows(xs, h)[0] is not previous and getattr(net, "_kept", None) is None
+
+
 def test_the_step_is_evaluated_once_per_iterate_and_nothing_is_kept():
     """The residual's F serves the next linearisation; after the call no value is held."""
     calls = []

@@ -341,13 +341,17 @@ class GRU(_Gated):
         """
         import torch
 
-        W_x, W_h = p[f"weight_ih_l{k}"], p[f"weight_hh_l{k}"]
+        W_x, W_h, H = p[f"weight_ih_l{k}"], p[f"weight_hh_l{k}"], self.hidden_size
         gi, gh = gates(W_x, p[f"bias_ih_l{k}"], x), gates(W_h, p[f"bias_hh_l{k}"], h)
-        (i_r, i_z, i_n), (h_r, h_z, h_n) = gi.chunk(3), gh.chunk(3)
-        r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
-        n = torch.tanh(i_n + r * h_n)
-        on_n = (1 - z) * (1 - n * n)  # dh'/d(i_n + r h_n)
-        via_r, via_z = on_n * h_n * (r * (1 - r)), (h.mT - n) * (z * (1 - z))
+        r, z = (gi[: 2 * H] + gh[: 2 * H]).sigmoid_().chunk(2)
+        h_n, h = gh[2 * H:], h.mT
+        n = torch.addcmul(gi[2 * H:], r, h_n).tanh_()
+        # each a pass or two over (H, rows), in place where the operand is new:
+        # dh'/d(i_n + r h_n) = (1 - z)(1 - n^2); s' = s - s^2 for r and z
+        keep = 1 - z
+        on_n = torch.addcmul(keep, keep * n, n, value=-1)
+        via_r = (on_n * h_n).mul_(torch.addcmul(r, r, r, value=-1))
+        via_z = (h - n).mul_(torch.addcmul(z, z, z, value=-1))
 
         def through(W: Any, c_n: Any, out: Any = None) -> Any:  # dh'/d(input of W): h or x
             W_r, W_z, W_n = W.chunk(3)
@@ -357,7 +361,7 @@ class GRU(_Gated):
 
         through(W_h, on_n * r, d_own)  # h_n = W_hn h + b: r scales it
         torch.diagonal(d_own, dim1=-2, dim2=-1).add_(z.mT)  # h' = ... + z h
-        return ((1 - z) * n + z * h.mT).mT, through(W_x, on_n) if k else None
+        return torch.lerp(n, h, z).mT, through(W_x, on_n) if k else None
 
     def _layer_diagonal(self, p: Mapping[str, Any], k: int, x: Any, h: Any) -> tuple:
         """``(h', diag(dh'/dh))`` of layer ``k`` on rows: :meth:`_layer_jacobian`'s diagonal."""

@@ -225,10 +225,14 @@ class Recurrence:
     def _rows(self, xs: Any, states: Any) -> tuple[Any, Any, int]:
         """``(h_{s-1}, x_s)`` of every step and sample as ``(tau r, n)`` and ``(tau r, m)``."""
         xp = self._xp()
-        X, H = _samples_first(xs, self.dtype), _samples_first(states, self.dtype)
-        tau, r = X.shape[:2]
-        previous = xp.concat([self._first(H), H[:-1, ...]])
-        return xp.reshape(previous, (tau * r, -1)), xp.reshape(X, (tau * r, -1)), r
+        tau, r = xs.shape[0], xs.shape[2] if xs.ndim == 3 else 1
+
+        def previous() -> Any:
+            H = _samples_first(states, self.dtype)
+            return xp.reshape(xp.concat([self._first(H), H[:-1, ...]]), (tau * r, -1))
+
+        return (self._reused("previous", states, previous), self._reused(
+            "inputs", xs, lambda: xp.reshape(_samples_first(xs, self.dtype), (tau * r, -1))), r)
 
     # -- the sequential reference -----------------------------------------------------------
     def check_input(self, xs: Any) -> Any:
@@ -324,27 +328,34 @@ class Recurrence:
 
         The Newton loop's: its nonlinear residual and its next linearisation read
         the same trace, so the residual's ``F(h_{s-1}, x_s)`` serves both (and a
-        damped step's merits, of the iterate and of its candidate). The values of
-        the last two trajectories are kept, for the trace objects they were
-        evaluated at, and dropped when the block ends: nothing outlives the call
+        damped step's merits, of the iterate and of its candidate), and so do the
+        rows both read (:meth:`_rows`: the inputs' once for the whole loop). The
+        values of the last two trajectories are kept, for the array objects they
+        were made from, and dropped when the block ends: nothing outlives the call
         that made them.
         """
-        self._kept = []
+        self._kept = {}
         try:
             yield
         finally:
             self._kept = None
 
+    def _reused(self, kind: str, key: Any, make: Callable[[], Any]) -> Any:
+        """``make()``, once per ``key`` object and ``kind`` within :meth:`reusing_steps`."""
+        kept = getattr(self, "_kept", None)
+        if kept is None:
+            return make()
+        values = kept.setdefault(kind, [])
+        for made_from, value in values:
+            if made_from is key:
+                return value
+        value = make()
+        values[:] = [*values[-1:], (key, value)]
+        return value
+
     def _step_at(self, trace: Trace, previous: Any, X: Any) -> Any:
         """``F`` of every row at the trace's states (kept within :meth:`reusing_steps`)."""
-        kept = getattr(self, "_kept", None)
-        for states, F in kept or ():
-            if states is trace.z[1]:
-                return F
-        F = self.cell(previous, X)
-        if kept is not None:
-            kept[:] = [*kept[-1:], (trace.z[1], F)]
-        return F
+        return self._reused("step", trace.z[1], lambda: self.cell(previous, X))
 
     def _defects(self, trace: Trace) -> tuple[Any, Any]:
         """``(h_s - F(h_{s-1}, x_s), F(h_{s-1}, x_s))``, each ``(tau, r, n)``."""
