@@ -161,6 +161,69 @@ def test_a_one_sample_step_runs_any_batch_as_the_loop_a_user_writes(r):
         broadcast.forward(xs)
 
 
+def _user_loop(step, parameters, xs):
+    """The loop a user writes: each sample's own ``step(p, h, x, s)``, ``(tau, n, r)``."""
+    t = {k: torch.tensor(v) for k, v in parameters.items()}
+    out = np.empty((xs.shape[0], 5, xs.shape[2]))
+    for i in range(xs.shape[2]):
+        h = torch.zeros(5, dtype=torch.float64)
+        for s in range(xs.shape[0]):
+            h = step(t, h, torch.tensor(xs[s, :, i]), s)
+            out[s, :, i] = h.numpy()
+    return out
+
+
+def test_a_long_sequence_runs_the_vmapped_step_as_one_recorded_graph(monkeypatch):
+    """From TRACED_STEPS steps the batched step runs as one recorded graph, not vmap.
+
+    Recorded once (make_fx), the same states as the user's loop; a step whose recording
+    would differ (a Python side effect), or that cannot be recorded, runs under vmap.
+    """
+    from torch.fx.experimental import proxy_tensor
+
+    from propop.networks import recurrence
+
+    tau, r = recurrence.TRACED_STEPS, 6
+    rng = np.random.default_rng(11)
+    parameters = {"a": rng.uniform(0.5, 1.0, 5), "B": rng.standard_normal((5, 2))}
+    xs = rng.standard_normal((tau, 2, r))
+    calls = []
+
+    def counted(p, h, x):
+        calls.append(1)
+        return minimal_step(p, h, x)
+
+    expected = _user_loop(lambda p, h, x, s: minimal_step(p, h, x), parameters, xs)
+    net = pp.Recurrence(counted, parameters, state_size=5, input_size=2)
+    np.testing.assert_allclose(net.forward(xs).z[1], expected, rtol=1e-14, atol=1e-15)
+    assert len(calls) <= 3  # recorded once, one vmap call to compare: not tau calls
+    calls.clear()
+    np.testing.assert_allclose(net.forward(xs[:-1]).z[1], expected[:-1], rtol=1e-14,
+                               atol=1e-15)
+    assert len(calls) == tau - 1  # shorter: vmap at every step
+
+    count = [0]
+
+    def drifting(p, h, x):  # a Python side effect: each call adds one more
+        count[0] += 1
+        return minimal_step(p, h, x) + count[0]
+
+    drifted = pp.Recurrence(drifting, parameters, state_size=5, input_size=2).forward(xs)
+    before = count[0] - tau  # the recording's calls and the comparison's, then the loop's
+    assert before >= 2
+    np.testing.assert_allclose(drifted.z[1], _user_loop(
+        lambda p, h, x, s: minimal_step(p, h, x) + before + 1 + s, parameters, xs),
+        rtol=1e-14, atol=1e-13)
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("cannot record")
+
+    monkeypatch.setattr(proxy_tensor, "make_fx", refused)
+    calls.clear()
+    np.testing.assert_allclose(net.forward(xs).z[1], expected, rtol=1e-14, atol=1e-15)
+    assert len(calls) == tau
+
+
 def numpy_step(p, h, x):
     return np.tanh(p["a"] * h + x @ p["B"].T)
 

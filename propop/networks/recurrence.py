@@ -48,6 +48,10 @@ LINEARIZATIONS = ("newton", "quasi", "block-diagonal")
 # vmap: one vmap call cost 66-71 us for 1-64 samples of an 8-state tanh cell, the cell
 # itself 8 us a sample (one thread); at 4 samples 34 against 67 us a step.
 SAMPLE_BY_SAMPLE = 4
+# From this many steps a vmapped step runs as one traced graph of its batched operations
+# (_TorchCell._traced): 23 against 67 us a step for that cell at batch 16, the trace
+# 9 ms (after its first, about a second, in a process), so it pays from about 200 steps.
+TRACED_STEPS = 256
 
 
 @dataclass(frozen=True)
@@ -537,8 +541,10 @@ class _TorchCell:
         One loop on the cell's device: the arrays cross from and to the home backend
         once, and the step's output is checked at the first step (its shape and
         dtype cannot change from one step to the next). A step written for one
-        sample runs under ``vmap`` for a batch, but on each sample in turn for up to
-        :data:`SAMPLE_BY_SAMPLE` of them, where ``vmap``'s own cost per call is more.
+        sample runs under ``vmap`` for a batch (as one traced graph from
+        :data:`TRACED_STEPS` steps, :meth:`_traced`), but on each sample in turn
+        for up to :data:`SAMPLE_BY_SAMPLE` of them, where ``vmap``'s own cost per
+        call is more.
         """
         import torch
 
@@ -546,11 +552,43 @@ class _TorchCell:
         r = h.shape[0]
         with torch.no_grad():
             if self._batched is self.step or r > SAMPLE_BY_SAMPLE:  # xs has r >= 1
-                return self.home_array(self._steps(self._batched, h, inputs, tuple(first.shape)))
+                step = (self._traced(h, inputs[0]) if self._batched is not self.step
+                        and inputs.shape[0] >= TRACED_STEPS else self._batched)
+                return self.home_array(self._steps(step, h, inputs, tuple(first.shape)))
             one = (1,) + tuple(first.shape[1:])
             return self.home_array(torch.stack(
                 [self._steps(self.step, h_i, x_i, one, single=True) for h_i, x_i in
                  zip(h.unbind(0), inputs.unbind(1))], dim=1))
+
+    def _traced(self, h: Any, x: Any) -> Callable:
+        """The vmapped step as one graph of its batched operations (``make_fx``), or ``vmap``.
+
+        ``vmap`` costs about 60 us a call whatever the step; the graph it records
+        once, for these shapes, calls the same operations without it. The
+        parameters are the graph's inputs, so nothing of their values is kept. The
+        graph is used only if its first step equals ``vmap``'s exactly: a step that
+        cannot be recorded, or whose recording would differ (random numbers, a
+        Python side effect), runs under ``vmap`` as before.
+        """
+        import torch
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        names, batched = list(self.parameters), self._batched
+
+        def flat(h: Any, x: Any, *values: Any) -> Any:
+            return batched(dict(zip(names, values)), h, x)
+
+        values = [self.parameters[k] for k in names]
+        try:
+            graph = make_fx(flat)(h, x, *values)
+        except Exception:  # noqa: BLE001 (anything the recording cannot take: vmap runs it)
+            return batched
+        reference = batched(self.parameters, h, x)
+        recorded = graph(h, x, *values)
+        if not (isinstance(recorded, torch.Tensor) and torch.equal(recorded, reference)):
+            return batched
+        forward = graph.forward  # not the module call: its hooks cost more than a step here
+        return lambda p, h, x: forward(h, x, *values)  # p is these values: one loop's call
 
     def _steps(self, step: Callable, h: Any, inputs: Any, shape: tuple,
                single: bool = False) -> Any:
