@@ -364,17 +364,24 @@ class GRU(_Gated):
         return torch.lerp(n, h, z).mT, through(W_x, on_n) if k else None
 
     def _layer_diagonal(self, p: Mapping[str, Any], k: int, x: Any, h: Any) -> tuple:
-        """``(h', diag(dh'/dh))`` of layer ``k`` on rows: :meth:`_layer_jacobian`'s diagonal."""
+        """``(h', diag(dh'/dh))`` of layer ``k`` on rows: :meth:`_layer_jacobian`'s diagonal.
+
+        Feature-major inside (:func:`gates`), both returned as rows.
+        """
         import torch
 
-        gi = x @ p[f"weight_ih_l{k}"].T + p[f"bias_ih_l{k}"]
-        gh = h @ p[f"weight_hh_l{k}"].T + p[f"bias_hh_l{k}"]
-        (i_r, i_z, i_n), (h_r, h_z, h_n) = gi.chunk(3, -1), gh.chunk(3, -1)
-        r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
-        n = torch.tanh(i_n + r * h_n)
-        w_r, w_z, w_n = (torch.diagonal(W) for W in p[f"weight_hh_l{k}"].chunk(3))
-        d_n = (1 - n * n) * (r * w_n + h_n * (r * (1 - r)) * w_r)
-        return (1 - z) * n + z * h, (1 - z) * d_n + (h - n) * (z * (1 - z)) * w_z + z
+        W_h, H = p[f"weight_hh_l{k}"], self.hidden_size
+        gi, gh = gates(p[f"weight_ih_l{k}"], p[f"bias_ih_l{k}"], x), gates(
+            W_h, p[f"bias_hh_l{k}"], h)
+        r, z = (gi[: 2 * H] + gh[: 2 * H]).sigmoid_().chunk(2)
+        h_n, h = gh[2 * H:], h.mT
+        n = torch.addcmul(gi[2 * H:], r, h_n).tanh_()
+        w_r, w_z, w_n = (torch.diagonal(W)[:, None] for W in W_h.chunk(3))
+        d_n = (1 - n * n).mul_(torch.addcmul(r * w_n, h_n * torch.addcmul(r, r, r, value=-1),
+                                             w_r))
+        d = (1 - z).mul_(d_n).add_(z)  # (1 - z) d_n + z, then the z gate's part
+        d.addcmul_((h - n).mul_(torch.addcmul(z, z, z, value=-1)), w_z)
+        return torch.lerp(n, h, z).mT, d.mT
 
 
 class LSTM(_Gated):
@@ -466,16 +473,17 @@ class LSTM(_Gated):
         import torch
 
         H = self.hidden_size
-        h, c = own[..., :H], own[..., H:]
-        i, f, g, o = (x @ p[f"weight_ih_l{k}"].T + p[f"bias_ih_l{k}"] + h @ p[f"weight_hh_l{k}"].T
-                      + p[f"bias_hh_l{k}"]).chunk(4, -1)
+        h, c = own[..., :H], own[..., H:].mT
+        W_h = p[f"weight_hh_l{k}"]
+        i, f, g, o = (gates(p[f"weight_ih_l{k}"], p[f"bias_ih_l{k}"], x)
+                      + gates(W_h, p[f"bias_hh_l{k}"], h)).chunk(4)  # feature-major
         si, sf, tg, so = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
         c_new = sf * c + si * tg
         tc = torch.tanh(c_new)
-        w_i, w_f, w_g, w_o = (torch.diagonal(W) for W in p[f"weight_hh_l{k}"].chunk(4))
+        w_i, w_f, w_g, w_o = (torch.diagonal(W)[:, None] for W in W_h.chunk(4))
         d_c = c * (sf * (1 - sf)) * w_f + tg * (si * (1 - si)) * w_i + si * (1 - tg * tg) * w_g
         d_h = tc * (so * (1 - so)) * w_o + so * (1 - tc * tc) * d_c
-        return torch.cat([so * tc, c_new], -1), torch.cat([d_h, sf], -1)
+        return torch.cat([so * tc, c_new]).mT, torch.cat([d_h, sf]).mT
 
 
 class ElmanRNN(_Gated):
@@ -530,8 +538,8 @@ class ElmanRNN(_Gated):
         import torch
 
         W_h = p[f"weight_hh_l{k}"]
-        new = self._layer(x @ p[f"weight_ih_l{k}"].T + p[f"bias_ih_l{k}"],
-                          h @ W_h.T + p[f"bias_hh_l{k}"], h)
+        new = self._layer(gates(p[f"weight_ih_l{k}"], p[f"bias_ih_l{k}"], x),
+                          gates(W_h, p[f"bias_hh_l{k}"], h), h.mT)  # feature-major
         slope = 1 - new * new if self.nonlinearity == "tanh" else (new > 0).to(new.dtype)
-        return new, slope * torch.diagonal(W_h)
+        return new.mT, (slope * torch.diagonal(W_h)[:, None]).mT
 
