@@ -307,16 +307,18 @@ def test_gated_cells_without_biases_and_bad_settings():
 
 @pytest.mark.parametrize(("cell", "options"), [
     ("GRU", {}), ("LSTM", {}), ("ElmanRNN", {}), ("ElmanRNN", {"nonlinearity": "relu"})])
-@pytest.mark.parametrize("hidden", [2, 6])  # states of 6-12 and 18-36: both sides of NARROW
-def test_the_built_in_cells_jacobians_in_closed_form_are_torch_funcs(cell, options, hidden):
+@pytest.mark.parametrize("side", ["narrow", "wide"])
+def test_the_built_in_cells_jacobians_in_closed_form_are_torch_funcs(cell, options, side):
     """The closed-form Jacobians (no backward pass) against jacrev, every layer coupled.
 
     Narrow states' stacks are written rows innermost, wider ones C-ordered: both here.
     """
     from torch.func import jacrev, vmap
 
-    net = getattr(gated, cell)(3, hidden, num_layers=3, seed=0, **options)
-    assert (net.state_size < gated.NARROW) == (hidden == 2)
+    kind = getattr(gated, cell)
+    hidden = 2 if side == "narrow" else kind.narrow_below  # the two layouts of the stack
+    net = kind(3, hidden, num_layers=3, seed=0, **options)
+    assert (hidden < net.narrow_below) == (side == "narrow")
     generator = torch.Generator().manual_seed(1)
     states = torch.randn(6, net.state_size, dtype=torch.float64, generator=generator)
     inputs = torch.randn(6, 3, dtype=torch.float64, generator=generator)

@@ -33,8 +33,6 @@ ONE_LAYER = (True, 1, 0.0, False, False, False)
 # the most steps of one kernel call: cuDNN's RNN kernels refuse longer sequences with
 # CUDNN_STATUS_NOT_SUPPORTED (pytorch/pytorch#133751; seen on an H200 at 65536 steps)
 KERNEL_STEPS = 65535
-# a state narrower than this has its Jacobians written rows innermost (_Gated._jacobian)
-NARROW = 16
 # cuDNN's warning for weights that are not one buffer (the start of its message)
 UNFLATTENED = "RNN module weights are not part of single contiguous chunk of memory"
 
@@ -86,6 +84,10 @@ class _Gated(Recurrence):
 
     gates = 0
     carries = 1  # state vectors per layer: h (GRU), h and c (LSTM)
+    # the hidden size from which the Jacobians' stack is written C-ordered (_jacobian):
+    # the more passes a cell makes over its blocks, the wider the rows-innermost layout
+    # pays (measured on a batch's rows, one thread: the cells' own values below)
+    narrow_below = 0
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
                  parameters: Mapping[str, Any] | None = None, seed: int | None = 0,
@@ -233,11 +235,11 @@ class _Gated(Recurrence):
         """
         width, H = self.carries * self.hidden_size, self.hidden_size
         n, rows = state.shape[-1], state.shape[0]
-        # a narrow state's stack is written rows innermost, then made C-ordered: each
+        # a narrow cell's stack is written rows innermost, then made C-ordered: each
         # elementwise pass over (rows, n, n) with tiny n runs along the rows (H = 2,
-        # 160000 rows: 0.3 against 11 ms a pass; the copy 0.4 ms); from n = 16 up the
-        # blocks are long enough, and the copy would cost more than it saves
-        narrow = n < NARROW
+        # 160000 rows: 0.3 against 11 ms a pass); from narrow_below on, the blocks are
+        # long enough and the copy costs more than it saves (narrow_below's comments)
+        narrow = H < self.narrow_below
         J = (state.new_empty((n, n, rows)).permute(2, 0, 1) if narrow
              else state.new_empty((rows, n, n)))
         for k in range(self.num_layers):
@@ -309,6 +311,7 @@ class GRU(_Gated):
     """
 
     gates = 3
+    narrow_below = 8  # H = 2: 21.3 -> 10.6 ms, 6: 5.8 -> 4.6, 8: 3.0 against 3.2, 12: 4.4 vs 5.8
 
     def _layer(self, gi: Any, gh: Any, own: Any) -> Any:
         """``(1 - z) n + z h``, ``n = tanh(i_n + r h_n)``; ``r, z`` by one sigmoid.
@@ -393,6 +396,7 @@ class LSTM(_Gated):
 
     gates = 4
     carries = 2
+    narrow_below = 12  # H = 2: 10.3 -> 4.1 ms, 8: 18.5 -> 13.4, 12: 20.2 against 43.7
 
     def _layer(self, gi: Any, gh: Any, own: Any) -> Any:
         """``[h'; c']``: ``c' = s(f) c + s(i) tanh(g)``, ``h' = s(o) tanh(c')``.
@@ -496,6 +500,7 @@ class ElmanRNN(_Gated):
     """
 
     gates = 1
+    narrow_below = 6  # H = 2: 8.3 -> 4.1 ms, 4: 3.1 -> 2.2, 6: equal, 8: 1.1 against 1.8
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
                  parameters: Mapping[str, Any] | None = None, seed: int | None = 0,
