@@ -320,10 +320,17 @@ class GRU(_Gated):
         """
         import torch
 
+        r, z, n, _ = self._activations(gi, gh)
+        return torch.lerp(n, own, z)
+
+    def _activations(self, gi: Any, gh: Any) -> tuple:
+        """``(r, z, n, h_n)`` from the gates, features first: ``r, z`` by one sigmoid."""
+        import torch
+
         H = self.hidden_size
         (i_rz, i_n), (h_rz, h_n) = gi.split((2 * H, H)), gh.split((2 * H, H))
         r, z = (i_rz + h_rz).sigmoid_().chunk(2)
-        return torch.lerp(torch.addcmul(i_n, r, h_n).tanh_(), own, z)
+        return r, z, torch.addcmul(i_n, r, h_n).tanh_(), h_n
 
     def _sequence(self, inputs: Any, own: Any, weights: list) -> Any:
         """One layer's ``h`` at every step: ``torch.nn.GRU``'s kernel, ``(tau, r, H)``."""
@@ -344,11 +351,10 @@ class GRU(_Gated):
         """
         import torch
 
-        W_x, W_h, H = p[f"weight_ih_l{k}"], p[f"weight_hh_l{k}"], self.hidden_size
-        gi, gh = gates(W_x, p[f"bias_ih_l{k}"], x), gates(W_h, p[f"bias_hh_l{k}"], h)
-        r, z = (gi[: 2 * H] + gh[: 2 * H]).sigmoid_().chunk(2)
-        h_n, h = gh[2 * H:], h.mT
-        n = torch.addcmul(gi[2 * H:], r, h_n).tanh_()
+        W_x, W_h = p[f"weight_ih_l{k}"], p[f"weight_hh_l{k}"]
+        r, z, n, h_n = self._activations(gates(W_x, p[f"bias_ih_l{k}"], x),
+                                         gates(W_h, p[f"bias_hh_l{k}"], h))
+        h = h.mT
         # each a pass or two over (H, rows), in place where the operand is new:
         # dh'/d(i_n + r h_n) = (1 - z)(1 - n^2); s' = s - s^2 for r and z
         keep = 1 - z
@@ -373,12 +379,10 @@ class GRU(_Gated):
         """
         import torch
 
-        W_h, H = p[f"weight_hh_l{k}"], self.hidden_size
-        gi, gh = gates(p[f"weight_ih_l{k}"], p[f"bias_ih_l{k}"], x), gates(
-            W_h, p[f"bias_hh_l{k}"], h)
-        r, z = (gi[: 2 * H] + gh[: 2 * H]).sigmoid_().chunk(2)
-        h_n, h = gh[2 * H:], h.mT
-        n = torch.addcmul(gi[2 * H:], r, h_n).tanh_()
+        W_h = p[f"weight_hh_l{k}"]
+        r, z, n, h_n = self._activations(gates(p[f"weight_ih_l{k}"], p[f"bias_ih_l{k}"], x),
+                                         gates(W_h, p[f"bias_hh_l{k}"], h))
+        h = h.mT
         w_r, w_z, w_n = (torch.diagonal(W)[:, None] for W in W_h.chunk(3))
         d_n = (1 - n * n).mul_(torch.addcmul(r * w_n, h_n * torch.addcmul(r, r, r, value=-1),
                                              w_r))
@@ -405,11 +409,21 @@ class LSTM(_Gated):
         """
         import torch
 
+        si, sf, tg, so, c, tc = self._activations(gi + gh, own[self.hidden_size:])
+        return torch.cat([so * tc, c])
+
+    def _activations(self, a: Any, c: Any) -> tuple:
+        """``(s(i), s(f), tanh(g), s(o), c', tanh(c'))`` from the gates' sum ``a``, features first.
+
+        Every gate's sigmoid in one call (``g``'s unused).
+        """
+        import torch
+
         H = self.hidden_size
-        a = gi + gh
-        s = torch.sigmoid(a)  # every gate's (g's unused): one call
-        c = torch.addcmul(s[H: 2 * H] * own[H:], s[:H], torch.tanh(a[2 * H: 3 * H]))
-        return torch.cat([s[3 * H:] * torch.tanh(c), c])
+        s = torch.sigmoid(a)
+        si, sf, so, tg = s[:H], s[H: 2 * H], s[3 * H:], torch.tanh(a[2 * H: 3 * H])
+        c_new = torch.addcmul(sf * c, si, tg)
+        return si, sf, tg, so, c_new, torch.tanh(c_new)
 
     def _sequence(self, inputs: Any, own: Any, weights: list) -> Any:
         """One layer's ``[h; c]`` at every step, ``(tau, r, 2 H)``.
@@ -446,11 +460,8 @@ class LSTM(_Gated):
         H = self.hidden_size
         h, c = own[..., :H], own[..., H:].mT
         W_x, W_h = p[f"weight_ih_l{k}"], p[f"weight_hh_l{k}"]
-        i, f, g, o = (gates(W_x, p[f"bias_ih_l{k}"], x) + gates(W_h, p[f"bias_hh_l{k}"], h)
-                      ).chunk(4)
-        si, sf, tg, so = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
-        c_new = sf * c + si * tg
-        tc = torch.tanh(c_new)
+        si, sf, tg, so, c_new, tc = self._activations(
+            gates(W_x, p[f"bias_ih_l{k}"], x) + gates(W_h, p[f"bias_hh_l{k}"], h), c)
         on_c = (so * (1 - tc * tc)).mT[..., None]  # dh'/dc'
         # each gate's row block of a weight, row-scaled by a vector: sum_g diag(c_g) W_g
         on_i, on_f, on_g = (tg * si * (1 - si)).mT[..., None], \
@@ -479,11 +490,9 @@ class LSTM(_Gated):
         H = self.hidden_size
         h, c = own[..., :H], own[..., H:].mT
         W_h = p[f"weight_hh_l{k}"]
-        i, f, g, o = (gates(p[f"weight_ih_l{k}"], p[f"bias_ih_l{k}"], x)
-                      + gates(W_h, p[f"bias_hh_l{k}"], h)).chunk(4)  # feature-major
-        si, sf, tg, so = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
-        c_new = sf * c + si * tg
-        tc = torch.tanh(c_new)
+        si, sf, tg, so, c_new, tc = self._activations(  # feature-major
+            gates(p[f"weight_ih_l{k}"], p[f"bias_ih_l{k}"], x)
+            + gates(W_h, p[f"bias_hh_l{k}"], h), c)
         w_i, w_f, w_g, w_o = (torch.diagonal(W)[:, None] for W in W_h.chunk(4))
         d_c = c * (sf * (1 - sf)) * w_f + tg * (si * (1 - si)) * w_i + si * (1 - tg * tg) * w_g
         d_h = tc * (so * (1 - so)) * w_o + so * (1 - tc * tc) * d_c
@@ -534,7 +543,7 @@ class ElmanRNN(_Gated):
         W_x, W_h = p[f"weight_ih_l{k}"], p[f"weight_hh_l{k}"]
         new = self._layer(gates(W_x, p[f"bias_ih_l{k}"], x), gates(W_h, p[f"bias_hh_l{k}"], h),
                           h.mT)  # feature-major, (H, rows)
-        slope = 1 - new * new if self.nonlinearity == "tanh" else (new > 0).to(new.dtype)
+        slope = self._slope(new)
         scaled_rows(slope, W_h, d_own)
         return new.mT, scaled_rows(slope, W_x) if k else None
 
@@ -545,6 +554,9 @@ class ElmanRNN(_Gated):
         W_h = p[f"weight_hh_l{k}"]
         new = self._layer(gates(p[f"weight_ih_l{k}"], p[f"bias_ih_l{k}"], x),
                           gates(W_h, p[f"bias_hh_l{k}"], h), h.mT)  # feature-major
-        slope = 1 - new * new if self.nonlinearity == "tanh" else (new > 0).to(new.dtype)
-        return new.mT, (slope * torch.diagonal(W_h)[:, None]).mT
+        return new.mT, (self._slope(new) * torch.diagonal(W_h)[:, None]).mT
+
+    def _slope(self, new: Any) -> Any:
+        """``f'(a)`` from ``h' = f(a)``: ``1 - h'^2`` (tanh) or ``h' > 0`` (ReLU)."""
+        return 1 - new * new if self.nonlinearity == "tanh" else (new > 0).to(new.dtype)
 
