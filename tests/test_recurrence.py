@@ -224,6 +224,34 @@ def test_a_long_sequence_runs_the_vmapped_step_as_one_recorded_graph(monkeypatch
     assert len(calls) == tau
 
 
+def test_a_long_sequences_bad_step_is_named_as_a_short_ones():
+    """Recorded or not, a step of the wrong shape is named, and a step's own error is its."""
+    from propop.networks import recurrence
+
+    rng = np.random.default_rng(12)
+    parameters = {"a": rng.uniform(0.5, 1.0, 5), "B": rng.standard_normal((5, 2))}
+    xs = rng.standard_normal((recurrence.TRACED_STEPS, 2, 6))
+    broadcast = pp.Recurrence(lambda p, h, x: minimal_step(p, h, x)[None, :], parameters,
+                              state_size=5, input_size=2)
+    with pytest.raises(ValueError, match=r"the step returned shape \(1, 5\) for one sample"):
+        broadcast.forward(xs)
+
+    def broken(p, h, x):
+        raise ArithmeticError("the user's own error")
+
+    with pytest.raises(ArithmeticError, match="the user's own error"):
+        pp.Recurrence(broken, parameters, state_size=5, input_size=2).forward(xs)
+
+
+def test_the_recurrence_benchmark_row_agrees_with_its_loop():
+    """benchmarks.gru's pp.Recurrence row: the same states as the cell's rows in a loop."""
+    from benchmarks import gru
+
+    row = gru.recurrence_row(batch=6, tau=300, n=4)
+    assert row["deviation"] < 1e-12 and set(row["overhead_us"]) == {"one sample", "batched"}
+    assert "n=4 batch=6 tau=300" in gru.recurrence_table([row])
+
+
 def numpy_step(p, h, x):
     return np.tanh(p["a"] * h + x @ p["B"].T)
 
