@@ -105,6 +105,9 @@ def test_demo_announces_each_section_and_reads_each_table():
     assert "pre-norm SwiGLU unit (LayerNorm, a product of two tensors)" in own
     differences = own.split("largest difference: ")[1].rstrip(".").split(", ")
     assert len(differences) == 2 and max(float(d.split()[1]) for d in differences) < 1e-12
+    cell = out.split("Your own cell, written for one sample")[1].split("\n")[0]
+    assert "512 steps of 8 samples" in cell  # against the user's loop, computed apart
+    assert float(cell.split("largest difference ")[1].rstrip(".")) < 1e-12
     loop = out.split("PyTorch in the loop:")[1].split("(the GRU's")[0]
     rows = [row.split("|") for row in loop.splitlines() if "propop cyclic-reduction" in row]
     assert len(rows) == 2 and max(float(row[4]) for row in rows) < 1e-12

@@ -249,6 +249,40 @@ def models() -> None:
           f"{'one identity for every step' if shared else 'stored'}, where Newton's holds "
           f"{newton.coupling_stack.nbytes / 1e3:.0f} kB of full blocks: O(tau r n) an "
           "iteration, solved entrywise by cyclic reduction.\n")
+    _own_cell(torch)
+
+
+def _own_cell(torch: Any) -> None:
+    """A user's cell written for one sample: pp.Recurrence against the loop a user writes."""
+    from ..networks.recurrence import TRACED_STEPS, Recurrence
+
+    rng = np.random.default_rng(4)
+    p = {"W": 0.4 * rng.standard_normal((8, 8)), "U": 0.4 * rng.standard_normal((8, 8))}
+    tau, r = 2 * TRACED_STEPS, 8
+    xs = rng.standard_normal((tau, 8, r))
+
+    def cell(p: dict, h: Any, x: Any) -> Any:  # one sample's vectors
+        return torch.tanh(p["W"] @ h + p["U"] @ x)
+
+    net = Recurrence(cell, p, state_size=8, input_size=8)
+    start = time.perf_counter()
+    ours = net.forward(xs).z[1]
+    took = time.perf_counter() - start
+    P, loop = {k: torch.tensor(v) for k, v in p.items()}, np.empty_like(ours)
+    start = time.perf_counter()
+    with torch.no_grad():
+        for i in range(r):  # the loop a user writes for a one-sample cell
+            h = torch.zeros(8, dtype=torch.float64)
+            for s in range(tau):
+                h = cell(P, h, torch.tensor(xs[s, :, i]))
+                loop[s, :, i] = h.numpy()
+    theirs = time.perf_counter() - start
+    print(f"Your own cell, written for one sample (tanh(W h + U x)): pp.Recurrence runs "
+          f"{tau} steps of {r} samples as one graph of its batched operations, recorded "
+          f"once (torch.fx's make_fx, its first step checked against vmap's): "
+          f"{1e6 * took / tau:.0f} us a step, recording included, against "
+          f"{1e6 * theirs / tau:.0f} us for the loop over samples and steps; largest "
+          f"difference {np.abs(ours - loop).max():.0e}.\n")
 
 
 def trust() -> None:
