@@ -42,6 +42,10 @@ def test_all_finite_sees_nan_and_inf_and_survives_an_overflowing_sum(kind):
     cases = {"finite": (np.arange(12.0).reshape(4, 3), True), "overflowing sum": (big, True),
              "nan": (np.where(np.eye(4, 3) > 0, np.nan, 1.0), False),
              "inf": (np.where(np.eye(4, 3) > 0, -np.inf, 1.0), False)}
+    large = backend.SMALL_FINITE + 1  # the sum's path where a small array's flags are read
+    cases.update({"large overflowing sum": (np.full(large, 1e308), True),
+                  "large nan": (np.append(np.ones(large), np.nan), False),
+                  "large inf, overflowing": (np.append(np.full(large, 1e308), np.inf), False)})
     for name, (a, expected) in cases.items():
         moved = backend.convert(a, kind)
         assert backend.all_finite(moved) is expected, name
@@ -178,9 +182,15 @@ def test_one_column_of_a_larger_matrix_is_a_vector_to_blas(out, dtype, accumulat
     single = np.float32 in (M.dtype, target.dtype)
     np.testing.assert_allclose(target, M.astype(np.float64) @ x + before,
                                rtol=1e-5 if single else 1e-13, atol=1e-5 if single else 1e-13)
-    with pytest.raises(ValueError, match=r"matmul of a \(40, 48\) matrix and x of shape "
-                                         r"\(47, 1\) into out of shape \(40, 1\)"):
-        backend.matmul_writer(M)(x[:47], out=np.zeros((40, 1), dtype))
+    strided = np.repeat(x, 3, axis=1)[:, 1:2]  # x as a strided column: read, not misread
+    np.testing.assert_allclose(backend.matmul_writer(M)(strided, out=np.empty((40, 1), dtype)),
+                               M.astype(np.float64) @ x, rtol=1e-5 if single else 1e-13,
+                               atol=1e-5 if single else 1e-13)
+    for rows in (47, 49):  # gemv alone would read a longer x's head
+        with pytest.raises(ValueError, match=rf"matmul of a \(40, 48\) matrix and x of shape "
+                                             rf"\({rows}, 1\) into out of shape \(40, 1\)"):
+            backend.matmul_writer(M)(rng.standard_normal((rows, 1)).astype(dtype),
+                                     out=np.zeros((40, 1), dtype))
 
 
 @pytest.mark.parametrize(("shape", "density", "columns"), [
