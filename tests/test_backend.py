@@ -315,8 +315,12 @@ def test_a_matrix_writer_refuses_shapes_that_do_not_match_by_name(x, out, adder)
 ])
 @pytest.mark.parametrize("dtypes", [("float64", "float64"), ("float32", "float32"),
                                     ("float32", "float64")])
-def test_block_matmul_agrees_with_matmul_on_small_blocks(left, right, dtypes):
+@pytest.mark.parametrize("chunk", [None, 40])  # 40 blocks: many chunks, the last one short
+def test_block_matmul_agrees_with_matmul_on_small_blocks(left, right, dtypes, chunk,
+                                                         monkeypatch):
     """Entry by entry on NumPy's blocks of at most 2 x 2: matmul's values, shape and dtype."""
+    if chunk is not None:
+        monkeypatch.setattr(backend, "BLOCK_CHUNK", chunk)
     rng = np.random.default_rng(0)
     A, B = (rng.standard_normal(s).astype(d) for s, d in zip((left, right), dtypes))
     got, want = backend.block_matmul(A, B), A @ B
