@@ -210,3 +210,18 @@ def test_shared_keeps_a_stacked_chain_stacked(how):
     with pytest.raises(ValueError, match="block 4: the row scaling differs between samples"):
         pp.TriangularSystem(None, None, rhs, lower=False, sizes=(3,) * 6, coupling_stack=C,
                             scale_stack=S).shared("exact")
+
+
+@pytest.mark.parametrize("sizes", [(3, 3, 3, 3), (3, 5, 2, 4), (np.int64(3),) * 4,
+                                   [np.int32(3), 5, np.int64(2), 4]])
+def test_block_sizes_become_python_ints_and_their_offsets_are_the_running_sums(sizes):
+    """Equal sizes are read at once (one int repeated, a range of offsets), others one by one."""
+    ints = [int(s) for s in sizes]
+    rng = np.random.default_rng(0)
+    coupling = [rng.standard_normal((ints[k], ints[k + 1])) for k in range(len(ints) - 1)]
+    S = pp.TriangularSystem(coupling, None, rng.standard_normal(sum(ints)), lower=False,
+                            sizes=sizes)
+    assert S.sizes == tuple(ints) and all(type(s) is int for s in S.sizes)
+    assert S.offsets == (0, *np.cumsum(ints).tolist())
+    x = pp.solve(S, "substitution").x
+    np.testing.assert_allclose(S.matrix @ x, S.rhs, rtol=1e-12, atol=1e-12)
