@@ -263,17 +263,15 @@ def _blas_into(pair: tuple, trans: int, beta: float, shape: tuple, A: Any, x: An
     that do not match raise ``ValueError`` naming them (``gemv`` alone would read a
     longer vector's head).
     """
-    if out.ndim > 2:  # a stack of blocks: no single BLAS call
-        product = (A.T if trans else A) @ x
-        out[...] = out + product if beta else product
-        return out
+    ndim = out.ndim
     # a vector, or one column of 32 or more entries: gemv, the column given as it is
     # (f2py reads an (n, 1) array as the vector it holds and writes it in place; the
     # views out[:, 0], x[:, 0] cost more than gemv saves). One column by gemm costs
     # 1.0-1.2x gemv's call from 32 x 32 to 256 x 256 and 1.5-2.6x from 512 up; below 32
     # gemm's call on the transposes is the cheaper (0.51 against 0.63 us, one thread)
-    if out.ndim == 1 or (out.shape[1] == 1 and shape[1] >= 32):
-        if x.shape != (shape[1],) + out.shape[1:] or out.shape[0] != shape[0]:
+    if ndim == 1 or (shape[1] >= 32 and ndim == 2 and out.shape[1] == 1):
+        if x.ndim != ndim or len(x) != shape[1] or len(out) != shape[0] or (
+                ndim == 2 and x.shape[1] != 1):
             raise _mismatch(shape, x, out)
         try:
             result = pair[0](1.0, A, x, beta, out, 0, 1, 0, 1, trans, 1)
@@ -281,6 +279,10 @@ def _blas_into(pair: tuple, trans: int, beta: float, shape: tuple, A: Any, x: An
             raise _mismatch(shape, x, out) from error
         if result is not out:  # an out of another layout or dtype: the result copied in
             out[...] = result.reshape(out.shape)
+        return out
+    if ndim > 2:  # a stack of blocks: no single BLAS call
+        product = (A.T if trans else A) @ x
+        out[...] = out + product if beta else product
         return out
     c = out.T
     try:
