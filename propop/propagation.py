@@ -74,7 +74,7 @@ def backprop(net: Any, x: Any, target: Any, loss: str = "mse",
             require_trace(trace, checked, net.state_shapes(checked))
         outputs = trace.output if isinstance(trace.output, tuple) else (trace.output,)
         xp = backend.namespace(outputs[0])
-        if not all(bool(xp.all(xp.isfinite(out))) for out in outputs):
+        if not all(backend.all_finite(out, xp) for out in outputs):  # a sum, no flags' array
             raise ValueError(f"the forward pass gave non-finite values, first in "
                              f"{first_nonfinite(net, trace)}: no gradient exists there; "
                              "check the weights' scale and the input")

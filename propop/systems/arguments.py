@@ -130,8 +130,8 @@ def _scalings(row_scale: Any, layer_scales: Any, scale_stack: Any, layout: Any,
 def _all_finite(arrays: tuple) -> bool:
     """Whether every entry of ``arrays`` is finite: one reduction for all."""
     xp = backend.namespace(arrays[0])
-    if len(arrays) == 1:
-        return bool(xp.all(xp.isfinite(arrays[0])))
+    if len(arrays) == 1:  # a sum, no array of flags (backend.all_finite)
+        return backend.all_finite(arrays[0], xp)
     return bool(xp.all(xp.isfinite(xp.concat([xp.reshape(a, (-1,)) for a in arrays]))))
 
 
