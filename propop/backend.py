@@ -804,8 +804,8 @@ def all_finite(a: Any, xp: Any = None) -> bool:
     read at once (:data:`SMALL_FINITE`). ``xp`` is ``a``'s namespace (found if not
     given; the shape-only arrays of the memory guard give theirs).
     """
-    if type(a).__module__ == "numpy" and a.size < SMALL_FINITE:  # no errstate to enter
-        import numpy
+    if type(a).__module__ == "numpy" and a.size < SMALL_FINITE and a.dtype.kind in "biufc":
+        import numpy  # a small array's flags: no floating-point state to enter
 
         return bool(a.dtype.kind in "biu" or numpy.isfinite(a).all())
     xp = namespace(a) if xp is None else xp
