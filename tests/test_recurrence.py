@@ -513,3 +513,41 @@ def test_cudnns_unflattened_weights_warning_is_not_shown_and_others_are(monkeypa
         warnings.simplefilter("always")
         wrapped_kernels_against_torch("GRU", monkeypatch, warn, 3)
     assert [str(w.message) for w in seen] == ["something else"] * 2, seen  # two layers
+
+
+def rich_step(p, h, x):
+    """A cell of many operations: products, gates, a sum over features, where, clamp, cat."""
+    gate = torch.sigmoid(p["W"] @ h + p["U"] @ x)
+    mixed = torch.cat([h[:2] * gate[:2], torch.tanh(h[2:] - gate[2:])])
+    total = mixed.sum(dim=0, keepdim=True)
+    return torch.where(mixed > 0, mixed, 0.5 * mixed).clamp(-2.0, 2.0) + 0.1 * total
+
+
+def test_a_recorded_graph_calls_public_functions_with_the_same_states():
+    """The recorded step's ATen overloads become ``torch.mm``, ``torch.add``, ...: same states.
+
+    A cell of many operations over a long sequence (recorded, the public functions
+    called) against the loop a user writes, sample by sample; the rewritten graph
+    itself calls ``torch.mm`` and keeps the overloads ``torch`` has no function for.
+    """
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from propop.networks import recurrence
+
+    rng = np.random.default_rng(13)
+    parameters = {"W": 0.5 * rng.standard_normal((5, 5)), "U": rng.standard_normal((5, 2))}
+    xs = rng.standard_normal((recurrence.TRACED_STEPS, 2, 6))
+    net = pp.Recurrence(rich_step, parameters, state_size=5, input_size=2)
+    expected = _user_loop(lambda p, h, x, s: rich_step(p, h, x), parameters, xs)
+    np.testing.assert_allclose(net.forward(xs).z[1], expected, rtol=1e-14, atol=1e-15)
+
+    def rows(h, x, W, U):  # a batch's rows: expand and view have no torch function
+        return torch.tanh(h @ W.T + (x @ U.T).expand(3, 5).reshape(3, 5))
+
+    args = [torch.randn(3, 5, dtype=torch.float64), torch.randn(1, 2, dtype=torch.float64),
+            torch.randn(5, 5, dtype=torch.float64), torch.randn(5, 2, dtype=torch.float64)]
+    graph = make_fx(rows)(*args)
+    public = recurrence._by_public_functions(graph)
+    assert "torch.ops.aten.mm" in graph.code and "torch.ops.aten.mm" not in public.code
+    assert "torch.mm(" in public.code and "torch.ops.aten.expand" in public.code
+    assert torch.equal(public(*args), graph(*args)) and torch.equal(public(*args), rows(*args))
