@@ -49,8 +49,9 @@ LINEARIZATIONS = ("newton", "quasi", "block-diagonal")
 # itself 8 us a sample (one thread); at 4 samples 34 against 67 us a step.
 SAMPLE_BY_SAMPLE = 4
 # From this many steps a vmapped step runs as one traced graph of its batched operations
-# (_TorchCell._traced): 23 against 67 us a step for that cell at batch 16, the trace
-# 9 ms (after its first, about a second, in a process), so it pays from about 200 steps.
+# (_TorchCell._traced): 22 against 67 us a step for an 8-state tanh cell at batch 16 with
+# torch's public functions called (_by_public_functions; 33 with the ATen overloads), the
+# trace 9 ms (after its first, about a second, in a process): it pays from about 200 steps.
 TRACED_STEPS = 256
 
 
