@@ -427,7 +427,7 @@ class FNN:
         ``(l, n[, r])`` array; otherwise a list of arrays.
         """
         first = self.activations[0]
-        if self.equal_widths and self.activations.count(first) == self.depth:  # C's loop
+        if self.equal_widths and self.activations.count(first) == self.depth:  # counted in C
             if trace.stacked and first.df_of_output is not None:  # z = f(y) is at hand
                 return first.df_of_output(trace.stacked["z"][1:, ...])
             Y = trace.stacked["y"] if trace.stacked else self.backend.xp.stack(trace.y)
