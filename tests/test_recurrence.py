@@ -542,7 +542,7 @@ def test_a_recorded_graph_calls_public_functions_with_the_same_states():
     np.testing.assert_allclose(net.forward(xs).z[1], expected, rtol=1e-14, atol=1e-15)
 
     def rows(h, x, W, U):  # a batch's rows: expand and view have no torch function
-        return torch.tanh(h @ W.T + (x @ U.T).expand(3, 5).reshape(3, 5))
+        return torch.tanh(1 - h @ W.T + (x @ U.T).expand(3, 5).reshape(3, 5))
 
     args = [torch.randn(3, 5, dtype=torch.float64), torch.randn(1, 2, dtype=torch.float64),
             torch.randn(5, 5, dtype=torch.float64), torch.randn(5, 2, dtype=torch.float64)]
@@ -550,4 +550,5 @@ def test_a_recorded_graph_calls_public_functions_with_the_same_states():
     public = recurrence._by_public_functions(graph)
     assert "torch.ops.aten.mm" in graph.code and "torch.ops.aten.mm" not in public.code
     assert "torch.mm(" in public.code and "torch.ops.aten.expand" in public.code
+    assert "torch.ops.aten.rsub.Scalar" in graph.code and "torch.rsub(" in public.code
     assert torch.equal(public(*args), graph(*args)) and torch.equal(public(*args), rows(*args))

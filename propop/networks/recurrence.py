@@ -821,19 +821,20 @@ def _by_public_functions(graph: Any) -> Any:
     ``make_fx`` records each operation as its ATen overload (``aten.mm.default``),
     whose call parses the operator's schema: 1.5-2.0 us against 0.8-1.1 for the
     public function of the same name and arguments (one thread, 16 x 8 blocks), at
-    every node of every step. Overloads ``default`` and ``Tensor`` of an operation
-    that ``torch`` has as a function are called as that function (the Python
-    bindings take the schema's arguments in its order and dispatch to that
-    overload); the others stay. The caller compares the copy's result with ``vmap``'s.
+    every node of every step. An operation that ``torch`` has as a built-in function
+    is called as that function (its Python binding takes the schema's arguments in
+    their order and picks the overload by their types: ``aten.rsub.Scalar`` is
+    ``torch.rsub``); the others (``aten.expand``, ``aten.split``, a Python function in
+    ``torch``) stay. The caller compares the copy's result with ``vmap``'s.
     """
     import torch
 
     copied, changed = copy.deepcopy(graph), False
     for node in copied.graph.nodes:
         namespace, _, rest = str(node.target).partition(".")
-        name, _, overload = rest.partition(".")
+        name = rest.partition(".")[0]
         public = getattr(torch, name, None) if namespace == "aten" and node.op == \
-            "call_function" and overload in ("default", "Tensor") else None
+            "call_function" else None
         if public is not None and type(public).__name__ == "builtin_function_or_method":
             node.target, changed = public, True
     if changed:
