@@ -173,6 +173,27 @@ def _user_loop(step, parameters, xs):
     return out
 
 
+def _counted_long_sequence(seed, r):
+    """``(net, parameters, xs, expected, calls)``: a step that counts its calls, TRACED_STEPS long.
+
+    ``expected`` is the user's loop of the same step; ``calls`` grows by one a call.
+    """
+    from propop.networks import recurrence
+
+    rng = np.random.default_rng(seed)
+    parameters = {"a": rng.uniform(0.5, 1.0, 5), "B": rng.standard_normal((5, 2))}
+    xs = rng.standard_normal((recurrence.TRACED_STEPS, 2, r))
+    calls = []
+
+    def counted(p, h, x):
+        calls.append(1)
+        return minimal_step(p, h, x)
+
+    expected = _user_loop(lambda p, h, x, s: minimal_step(p, h, x), parameters, xs)
+    net = pp.Recurrence(counted, parameters, state_size=5, input_size=2)
+    return net, parameters, xs, expected, calls
+
+
 def test_a_long_sequence_runs_the_vmapped_step_as_one_recorded_graph(monkeypatch):
     """From TRACED_STEPS steps the batched step runs as one recorded graph, not vmap.
 
@@ -183,18 +204,8 @@ def test_a_long_sequence_runs_the_vmapped_step_as_one_recorded_graph(monkeypatch
 
     from propop.networks import recurrence
 
-    tau, r = recurrence.TRACED_STEPS, 6
-    rng = np.random.default_rng(11)
-    parameters = {"a": rng.uniform(0.5, 1.0, 5), "B": rng.standard_normal((5, 2))}
-    xs = rng.standard_normal((tau, 2, r))
-    calls = []
-
-    def counted(p, h, x):
-        calls.append(1)
-        return minimal_step(p, h, x)
-
-    expected = _user_loop(lambda p, h, x, s: minimal_step(p, h, x), parameters, xs)
-    net = pp.Recurrence(counted, parameters, state_size=5, input_size=2)
+    tau = recurrence.TRACED_STEPS
+    net, parameters, xs, expected, calls = _counted_long_sequence(11, 6)
     np.testing.assert_allclose(net.forward(xs).z[1], expected, rtol=1e-14, atol=1e-15)
     assert len(calls) <= 3  # recorded once, one vmap call to compare: not tau calls
     calls.clear()
@@ -552,3 +563,30 @@ def test_a_recorded_graph_calls_public_functions_with_the_same_states():
     assert "torch.mm(" in public.code and "torch.ops.aten.expand" in public.code
     assert "torch.ops.aten.rsub.Scalar" in graph.code and "torch.rsub(" in public.code
     assert torch.equal(public(*args), graph(*args)) and torch.equal(public(*args), rows(*args))
+
+
+@pytest.mark.parametrize(("r", "recorded"), [(2, False), (3, True), (4, True)])
+def test_a_long_sequence_of_few_samples_takes_the_recorded_graph_from_three(r, recorded,
+                                                                            monkeypatch):
+    """Up to TRACED_SAMPLES samples each runs its own loop; more take the recorded graph.
+
+    A step that cannot be recorded runs each sample's own loop again (up to
+    SAMPLE_BY_SAMPLE), not ``vmap``; the states are the user's loop's either way.
+    """
+    from torch.fx.experimental import proxy_tensor
+
+    from propop.networks import recurrence
+
+    assert recurrence.TRACED_SAMPLES == 2
+    tau = recurrence.TRACED_STEPS
+    net, _, xs, expected, calls = _counted_long_sequence(14, r)
+    np.testing.assert_allclose(net.forward(xs).z[1], expected, rtol=1e-14, atol=1e-15)
+    assert len(calls) <= 3 if recorded else len(calls) == r * tau
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("cannot record")
+
+    monkeypatch.setattr(proxy_tensor, "make_fx", refused)
+    calls.clear()
+    np.testing.assert_allclose(net.forward(xs).z[1], expected, rtol=1e-14, atol=1e-15)
+    assert len(calls) == r * tau  # each sample's own loop, not vmap's one call a step

@@ -53,6 +53,10 @@ SAMPLE_BY_SAMPLE = 4
 # torch's public functions called (_by_public_functions; 33 with the ATen overloads), the
 # trace 9 ms (after its first, about a second, in a process): it pays from about 200 steps.
 TRACED_STEPS = 256
+# More samples than this take the recorded graph on a long sequence, not each its own
+# loop: 17.8-19.4 us a step for the graph at 1-5 samples against 6.7, 14.5, 22.3 and 28.7
+# us for 1 to 4 samples' own loops (8-state tanh cell, one thread)
+TRACED_SAMPLES = 2
 
 
 @dataclass(frozen=True)
@@ -543,18 +547,20 @@ class _TorchCell:
         once, and the step's output is checked at the first step (its shape and
         dtype cannot change from one step to the next). A step written for one
         sample runs under ``vmap`` for a batch (as one traced graph from
-        :data:`TRACED_STEPS` steps, :meth:`_traced`), but on each sample in turn
-        for up to :data:`SAMPLE_BY_SAMPLE` of them, where ``vmap``'s own cost per
+        :data:`TRACED_STEPS` steps and more than :data:`TRACED_SAMPLES` samples,
+        :meth:`_traced`), but on each sample in turn for up to
+        :data:`SAMPLE_BY_SAMPLE` of them otherwise, where ``vmap``'s own cost per
         call is more.
         """
         import torch
 
         inputs, h = self.tensor(X), self.tensor(first)
-        r = h.shape[0]
+        r, step = h.shape[0], self._batched
         with torch.no_grad():
-            if self._batched is self.step or r > SAMPLE_BY_SAMPLE:  # xs has r >= 1
-                step = (self._traced(h, inputs[0]) if self._batched is not self.step
-                        and inputs.shape[0] >= TRACED_STEPS else self._batched)
+            if step is not self.step and r > TRACED_SAMPLES and \
+                    inputs.shape[0] >= TRACED_STEPS:
+                step = self._traced(h, inputs[0])  # vmap's batched step if not recorded
+            if step is self.step or step is not self._batched or r > SAMPLE_BY_SAMPLE:
                 return self.home_array(self._steps(step, h, inputs, tuple(first.shape)))
             one = (1,) + tuple(first.shape[1:])
             return self.home_array(torch.stack(
