@@ -563,6 +563,8 @@ def test_a_recorded_graph_calls_public_functions_with_the_same_states():
     assert "torch.mm(" in public.code and "torch.ops.aten.expand" in public.code
     assert "torch.ops.aten.rsub.Scalar" in graph.code and "torch.rsub(" in public.code
     assert torch.equal(public(*args), graph(*args)) and torch.equal(public(*args), rows(*args))
+    only_views = make_fx(lambda h: h.expand(2, 3, 5))(args[0])  # nothing to call otherwise
+    assert recurrence._by_public_functions(only_views) is only_views
 
 
 @pytest.mark.parametrize(("r", "recorded"), [(2, False), (3, True), (4, True)])

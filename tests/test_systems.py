@@ -225,3 +225,14 @@ def test_block_sizes_become_python_ints_and_their_offsets_are_the_running_sums(s
     assert S.offsets == (0, *np.cumsum(ints).tolist())
     x = pp.solve(S, "substitution").x
     np.testing.assert_allclose(S.matrix @ x, S.rhs, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(("sizes", "named"), [((3, 2.5), "2.5 for block 1"),
+                                              ((2.5, 2.5), "2.5 for block 0"),
+                                              (("3", 2), "'3' for block 0")])
+def test_block_sizes_that_are_not_integers_are_named(sizes, named):
+    """A size of 2.5 is not a block of 2: the size and its block are named, equal or not."""
+    rng = np.random.default_rng(1)
+    with pytest.raises(ValueError, match=f"block sizes must be integers, got {named}"):
+        pp.TriangularSystem([rng.standard_normal((3, 2))], None, rng.standard_normal(5),
+                            lower=False, sizes=sizes)

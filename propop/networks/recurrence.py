@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -591,7 +592,8 @@ class _TorchCell:
         except Exception:  # noqa: BLE001 (anything the recording cannot take: vmap runs it)
             return batched
         reference = batched(self.parameters, h, x)
-        for candidate in (_by_public_functions(graph), graph):  # the faster first
+        public = _by_public_functions(graph)
+        for candidate in (public, graph) if public is not graph else (graph,):  # faster first
             recorded = candidate(h, x, *values)
             if isinstance(recorded, torch.Tensor) and torch.equal(recorded, reference):
                 forward = candidate.forward  # not the module call: its hooks cost more
@@ -831,18 +833,22 @@ def _by_public_functions(graph: Any) -> Any:
     is called as that function (its Python binding takes the schema's arguments in
     their order and picks the overload by their types: ``aten.rsub.Scalar`` is
     ``torch.rsub``); the others (``aten.expand``, ``aten.split``, a Python function in
-    ``torch``) stay. The caller compares the copy's result with ``vmap``'s.
+    ``torch``) stay. The caller compares the copy's result with ``vmap``'s; ``graph``
+    itself is returned where no operation has a function.
     """
     import torch
 
-    copied, changed = copy.deepcopy(graph), False
-    for node in copied.graph.nodes:
+    public = {}
+    for node in graph.graph.nodes:
         namespace, _, rest = str(node.target).partition(".")
-        name = rest.partition(".")[0]
-        public = getattr(torch, name, None) if namespace == "aten" and node.op == \
-            "call_function" else None
-        if public is not None and type(public).__name__ == "builtin_function_or_method":
-            node.target, changed = public, True
-    if changed:
-        copied.recompile()
+        function = getattr(torch, rest.partition(".")[0], None) if \
+            node.op == "call_function" and namespace == "aten" else None
+        if isinstance(function, types.BuiltinFunctionType):
+            public[node.name] = function
+    if not public:
+        return graph
+    copied = copy.deepcopy(graph)
+    for node in copied.graph.nodes:
+        node.target = public.get(node.name, node.target)
+    copied.recompile()
     return copied

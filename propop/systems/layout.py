@@ -61,7 +61,7 @@ class Layout:
         plan's, share it.
         """
         sizes = self.sizes
-        if sizes and sizes.count(sizes[0]) == len(sizes):  # equal: a range (17 -> 5 us at 1025)
+        if sizes and self.equal_sizes:  # a range: 17 -> 5 us at 1025 blocks
             return tuple(range(0, sizes[0] * (len(sizes) + 1), sizes[0]))
         return tuple(itertools.accumulate(sizes, initial=0))
 
@@ -87,8 +87,11 @@ class Layout:
 
     @functools.cached_property
     def distinct_sizes(self) -> frozenset:
-        """The sizes the blocks take."""
-        return frozenset(self.sizes)
+        """The sizes the blocks take (equal ones told by one count: 1 against 15 us at 1025)."""
+        sizes = self.sizes
+        if sizes and sizes.count(sizes[0]) == len(sizes):
+            return frozenset(sizes[:1])
+        return frozenset(sizes)
 
     @property
     def width(self) -> int:
