@@ -366,3 +366,17 @@ def test_block_matmul_leaves_larger_blocks_other_arrays_and_bad_shapes_to_matmul
     assert torch.equal(backend.block_matmul(T, T), T @ T)
     with pytest.raises(ValueError, match="mismatch"):
         backend.block_matmul(rng.standard_normal((5, 2, 2)), rng.standard_normal((5, 1, 2)))
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch", "array_api_strict"])
+def test_eps_is_each_dtypes_own_machine_epsilon_in_every_library(kind):
+    """Remembered per dtype object: float32 and float64 of any library, never mixed up."""
+    import warnings
+
+    for name, expected in (("float64", np.finfo(np.float64).eps),
+                           ("float32", np.finfo(np.float32).eps)):
+        a = backend.convert(np.zeros(2, dtype=name), kind)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the strict namespace warns at a mixed compare
+            assert backend.eps(a.dtype) == expected, (kind, name)
+            assert backend.eps(a.dtype) == expected, (kind, name)  # and when remembered
