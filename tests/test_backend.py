@@ -351,6 +351,43 @@ def test_block_matmul_with_a_shared_right_block_agrees_with_matmul(left, right, 
     assert (np.abs(got - want) <= bound).all()
 
 
+@pytest.mark.parametrize(("left", "scale", "right"), [
+    ((6, 1, 4, 4), (6, 5, 4), (6, 1, 4, 4)),  # a level's pairs: shared cores, per-sample slopes
+    ((6, 5, 4, 4), (6, 5, 4), (6, 1, 4, 4)),  # per-sample cores times a shared one
+    ((6, 5, 4, 4), (6, 5, 4), (6, 5, 4, 4)),  # nothing shared
+    ((6, 1, 3, 4), (6, 1, 4), (6, 1, 4, 2)),  # rectangular blocks
+    ((6, 3, 2, 2), (6, 3, 2), (6, 3, 2, 2)),  # small blocks: entry by entry
+    ((0, 3, 4, 4), (0, 3, 4), (0, 1, 4, 4)),  # no pairs
+])
+@pytest.mark.parametrize("chunk", [None, 200, 1300])  # bytes: a pair a chunk, or two and one
+@pytest.mark.parametrize("dtypes", [("float64",) * 3, ("float32",) * 3,
+                                    ("float32", "float64", "float32")])
+def test_scaled_block_matmul_agrees_with_the_expression(left, scale, right, chunk, dtypes,
+                                                        monkeypatch):
+    """``(A diag(s)) B`` by chunks: the expression's values, shape and dtype, also on views."""
+    if chunk is not None:
+        monkeypatch.setattr(backend, "SCALED_CHUNK", chunk)
+    rng = np.random.default_rng(0)
+    A, s, B = (rng.standard_normal((2 * k[0],) + k[1:]).astype(d)[::2]  # every other block
+               for k, d in zip((left, scale, right), dtypes))
+    got, want = backend.scaled_block_matmul(A, s, B), (A * s[..., None, :]) @ B
+    assert got.shape == want.shape and got.dtype == want.dtype
+    bound = 8 * np.finfo(got.dtype).eps * (np.abs(A * s[..., None, :]) @ np.abs(B))
+    assert (np.abs(got - want) <= bound).all()
+
+
+def test_scaled_block_matmul_leaves_other_arrays_and_shapes_to_the_expression():
+    """PyTorch tensors and stacks whose first axes differ: the expression itself, exactly."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    A, s, B = rng.standard_normal((4, 2, 3, 3)), rng.standard_normal((4, 2, 3)), \
+        rng.standard_normal((1, 1, 3, 3))  # B broadcast over the pairs
+    np.testing.assert_array_equal(backend.scaled_block_matmul(A, s, B),
+                                  (A * s[..., None, :]) @ B)
+    T, t = (torch.as_tensor(a) for a in (A, s))
+    assert torch.equal(backend.scaled_block_matmul(T, t, T), (T * t[..., None, :]) @ T)
+
+
 def test_block_matmul_leaves_larger_blocks_other_arrays_and_bad_shapes_to_matmul():
     """Larger blocks, one matrix alone and PyTorch tensors are ``@``'s; so are its errors."""
     torch = pytest.importorskip("torch")

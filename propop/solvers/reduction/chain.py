@@ -294,12 +294,13 @@ def _columns(a: Any) -> Any:
 def product(L1: Any, C1: Any, L2: Any, C2: Any, counter: Counter) -> Any:
     """The core of ``diag(L1) C1 diag(L2) C2``, i.e. ``(C1 diag(L2)) C2``, per sample.
 
-    Its left scaling stays ``L1``. One batched ``matmul`` over all stacked pairs;
+    Its left scaling stays ``L1``. One batched product over all stacked pairs, the
+    scaling ``L2`` applied a chunk of pairs at a time (:func:`~propop.backend.scaled_block_matmul`);
     ``L2 = None`` (an unscaled chain: every scaling one) multiplies by nothing.
     """
-    left = C1 if L2 is None else C1 * L2[:, :, None, :]
-    p, b, n, _ = left.shape
-    out = backend.block_matmul(left, C2)
+    out = backend.block_matmul(C1, C2) if L2 is None else \
+        backend.scaled_block_matmul(C1, L2, C2)
+    p, b, n = out.shape[:3]
     counter.flops += 2 * p * b * n**3 + (0 if L2 is None else p * b * n * n)
     return out
 
