@@ -16,7 +16,8 @@ against this machine's DGEMM rate, measured in the same run, beside NumPy's own
 ``matmul`` of the same blocks (scaled already) and propop's ``backend.block_matmul``:
 blocks of 8 to 32 are far from DGEMM's rate whoever multiplies them (a BLAS call per
 block, or per pair where the right block is shared), and the product adds the
-scaling, a temporary as large as the product.
+scaling (a chunk of pairs at a time, in a buffer that stays in the cache, where the
+scaled blocks exceed ``backend.SCALED_CHUNK``).
 
 Run: ``python -m benchmarks.cr`` (a few minutes on 2 cores).
 """
