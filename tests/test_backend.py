@@ -388,6 +388,26 @@ def test_scaled_block_matmul_leaves_other_arrays_and_shapes_to_the_expression():
     assert torch.equal(backend.scaled_block_matmul(T, t, T), (T * t[..., None, :]) @ T)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("view", [False, True])
+def test_outer_products_are_each_blocks_vector_times_vector(dtype, view):
+    """``V[k] Z[k]^T`` by einsum on NumPy: broadcasting's values, shape and dtype; on views too."""
+    rng = np.random.default_rng(0)
+    V, Z = rng.standard_normal((14, 5)).astype(dtype), rng.standard_normal((14, 3)).astype(dtype)
+    if view:  # every other vector, as a stack's layers are read
+        V, Z = V[::2], Z[::2]
+    got = backend.outer_products(V, Z)
+    assert got.shape == (len(V), 5, 3) and got.dtype == np.dtype(dtype)
+    for k in range(len(V)):  # each block one product of two numbers per entry: exact
+        np.testing.assert_array_equal(got[k], np.outer(V[k], Z[k]))
+
+
+def test_outer_products_of_other_arrays_broadcast():
+    torch = pytest.importorskip("torch")
+    V, Z = torch.randn(4, 3, dtype=torch.float64), torch.randn(4, 2, dtype=torch.float64)
+    assert torch.equal(backend.outer_products(V, Z), V[:, :, None] * Z[:, None, :])
+
+
 def test_block_matmul_leaves_larger_blocks_other_arrays_and_bad_shapes_to_matmul():
     """Larger blocks, one matrix alone and PyTorch tensors are ``@``'s; so are its errors."""
     torch = pytest.importorskip("torch")

@@ -411,7 +411,7 @@ class FNN:
             if V.ndim == 3 and V.shape[2] == 1:  # one sample as a column: as a vector
                 V, Z = V[..., 0], Z[..., 0]
             if V.ndim == 2:  # outer products, no sum: half matmul's time (inner size 1)
-                return Gradients(W=backend.unstack(V[:, :, None] * Z[:, None, :]),
+                return Gradients(W=backend.unstack(backend.outer_products(V, Z)),
                                  b=backend.unstack(V), x=x)
             return Gradients(W=backend.unstack(V @ xp.permute_dims(Z, (0, 2, 1))),
                              b=backend.unstack(xp.sum(V, axis=2)), x=x)
