@@ -113,7 +113,8 @@ class TightMLP:
             if k > 0:
                 v[k] *= slope[k - 1]
         if self.stacked:  # every layer's gradients in one batched product
-            if self.V.shape[2] == 1:  # outer products: einsum 0.6-0.9x broadcasting's time
+            if self.V.shape[2] == 1:  # outer products: einsum 0.6-0.85x broadcasting's
+                # time at widths 8 to 128 (alike at l = 1024, n = 64; one thread)
                 np.einsum("ki,kj->kij", self.V[1:, :, 0], self.Z[:-1, :, 0], out=self.dW)
             else:
                 np.matmul(self.V[1:], self.Z[:-1].transpose(0, 2, 1), out=self.dW)

@@ -404,13 +404,18 @@ SCALED_CHUNK = 1 << 20
 
 
 def _block_matmul_into(A: Any, B: Any, out: Any) -> Any:
-    """:func:`block_matmul` of NumPy stacks into ``out``, C-ordered, of the product's shape."""
+    """:func:`block_matmul` of NumPy stacks into ``out``, C-ordered, of the product's shape.
+
+    A shared right block writes ``out`` seen as rows: a view (``copy=False``), or
+    NumPy's ``ValueError`` for an ``out`` it cannot view so, never a copy written.
+    """
     import numpy as np
 
     if max(A.shape[-2:] + B.shape[-1:]) > 2:
         if _right_is_shared(A, B):
             rows = _shared_rows(A)
-            np.matmul(rows, B[..., 0, :, :], out=out.reshape(rows.shape[:-1] + B.shape[-1:]))
+            np.matmul(rows, B[..., 0, :, :],
+                      out=np.reshape(out, rows.shape[:-1] + B.shape[-1:], copy=False))
         else:
             np.matmul(A, B, out=out)
         return out

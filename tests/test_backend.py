@@ -376,6 +376,17 @@ def test_scaled_block_matmul_agrees_with_the_expression(left, scale, right, chun
     assert (np.abs(got - want) <= bound).all()
 
 
+def test_a_product_into_an_out_it_cannot_view_as_rows_raises():
+    """A shared right block writes ``out`` as rows: an ``out`` that is no such view is refused."""
+    rng = np.random.default_rng(0)
+    A, B = rng.standard_normal((3, 4, 2, 3)), rng.standard_normal((3, 1, 3, 3))
+    out = np.empty((3, 4, 3, 2)).transpose(0, 1, 3, 2)  # the product's shape, not C-ordered
+    with pytest.raises(ValueError, match="avoid creating a copy"):
+        backend._block_matmul_into(A, B, out)
+    out = np.empty((3, 4, 2, 3))
+    np.testing.assert_allclose(backend._block_matmul_into(A, B, out), A @ B, rtol=1e-13)
+
+
 def test_scaled_block_matmul_leaves_other_arrays_and_shapes_to_the_expression():
     """PyTorch tensors and stacks whose first axes differ: the expression itself, exactly."""
     torch = pytest.importorskip("torch")
