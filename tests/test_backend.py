@@ -351,6 +351,21 @@ def test_block_matmul_with_a_shared_right_block_agrees_with_matmul(left, right, 
     assert (np.abs(got - want) <= bound).all()
 
 
+@pytest.mark.parametrize("group", [1, 2, 3, 7, 100])  # blocks a product: 7 = 3 x 2 + 1
+@pytest.mark.parametrize("view", [None, "every other block"])
+def test_a_shared_right_block_multiplies_groups_of_blocks(group, view, monkeypatch):
+    """Groups of ``g`` blocks a product and a last shorter one: matmul's values everywhere."""
+    monkeypatch.setattr(backend, "SHARED_ROWS_MNK", group * 3 * 4 * 2)  # n k m = 3 * 4 * 2
+    rng = np.random.default_rng(0)
+    A, B = rng.standard_normal((4, 7, 3, 4)), rng.standard_normal((4, 1, 4, 2))
+    if view:
+        A, B = rng.standard_normal((8, 7, 3, 4))[::2], B
+    got, want = backend.block_matmul(A, B), A @ B
+    assert got.shape == want.shape
+    bound = 8 * np.finfo(got.dtype).eps * (np.abs(A) @ np.abs(B))
+    assert (np.abs(got - want) <= bound).all()
+
+
 @pytest.mark.parametrize(("left", "scale", "right"), [
     ((6, 1, 4, 4), (6, 5, 4), (6, 1, 4, 4)),  # a level's pairs: shared cores, per-sample slopes
     ((6, 5, 4, 4), (6, 5, 4), (6, 1, 4, 4)),  # per-sample cores times a shared one
