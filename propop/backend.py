@@ -471,7 +471,7 @@ def _shared_product(A: Any, M: Any, out: Any) -> None:
     import numpy as np
 
     b, n, k = A.shape[-3:]
-    g = max(1, min(b, SHARED_ROWS_MNK // (n * k * M.shape[-1])))
+    g = max(1, min(b, SHARED_ROWS_MNK // max(1, n * k * M.shape[-1])))  # empty blocks: all
     whole = b - b % g
     for start, stop, size in ((0, whole, g), (whole, b, b - whole)):
         if stop > start:  # blocks start..stop-1 as groups of `size`, one under another

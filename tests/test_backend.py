@@ -366,6 +366,15 @@ def test_a_shared_right_block_multiplies_groups_of_blocks(group, view, monkeypat
     assert (np.abs(got - want) <= bound).all()
 
 
+@pytest.mark.parametrize(("left", "right"), [
+    ((3, 4, 0, 5), (3, 1, 5, 3)), ((3, 4, 3, 0), (3, 1, 0, 3)), ((3, 4, 3, 5), (3, 1, 5, 0))])
+def test_a_shared_right_block_of_empty_blocks_gives_matmul_s_empty_product(left, right):
+    """Blocks with no rows, inner or outer size: matmul's shape and zeros, no division."""
+    A, B = np.ones(left), np.ones(right)
+    got, want = backend.block_matmul(A, B), A @ B
+    assert got.shape == want.shape and (got == want).all()
+
+
 @pytest.mark.parametrize(("left", "scale", "right"), [
     ((6, 1, 4, 4), (6, 5, 4), (6, 1, 4, 4)),  # a level's pairs: shared cores, per-sample slopes
     ((6, 5, 4, 4), (6, 5, 4), (6, 1, 4, 4)),  # per-sample cores times a shared one
