@@ -344,9 +344,9 @@ def block_matmul(A: Any, B: Any) -> Any:
     stack instead (measured, 80000 blocks of 2 x 2, one thread: 3.0 against 0.67 ms
     for products of blocks, 1.6 against 0.25 ms for products with vectors). Other
     arrays (one kernel launch on a GPU, where the entries would take several) and
-    larger blocks go to ``@``, in one product per right-hand block where a NumPy stack
-    ``A`` ``(..., b, n, k)`` meets ``B`` ``(..., 1, k, m)`` shared over ``b``
-    (:func:`_shared_product`).
+    larger blocks go to ``@``; where a NumPy stack ``A`` ``(..., b, n, k)`` meets
+    ``B`` ``(..., 1, k, m)`` shared over ``b``, a product per group of ``A``'s blocks
+    laid one under another (:func:`_shared_product`).
     """
     if (type(A).__module__ != "numpy" or type(B).__module__ != "numpy" or min(A.ndim, B.ndim) < 2
             or max(A.ndim, B.ndim) < 3 or B.shape[-2] != A.shape[-1]):
