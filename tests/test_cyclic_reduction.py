@@ -365,3 +365,57 @@ def test_a_step_whose_inner_layers_the_next_step_does_not_read(lower, within):
     solution = pp.solve(system, "cyclic-reduction", within=within)
     assert solution.converged
     assert relative_error(solution.x, want) < 1e-13
+
+
+@pytest.mark.parametrize("scaled", [True, False])
+@pytest.mark.parametrize(("n", "tau", "r"), [(3, 7, 1), (8, 16, 1), (5, 9, 3), (40, 6, 1)])
+@pytest.mark.parametrize("lower", [True, False])
+def test_a_step_of_one_layer_reduces_its_one_matrix_over_time(lower, n, tau, r, scaled,
+                                                              monkeypatch):
+    """An RNN of one layer: every step's block is ``diag(s_t) U``, reduced as such.
+
+    Its chain over time runs on :class:`~propop.solvers.reduction.odd_even.SharedCoreKernels`
+    (one product with ``U`` for the first level's vectors, the pairs' cores from the
+    outer products of ``U`` up to width 32, the dense kernels' beyond), with or
+    without slopes, one sample or several, forward and backward. Against a dense
+    solve of the explicit matrix; the levels counted without the kernels' switch.
+    """
+    from propop.solvers.reduction import odd_even
+    from propop.systems.time_structure import Template, TimeStructure
+
+    used = []
+    original = odd_even.SharedCoreKernels.densify
+    monkeypatch.setattr(odd_even.SharedCoreKernels, "densify",
+                        lambda self, L, C, c: used.append(C.shape[0]) or original(self, L, C, c))
+    rng = np.random.default_rng(n + tau)
+    sizes = (2, n)
+    W, U = rng.standard_normal((n, 2)), rng.standard_normal((n, n)) / np.sqrt(n)
+    templates = [Template(1, 0, 0, W), Template(1, 1, -1, U)] if lower else \
+        [Template(0, 1, 0, W.T), Template(1, 1, 1, U.T)]
+    scales = [None, rng.uniform(0.2, 1.0, (tau, n, r)) if scaled else None]
+    rhs = rng.standard_normal((tau * sum(sizes), r))
+    system = pp.TriangularSystem(None, None, rhs, lower=lower, sizes=list(sizes) * tau,
+                                 structure=TimeStructure(tau, sizes, tuple(templates)),
+                                 layer_scales=scales)
+    want = np.linalg.solve(system.matrix.toarray(), rhs.T.reshape(-1)).reshape(r, -1).T
+    solution = pp.solve(system, "cyclic-reduction")
+    assert solution.converged
+    assert relative_error(solution.x, want) < 1e-13
+    assert used and used[0] == tau - 1  # the shared kernels' first level
+    assert solution.info["levels"]["time"] == math.ceil(math.log2(tau))
+
+
+def test_the_shared_cores_first_products_are_the_pairs_products():
+    """``SharedCoreKernels.product``: ``M diag(l) M`` per pair and sample, from outer products."""
+    from propop.solvers.reduction import odd_even
+    from propop.solvers.reduction.chain import Counter
+
+    rng = np.random.default_rng(0)
+    for n in (1, 4, 32, 33):
+        M, L = rng.standard_normal((n, n)), rng.standard_normal((5, 3, n))
+        kernels = odd_even.SharedCoreKernels(np, M, 5)
+        cores = np.broadcast_to(M, (5, 1, n, n))
+        got = kernels.product(None, cores, L, cores, Counter())
+        want = np.einsum("ij,pbj,jk->pbik", M, L, M)
+        assert got.shape == (5, 3, n, n)
+        assert relative_error(got, want) < 1e-14

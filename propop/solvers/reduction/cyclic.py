@@ -90,7 +90,7 @@ def _sparse_factored(dense_threshold: float) -> Callable:
             X = odd_even.substitute(levels, G, counter)
             x = in_system_order(chain.order, X)
             counter.hold(x.nbytes)
-            depth = sum(not isinstance(level, odd_even.Switch) for level in levels)
+            depth = odd_even.depth(levels)
             return x, depth, dict(info, peak_bytes=counter.peak_bytes)
 
         return solve

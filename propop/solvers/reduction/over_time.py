@@ -43,6 +43,7 @@ from typing import Any
 from ... import backend
 from ...systems.coefficients import DENSE
 from ..direct.substitution import sweep
+from . import odd_even
 from .chain import Chain, Counter
 from .segments import Across, expand, shifted
 
@@ -54,8 +55,8 @@ WITHIN = ("cyclic-reduction", "substitution")
 class OverTime:
     """The two-level reduction of an RNN system split as a plan: the matrix once, then rhs.
 
-    ``factor(chain, counter)`` and ``substitute(levels, G, counter)`` are the two
-    halves of odd-even cyclic reduction. Built on the system's canonical
+    ``factor(chain, counter[, kernels])`` and ``substitute(levels, G, counter)`` are
+    the two halves of odd-even cyclic reduction. Built on the system's canonical
     operator (any right-hand side), it reduces the layers' chain of every step
     for ``G_s`` (the stage 1 solve of ``D_s^{-1} G_s``), takes the carried rows
     as ``A_s`` and reduces the chain over time (stage 2's blocks);
@@ -67,21 +68,37 @@ class OverTime:
         if within not in WITHIN:
             raise ValueError(f"within must be one of {WITHIN}, got {within!r}")
         self.layers, self.within, self.substitute = _LayerChain(system), within, substitute
+        self.flip = not system.lower  # chain order over time: backward, last step first
+        steps = range(self.layers.tau)
+        names = _Steps(steps[::-1] if self.flip else steps)
+        shared = self.layers.shared_core()
+        if shared is not None:  # one layer, D_s = I: A_s = diag(L_s) M, one matrix M
+            self.levels, self.inner, self.DG, self.depth = [], None, None, 0
+            scales, M = shared
+            xp = system.backend.xp
+            kernels = odd_even.SharedCoreKernels(xp, M, self.layers.tau - 1)
+            self.across = Across(xp.broadcast_to(M, (self.layers.tau, 1) + tuple(M.shape)),
+                                 lambda chain, c: factor(chain, c, kernels), counter, names,
+                                 None if scales is None else self._time_order(scales))
+            return
         self.inner = self.layers.chain(counter)  # G: the across-step couplings, (m, b, n, w)
         if within == "cyclic-reduction":
             self.levels = factor(self.inner, counter)
+        self.depth = len(self.levels) if within == "cyclic-reduction" else self.inner.C.shape[0]
         DG = self._inner_solve(self.inner.G, counter)
         self.inner = dataclasses.replace(self.inner, G=None)  # its blocks only are kept
-        self.flip = not system.lower  # chain order over time: backward, last step first
         A = self.layers.carried(DG)
         # stage 3 reads D^{-1} G of the positions the next step does not read only
         self.DG = DG if self.layers.uncarried else None
-        steps = range(A.shape[0])
-        self.across = Across(self._time_order(A), factor, counter,
-                             _Steps(steps[::-1] if self.flip else steps))
+        self.across = Across(self._time_order(A), factor, counter, names)
 
     def _inner_solve(self, G: Any, counter: Counter) -> Any:
-        """``D^{-1} G`` for every step's layers: through the levels, or substitution."""
+        """``D^{-1} G`` for every step's layers: through the levels, or substitution.
+
+        A step of one layer (:meth:`_LayerChain.shared_core`) has ``D_s = I``.
+        """
+        if self.inner is None:
+            return G
         if self.within == "cyclic-reduction":
             return self.substitute(self.levels, G, counter)
         return _substitute(self.inner, G, counter)
@@ -98,11 +115,10 @@ class OverTime:
         Dc = self._inner_solve(layers.rhs_column(rhs, leading, counter), counter)
         g = layers.carried(Dc)[..., 0]
         y = self.across.solve(self._time_order(g), self.substitute, counter)
-        x = layers.solution(self.DG, Dc[..., 0], self._time_order(y),
-                            self._time_order(shifted(y)), leading, rhs, counter)
-        inner = (len(self.levels) if self.within == "cyclic-reduction"
-                 else self.inner.C.shape[0]) + layers.first  # the leading positions too
-        time = len(self.across.levels)
+        x = layers.solution(self.DG, Dc[..., 0], self._time_order(y), None if self.DG is None
+                            else self._time_order(shifted(y)), leading, rhs, counter)
+        inner = self.depth + layers.first  # the leading positions too
+        time = odd_even.depth(self.across.levels)
         return x, inner + time, {"levels": {"layers": inner, "time": time},
                                  "within": self.within, "carried": layers.width}
 
@@ -256,6 +272,26 @@ class _LayerChain(Layout):
                     G[i, :, :h, o: o + M.shape[1]] *= s[:, :, None]
         return Chain(L, C[1:, ...], G, [f"block {k} of every step" for k in self.positions], ())
 
+    def shared_core(self) -> tuple | None:
+        """``(L, M)`` where every step's block over time is ``diag(L_s) M``, else ``None``.
+
+        A step of one reduced layer (an RNN of one layer), carried, that the next step
+        reads through one matrix ``M`` (``U``; backward its transpose) scaled by the
+        layer's ``f'``: ``A_s = diag(f'_s) U`` needs no solve within the step and no
+        dense block a step. ``L`` ``(tau, r, h)`` (``None`` for a linear layer), ``M``
+        dense ``(h, h)``.
+        """
+        if len(self.positions) != 1:
+            return None
+        k = self.positions[0]
+        reading = [t for t in self.across if t.row == k]
+        if len(reading) != 1 or reading[0].col != k:
+            return None
+        s = self.scale[k]
+        L = None if s is None else self.system.backend.xp.reshape(
+            s, (self.tau, self.r, self.sizes[k]))
+        return L, backend.astype(backend.dense(reading[0].M), self.system.dtype)
+
     def rhs_column(self, rhs: list, leading: list, counter: Counter) -> Any:
         """The chain's right-hand side ``(m, tau r, n, 1)``: each position's ``c``.
 
@@ -288,10 +324,12 @@ class _LayerChain(Layout):
         """``x = D^{-1} c + D^{-1} G y_prev`` in the system's layout ``(tau H, r)``.
 
         The carried layers are the chain's own unknowns ``y`` (``(tau, r, width)``, as
-        ``previous``): their rows of that sum are the chain's equation, solved already.
+        ``previous``, which only the other layers read: ``None`` where there are none):
+        their rows of that sum are the chain's equation, solved already.
         """
         xp = self.system.backend.xp
-        prev, own = (xp.reshape(a, (-1, self.width)) for a in (previous, y))  # (b, width)
+        own = xp.reshape(y, (-1, self.width))  # (b, width)
+        prev = None if previous is None else xp.reshape(previous, (-1, self.width))
         x: list[Any] = [None] * len(self.sizes)
         for i, k in enumerate(self.order):
             h = self.sizes[k]

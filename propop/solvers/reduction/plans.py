@@ -62,7 +62,7 @@ def time_factored(within: str) -> Callable:
             raise OptionError("shared_diagonal is not supported on RNN systems: their reduced "
                               "blocks are per sample and per step anyway")
         xp = system.backend.xp
-        halves = (lambda chain, c: odd_even.factor(chain, c, xp),
+        halves = (lambda chain, c, kernels=xp: odd_even.factor(chain, c, kernels),
                   lambda levels, G, c: odd_even.substitute(levels, G, c, xp))
         made = {system.nrhs: OverTime(system, *halves, counter, within)}
 

@@ -40,12 +40,14 @@ class Across:
     ``A`` is ``(m, r, w, w)`` in chain order (``A_0`` is never read: the first
     segment reads nothing); ``factor(chain, counter)`` is the matrix half of
     odd-even cyclic reduction, whose levels :meth:`previous` takes each ``g``
-    through with ``substitute(levels, G, counter)``.
+    through with ``substitute(levels, G, counter)``. ``scales`` ``(m, r | 1, w)``,
+    if given, are the blocks' left scalings: ``A_s = diag(scales_s) A_s`` (a
+    recurrence's slopes times its one matrix, ``A`` then a broadcast view of it).
     """
 
-    def __init__(self, A: Any, factor: Callable, counter: Counter, names: Sequence[str]
-                 ) -> None:
-        self.levels = factor(Chain(None, A[1:, ...], None, names, ()), counter)  # unscaled
+    def __init__(self, A: Any, factor: Callable, counter: Counter, names: Sequence[str],
+                 scales: Any = None) -> None:
+        self.levels = factor(Chain(scales, A[1:, ...], None, names, ()), counter)
 
     def solve(self, g: Any, substitute: Callable, counter: Counter) -> Any:
         """Every segment's carried entries ``y_s`` from ``g`` ``(m, r, w)``."""
