@@ -202,7 +202,7 @@ class SharedCoreKernels(DenseKernels):
             return None
         if L is not None:
             counter.flops += C.shape[0] * C.shape[1] * C.shape[2] * C.shape[3]
-            C = C * L[1:, ..., None]
+            C *= L[1:, ..., None]  # in place: the new products, as wide as their scalings
         same = lambda G: G  # noqa: E731 (the right-hand sides keep their layout)
         return Switch(DenseKernels(self.xp), None, C, same, same)
 
