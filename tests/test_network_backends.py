@@ -22,13 +22,15 @@ NATIVE = [s.name for s in pp.solvers.available() if s.native and s.available]
 EXACT = {s.name for s in pp.solvers.available() if s.exact}
 NETWORKS = {"fnn-unequal": lambda: pp.FNN.random([4, 6, 3, 5], activation="tanh", seed=0),
             "fnn-stacked": lambda: pp.FNN.random([5, 5, 5, 5], activation="sigmoid", seed=1),
-            "rnn": lambda: pp.RNN.random([3, 4, 4], activation="tanh", seed=2)}
+            "rnn": lambda: pp.RNN.random([3, 4, 4], activation="tanh", seed=2),
+            # one layer: its chain over time keeps U and the slopes (SharedCoreKernels)
+            "rnn-one-layer": lambda: pp.RNN.random([3, 5], activation="tanh", seed=4)}
 
 
 def data(net, name, r):
     rng = np.random.default_rng(3)
     batch = () if r is None else (r,)
-    x = rng.standard_normal(((12, 3) if name == "rnn" else (net.sizes[0],)) + batch)
+    x = rng.standard_normal(((12, 3) if name.startswith("rnn") else (net.sizes[0],)) + batch)
     return x, rng.standard_normal(net.forward(x).output.shape)
 
 
