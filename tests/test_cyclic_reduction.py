@@ -79,18 +79,24 @@ def test_paper_form_gives_the_same_answer(method):
                               pp.solve(system, "substitution").x) < 1e-12
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("method", METHODS)
-def test_overflow_of_jacobian_products_is_reported(method):
-    """Vectors stay finite (substitution succeeds) while the products of weights overflow."""
-    net = pp.FNN([1e200 * np.eye(3)] * 3, activation="identity")
-    x = np.full(3, 1e-300)
+def test_overflow_of_jacobian_products_is_reported(method, dtype):
+    """Vectors stay finite (substitution succeeds) while the products of weights overflow.
+
+    The advice names float64 only where the blocks are narrower.
+    """
+    big, tiny = (1e200, 1e-300) if dtype == "float64" else (1e20, 1e-30)
+    net = pp.FNN([big * np.eye(3, dtype=dtype)] * 3, activation="identity")
+    x = np.full(3, tiny, dtype=dtype)
     target = net.forward(x).output
-    B = pp.backward_system(net, net.forward(x), np.full(3, 1e-300))
-    assert pp.solve(B, "substitution").converged
+    B = pp.backward_system(net, net.forward(x), np.full(3, tiny, dtype=dtype))
+    assert B.dtype == dtype and pp.solve(B, "substitution").converged
     sol = pp.solve(B, method)
     assert sol.status is pp.Status.NONFINITE and not sol.converged
     assert "level 1: the reduced block coupling blocks" in sol.message
     assert "product of Jacobians overflowed" in sol.message
+    assert ("or float64" in sol.message) == (dtype == "float32")
     with pytest.raises(pp.ConvergenceError, match="overflowed"):
         pp.backprop(net, x, target, method=method)
 

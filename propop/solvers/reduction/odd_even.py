@@ -46,11 +46,15 @@ class ReductionOverflow(Exception):  # noqa: N818 (a failed solve's reason, repo
         self.message = message
 
     @classmethod
-    def between(cls, level: int, a: int, b: int) -> ReductionOverflow:
-        """The error for the reduced block coupling blocks ``a`` and ``b`` at ``level``."""
+    def between(cls, level: int, a: int, b: int, dtype: Any) -> ReductionOverflow:
+        """The error for the reduced block coupling blocks ``a`` and ``b`` at ``level``.
+
+        Its advice names float64 only for blocks narrower than it (``dtype``).
+        """
+        wider = " or float64" if backend.eps(dtype) > float(np.finfo(np.float64).eps) else ""
         return cls(f"level {level}: the reduced block coupling blocks {a} and {b} is not "
                    "finite: a long product of Jacobians overflowed; use 'substitution' "
-                   "(it multiplies vectors only) or float64")
+                   f"(it multiplies vectors only){wider}")
 
 
 class DenseKernels:
@@ -237,6 +241,11 @@ def _kernels(kernels: Any) -> Any:
     return kernels if hasattr(kernels, "densify") else DenseKernels(kernels)
 
 
+def _dtype(cores: Any, bad: int) -> Any:
+    """The dtype of a level's cores: a stack's, or pair ``bad``'s sparse cores' (a list)."""
+    return cores.dtype if hasattr(cores, "dtype") else cores[bad][0].dtype
+
+
 def factor(chain: Chain, counter: Counter, kernels: Any) -> list:
     """The matrix half of odd-even reduction: every level's blocks, right-hand sides aside.
 
@@ -265,7 +274,8 @@ def factor(chain: Chain, counter: Counter, kernels: Any) -> list:
             level = depth(levels)
             span = 2 ** level
             a = span * (bad + 1)  # core ``bad`` couples chain positions a and a - span
-            raise ReductionOverflow.between(level, chain.order[a], chain.order[a - span])
+            raise ReductionOverflow.between(level, chain.order[a], chain.order[a - span],
+                                            _dtype(cores, bad))
         L, C = kernels.join(rows(L, slice(0, 1)), rows(L, even)), cores
     return levels
 
@@ -328,7 +338,7 @@ def parallel_factor(chain: Chain, counter: Counter, xp: Any) -> list[tuple]:
             if bad is not None:  # core ``bad`` couples positions a and a - 2 shift
                 a = 2 * shift + bad
                 raise ReductionOverflow.between(len(levels), chain.order[a],
-                                                chain.order[a - 2 * shift])
+                                                chain.order[a - 2 * shift], cores.dtype)
             C, first = cores, 2 * shift
         shift *= 2
     return levels
