@@ -411,6 +411,33 @@ def test_a_step_of_one_layer_reduces_its_one_matrix_over_time(lower, n, tau, r, 
     assert solution.info["levels"]["time"] == math.ceil(math.log2(tau))
 
 
+@pytest.mark.parametrize("layers", [1, 2])
+def test_an_overflow_over_time_names_its_level_and_steps_with_one_layer_or_two(layers):
+    """``U = 1e25 I`` over 32 steps: ``U^16`` overflows at level 4 (steps 16 and 0).
+
+    One layer runs the shared-core kernels, two the dense chain of each step's
+    carried block; both name the same level and steps, and substitution, which
+    multiplies vectors only, solves the same system.
+    """
+    from propop.systems.time_structure import Template, TimeStructure
+
+    tau, n = 32, 3
+    W, U = np.ones((n, 2)), 1e25 * np.eye(n)
+    sizes = (2,) + (n,) * layers
+    templates = [Template(1, 0, 0, W), Template(1, 1, -1, U)] + \
+        [Template(2, 1, 0, np.eye(n))] * (layers - 1)
+    rhs = np.zeros((tau * sum(sizes), 1))
+    rhs[-n:, 0] = 1.0  # the last step's only: the solution stays finite
+    system = pp.TriangularSystem(None, None, rhs, lower=True, sizes=list(sizes) * tau,
+                                 structure=TimeStructure(tau, sizes, tuple(templates)),
+                                 layer_scales=[None] * len(sizes))
+    assert pp.solve(system, "substitution").converged
+    sol = pp.solve(system, "cyclic-reduction")
+    assert sol.status is pp.Status.NONFINITE
+    assert sol.message.startswith("level 4: the reduced block coupling blocks step 16 and "
+                                  "step 0 is not finite")
+
+
 def test_the_shared_cores_first_products_are_the_pairs_products():
     """``SharedCoreKernels.product``: ``M diag(l) M`` per pair and sample, from outer products."""
     from propop.solvers.reduction import odd_even
