@@ -409,6 +409,9 @@ def test_a_step_of_one_layer_reduces_its_one_matrix_over_time(lower, n, tau, r, 
     assert relative_error(solution.x, want) < 1e-13
     assert used and used[0] == tau - 1  # the shared kernels' first level
     assert solution.info["levels"]["time"] == math.ceil(math.log2(tau))
+    used.clear()
+    paper = pp.solve(system.paper(), "cyclic-reduction")  # the rows divided by 1 / s
+    assert paper.converged and used and relative_error(paper.x, want) < 1e-13
 
 
 @pytest.mark.parametrize("layers", [1, 2])
