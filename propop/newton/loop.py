@@ -206,26 +206,21 @@ def _diagnose(net: Any, trace: Trace, info: dict, jacobians: Any) -> None:
 
 def _relative(a: Any, b: Any) -> float:
     """``||a - b|| / ||b||``: how far a solution's input block is from the input."""
-    xp = backend.namespace(b)
-    return float(xp.linalg.vector_norm(a - b)) / max(float(xp.linalg.vector_norm(b)), 1e-300)
+    return backend.norm(a - b) / max(backend.norm(b), 1e-300)
 
 
 def _change(before: Trace, after: Trace) -> float:
     """``max_k ||z_k - z_k'|| / ||z_k'||`` between two iterates."""
-    xp = backend.namespace(after.z[0])
-    return worst(float(xp.linalg.vector_norm(a - b)) / max(float(xp.linalg.vector_norm(a)),
-                                                            1e-300)
+    return worst(backend.norm(a - b) / max(backend.norm(a), 1e-300)
                  for a, b in zip(after.z, before.z))
 
 
 def _nonlinear_residual(net: Any, trace: Trace) -> float:
     """``max_k ||z_{k+1} - f_k(y_k)|| / max(||f_k(y_k)||, tiny)``: zero at the true pass."""
-    xp = net.backend.xp
     gaps = []
     for act, y, z in zip(net.activations, trace.y, trace.z[1:]):
         fy = act(y)
-        gaps.append(float(xp.linalg.vector_norm(z - fy))
-                    / max(float(xp.linalg.vector_norm(fy)), 1e-300))
+        gaps.append(backend.norm(z - fy) / max(backend.norm(fy), 1e-300))
     return worst(gaps)
 
 
