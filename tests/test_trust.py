@@ -417,3 +417,48 @@ def test_a_right_hand_side_is_checked_on_its_support_naming_the_block():
         with pytest.raises(ValueError, match=r"names blocks outside 0\.\.2"):
             pp.TriangularSystem(coupling, None, rhs, lower=False, sizes=(2, 2, 2),
                                 rhs_support=wrong)
+
+
+def test_a_support_the_caller_vouches_for_is_not_read_outside_it():
+    """``check_zeros=False``: the blocks outside the support are the caller's promise.
+
+    A non-zero block there is not looked at (substitution solves the system with
+    it zero, as documented); the support's own blocks are still checked.
+    """
+    rng = np.random.default_rng(0)
+    coupling, rhs = [rng.standard_normal((2, 2)) for _ in range(2)], np.zeros((6, 2))
+    rhs[4:] = rng.standard_normal((2, 2))
+    zeroed = rhs.copy()
+    rhs[2, 1] = 3.0  # outside the support, a broken promise
+    B = pp.TriangularSystem(coupling, None, rhs, lower=False, sizes=(2, 2, 2),
+                            rhs_support=[2], check_zeros=False)
+    A = pp.TriangularSystem(coupling, None, zeroed, lower=False, sizes=(2, 2, 2))
+    np.testing.assert_array_equal(pp.solve(B, "substitution").x, pp.solve(A, "substitution").x)
+    rhs[5, 0] = np.inf
+    with pytest.raises(ValueError, match=r"rhs \(block last\)"):
+        pp.TriangularSystem(coupling, None, rhs, lower=False, sizes=(2, 2, 2),
+                            names=["first", "middle", "last"], rhs_support=[2],
+                            check_zeros=False)
+
+
+@pytest.mark.parametrize("columns", [None, 3])
+def test_the_first_residual_of_a_supported_right_hand_side_is_its_whole_norm(columns):
+    """The residual history starts at ``||c||`` per column, read from the support alone."""
+    from propop.solvers.convergence import rhs_column_norms
+
+    rng = np.random.default_rng(1)
+    shape = (9,) if columns is None else (9, columns)
+    rhs = np.zeros(shape)
+    rhs[0:3], rhs[6:9] = rng.standard_normal((2, 3) + shape[1:])
+    coupling = [rng.standard_normal((3, 3)) for _ in range(2)]
+    B = pp.TriangularSystem(coupling, None, rhs, lower=False, sizes=(3, 3, 3),
+                            rhs_support=[0, 2])
+    whole = np.linalg.norm(rhs.reshape(9, -1), axis=0)
+    np.testing.assert_allclose(rhs_column_norms(B), whole, rtol=1e-15)
+    assert pp.solve(B, "substitution").residuals[0] == pytest.approx(whole.max(), rel=1e-15)
+    net = pp.FNN.random([3, 4, 4, 2], activation="tanh", seed=0)
+    trace = net.forward(rng.standard_normal((3, 5)))
+    system = pp.backward_system(net, trace, rng.standard_normal((2, 5)))
+    assert system.rhs_support == {3}
+    np.testing.assert_allclose(rhs_column_norms(system),
+                               np.linalg.norm(np.asarray(system.rhs), axis=0), rtol=1e-15)

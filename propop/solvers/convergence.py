@@ -68,9 +68,30 @@ def default_maxiter(system: Any) -> int:
 
 def column_norms(R: Any) -> np.ndarray:
     """Euclidean norm of each column (one entry for a vector), as host floats."""
+    return np.sqrt(_column_squares(R))
+
+
+def _column_squares(R: Any) -> np.ndarray:
     xp = backend.namespace(R)
     squares = _squares(xp, R, "ij,ij->j") if R.ndim == 2 else (R @ R)[None]
-    return np.sqrt(np.asarray(backend.to_host(squares), dtype=float))
+    return np.asarray(backend.to_host(squares), dtype=float)
+
+
+def rhs_column_norms(system: Any) -> np.ndarray:
+    """``||c||`` of each column of a system's right-hand side, as host floats.
+
+    Where the system names its support (:attr:`TriangularSystem.rhs_support`) and
+    is in the scaled form, from the support's blocks alone: the others are zeros
+    that no pass reads (a backward system's are pages never touched).
+    """
+    support, c = system.rhs_support, system._scaled_rhs
+    if support is None or system.form != "scaled":
+        return column_norms(system.rhs)
+    o = system.offsets
+    squares = np.zeros(1 if c.ndim == 1 else c.shape[1])
+    for k in sorted(support):
+        squares += _column_squares(c[o[k]:o[k + 1], ...])
+    return np.sqrt(squares)
 
 
 def block_norms(system: Any, A: Any) -> np.ndarray:
@@ -246,7 +267,7 @@ def finish(system: Any, x: Any, *, tol: Tolerance, iterations: int = 0,
         R = system.residual(x)
         norms = column_norms(R)
         ratios, floored = tol.assess(R, x)
-    history = [float(h) for h in history] or [float(column_norms(system.rhs).max())]
+    history = [float(h) for h in history] or [float(rhs_column_norms(system).max())]
     final = float(norms.max())
     if estimates and len(history) > 1:
         history[-1] = final
@@ -282,7 +303,7 @@ def _evaluated(system: Any, x: Any, tol: Tolerance, iterations: int,
     """The :class:`Solution` of finite rows evaluated in place (:func:`finish`'s ``evaluated``)."""
     columns = x.shape[1] if x.ndim == 2 else 1
     norms = np.zeros(columns)
-    first = [float(h) for h in history[:1]] or [float(column_norms(system.rhs).max())]
+    first = [float(h) for h in history[:1]] or [float(rhs_column_norms(system).max())]
     info.update(residual_estimates=False, sample_residuals=norms, block_ratios=norms,
                 rtol=tol.rtol, atol=tol.atol, floored=(), residual="rows evaluated")
     return Solution(x=x, status=Status.CONVERGED, iterations=iterations,

@@ -36,7 +36,7 @@ def _fnn_backward(net: FNN, trace: Trace, eps: Any, *, form: str = "scaled") -> 
         coupling, row_scale, rhs, lower=False, sizes=net.sizes, form=form,
         names=functools.partial(_name, "v"),
         paper_hint=", where f'(y) = 0 so that E = 1/f'(y) does not exist",
-        rhs_support=[net.depth], **stacks,
+        rhs_support=[net.depth], check_zeros=False, **stacks,  # made from zeros here
     )
 
 

@@ -24,18 +24,19 @@ from .operator import FORMS, Operator
 __all__ = ["TriangularSystem", "Blocks", "Edge", "Step", "FORMS"]
 
 
-def _require_support(op: Operator, rhs: Any, support: list[int]) -> None:
+def _require_support(op: Operator, rhs: Any, support: list[int], zeros: bool = True) -> None:
     """``rhs`` finite on its support and exactly zero elsewhere, or ``ValueError`` naming the block.
 
     Substitution skips the blocks outside the support; a caller's support that
     left out a non-zero block would make it solve another system, so the zeros
-    are read too (one comparison over the runs between support blocks).
+    are read too (one comparison over the runs between support blocks), unless
+    ``zeros`` is false: the caller made them (``check_zeros=False``).
     """
     xp, o, start = backend.namespace(rhs), op.offsets, 0
     if support and not 0 <= support[0] <= support[-1] < op.nblocks:
         raise ValueError(f"rhs_support {support} names blocks outside 0..{op.nblocks - 1}")
     for k in support + [op.nblocks]:
-        if k > start and bool(xp.any(rhs[o[start]:o[k], ...] != 0)):
+        if zeros and k > start and bool(xp.any(rhs[o[start]:o[k], ...] != 0)):
             j = next(j for j in range(start, k) if bool(xp.any(rhs[o[j]:o[j + 1], ...] != 0)))
             raise ValueError(f"rhs is non-zero in block {op.names[j]}, outside rhs_support "
                              f"{support}: give every block where it is non-zero")
@@ -84,6 +85,13 @@ class TriangularSystem:
     rhs_support : sequence of int, optional
         The blocks where ``rhs`` may be non-zero (the output layer of a backward
         system): methods then skip the others without looking at them.
+    check_zeros : bool
+        With ``rhs_support``: whether the blocks outside it are read here to be
+        exactly zero (``ValueError`` naming the first that is not). ``False`` is the
+        caller's promise, as SciPy's ``check_finite=False``: the network builders
+        give it for the right-hand sides they make from zeros, which then no pass
+        reads (a wrong support would make substitution solve another system).
+        The support's own blocks are checked to be finite either way.
     coupling_stack : array, optional
         For a chain of blocks of one width ``n`` with dense couplings: the
         couplings as one ``(nb - 1, n, n)`` array (:meth:`FNN.stacks`), instead
@@ -105,7 +113,7 @@ class TriangularSystem:
                  paper_hint: str = "", edges: Sequence[tuple[int, int, Any]] | None = None,
                  structure: Any = None, layer_scales: Sequence[Any] | None = None,
                  rhs_support: Sequence[int] | None = None, coupling_stack: Any = None,
-                 scale_stack: Any = None) -> None:
+                 scale_stack: Any = None, check_zeros: bool = True) -> None:
         named = coupling_stack if isinstance(coupling_stack, str) else None  # "identity"
         coupling, row_scale, rhs, edges, structure, layer_scales, coupling_stack, \
             scale_stack = one_dtype(coupling, row_scale, rhs, edges, structure, layer_scales,
@@ -119,7 +127,7 @@ class TriangularSystem:
                       paper_hint=paper_hint, edges=edges, structure=structure,
                       layer_scales=layer_scales, coupling_stack=coupling_stack,
                       scale_stack=scale_stack, samples=samples, like=rhs)
-        self._bind(op, rhs, rhs_support)
+        self._bind(op, rhs, rhs_support, zeros=check_zeros)
 
     @classmethod
     def of(cls, op: Operator, rhs: Any, rhs_support: Sequence[int] | None = None, *,
@@ -134,7 +142,7 @@ class TriangularSystem:
         return system
 
     def _bind(self, op: Operator, rhs: Any, rhs_support: Sequence[int] | None,
-              check: bool = True) -> None:
+              check: bool = True, zeros: bool = True) -> None:
         self._op = op
         if rhs.ndim not in (1, 2) or rhs.shape[0] != op.size:
             raise ValueError(f"rhs has shape {tuple(rhs.shape)}, expected ({op.size},) or "
@@ -144,7 +152,7 @@ class TriangularSystem:
         if check and self.rhs_support is None:
             require_finite(rhs, "rhs")
         elif check:
-            _require_support(op, rhs, sorted(self.rhs_support))
+            _require_support(op, rhs, sorted(self.rhs_support), zeros)
         self._scaled_rhs = rhs
 
     def __getattr__(self, name: str) -> Any:
