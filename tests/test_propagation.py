@@ -74,3 +74,55 @@ def test_forward_that_does_not_converge_says_so():
         pp.forward(net, x, maxiter=1)
     tr = pp.forward(net, x, maxiter=1, check=False)
     assert not tr.info["converged"] and tr.info["iterations"] == 1
+
+
+def test_unchecked_direct_solves_say_so_and_change_nothing_else():
+    """Inside ``unchecked()`` a direct method's finite result is UNCHECKED, never CONVERGED."""
+    from propop.solvers.convergence import unchecked
+
+    case = Case((5, 6, 6, 4), activation="tanh", r=3)
+    net, (x, t) = case.net(), case.data()
+    trace = net.forward(x)
+    B = pp.backward_system(net, trace, trace.output - t)
+    checked = pp.solve(B, "cyclic-reduction")
+    with unchecked():
+        sol = pp.solve(B, "cyclic-reduction")
+        kept = {m: pp.solve(B, m).status for m in ("substitution", "jacobi")}
+        nan = pp.solve(B, lambda s, **o: pp.Solution(x=s.rhs * np.nan, status=pp.Status.CONVERGED))
+        with pytest.raises(pp.ConvergenceError, match="true residual not computed"):
+            pp.solve(B, "cyclic-reduction", check=True)  # check=True asks for CONVERGED
+    assert sol.status is pp.Status.UNCHECKED and not sol.converged and sol.exit_code == 0
+    assert sol.residuals == () and sol.info["verified"] is False and "not computed" in repr(sol)
+    np.testing.assert_array_equal(sol.x, checked.x)
+    assert kept == {"substitution": pp.Status.CONVERGED, "jacobi": pp.Status.CONVERGED}
+    assert nan.status is pp.Status.NONFINITE
+    assert checked.converged and pp.solve(B, "cyclic-reduction").converged  # undone on leaving
+
+
+def test_newton_judges_its_iterates_and_names_a_bad_last_solve():
+    """Newton's direct solves run unchecked; the nonlinear residual judges each iterate.
+
+    A linear solver that is off by 1e-3 (claiming CONVERGED) no longer stops the
+    first iteration: the forward pass fails by its own residual, and the message
+    names the last solve's miss, judged by its true residual.
+    """
+    case = Case((4,) * 4, activation="tanh", r=2)
+    net, (x, _) = case.net(), case.data()
+    reference = net.forward(x)
+    tr = pp.forward(net, x, method="cyclic-reduction")
+    assert tr.info["converged"] and {s.status for s in tr.info["solutions"]} == {
+        pp.Status.UNCHECKED}
+    for z, expected in zip(tr.z, reference.z):
+        assert relative_error(z, expected) < 1e-12
+    evaluated = pp.forward(net, x, method="substitution").info["solutions"]
+    assert {s.status for s in evaluated} == {pp.Status.CONVERGED}  # rows evaluated: checked
+
+    def off(system, **options):
+        return pp.Solution(x=pp.solve(system, "substitution").x * (1 + 1e-3),
+                           status=pp.Status.CONVERGED)
+
+    with pytest.raises(pp.ConvergenceError, match=r"nonlinear residual .*; the last linear "
+                                                  r"solve: the result misses the tolerance"):
+        pp.forward(net, x, method=off)
+    failed = pp.forward(net, x, method=off, check=False)
+    assert not failed.info["converged"] and "the last linear solve" in failed.info["message"]

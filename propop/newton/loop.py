@@ -20,7 +20,7 @@ from .. import backend
 from .._checks import require_finite, worst
 from ..networks.trace import Trace, first_nonfinite
 from ..progress import bar
-from ..solvers.convergence import attainable, default_rtol
+from ..solvers.convergence import Tolerance, attainable, default_rtol, finish, unchecked
 from ..solvers.options import check_options
 from ..solvers.plan import agreed, solve
 from ..solvers.solution import ConvergenceError, Solution, Status
@@ -69,7 +69,11 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     recurrence's amplification, and Newton's quadratic convergence takes it to
     rounding level in that step (float32, an Elman RNN of 10000 steps: 2.4e-4 to
     3.7e-7 from float64's states, the sequential pass's own 2.9e-7).
-    ``trace.info`` also holds ``iterations`` and the linear ``solutions``.
+    ``trace.info`` also holds ``iterations`` and the linear ``solutions`` (a direct
+    method's ``UNCHECKED``: each iterate is judged by its nonlinear residual, the
+    true residual of the system Newton solves, rather than each linear solve by
+    its own; when the iteration fails, the last solve is judged too and its miss
+    named).
     ``around`` starts the iteration from a trace (default: all states zero);
     ``rtol`` defaults by dtype (``1e-10`` in float64, ``1.2e-5`` in float32);
     ``linear_rtol`` is the tolerance of each linear solve (default the smaller
@@ -131,7 +135,10 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
                                              else 2 * system.nblocks + 10)
                 if len(solutions) >= maxiter:
                     break
-                solution = solve(system, method, check=check, rtol=linear_rtol, **options)
+                with unchecked():  # every iterate is judged by its nonlinear residual below
+                    solution = solve(system, method, rtol=linear_rtol, **options)
+                if check and not (solution.converged or solution.status is Status.UNCHECKED):
+                    raise ConvergenceError(solution)
                 solutions.append(solution)
                 states = net.unstack(system, solution.x)
                 trace = net.trace_from_states(x, states)
@@ -161,15 +168,32 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     if not info["converged"]:  # the best iterate, said so
         failure = _failed(solutions[-1] if solutions else None, iterations, stop, final,
                           rtol, None if finite else first_nonfinite(net, trace))
+        last = _last_solve(system, solutions[-1], linear_rtol, options) if solutions else ""
         info["best_iteration"], trace = best[1], best[2]
-        info["message"] = failure.message + (f"; returned the best iterate (iteration "
-                                              f"{best[1]}, nonlinear residual {best[0]:.2e})")
+        info["message"] = failure.message + last + (
+            f"; returned the best iterate (iteration {best[1]}, nonlinear residual "
+            f"{best[0]:.2e})")
         if check:
             raise ConvergenceError(replace(failure, message=info["message"]))
     newton = damping is None and linearization == "newton" and solutions  # full Jacobians
     _diagnose(net, trace, info, system.coupling_stack if newton else None)
     return Trace(x=trace.x, y=trace.y, z=trace.z, info=info, stacked=trace.stacked,
                  outputs=trace.outputs)
+
+
+def _last_solve(system: Any, solution: Solution, rtol: float, options: dict) -> str:
+    """What the last linear solve's true residual says, where it ran unchecked and missed.
+
+    A direct method's solves run under :func:`~propop.solvers.convergence.unchecked`
+    (each iterate is judged by its nonlinear residual); when the iteration fails,
+    the last one is judged as any solve is, for the message: ``""`` if it meets
+    the tolerance (or was judged already).
+    """
+    if solution.status is not Status.UNCHECKED:
+        return ""
+    judged = finish(system, solution.x, direct=True, levels=solution.levels,
+                    tol=Tolerance.of(system, rtol, options.get("atol", 0.0)))
+    return "" if judged.converged else f"; the last linear solve: {judged.message}"
 
 
 def _damping(net: Any, linearization: str, options: dict) -> Any:

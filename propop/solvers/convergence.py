@@ -31,8 +31,10 @@ float32), so that float32 works out of the box.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -236,6 +238,43 @@ def _first_nonfinite(system: Any, x: Any) -> str:
     return "the solution"
 
 
+_UNCHECKED = contextvars.ContextVar("propop_unchecked", default=False)
+
+
+@contextlib.contextmanager
+def unchecked() -> Iterator[None]:
+    """Direct methods' finite results come back ``UNCHECKED``, their true residual not computed.
+
+    For a caller that judges every result itself: Newton's forward pass
+    (:func:`propop.forward`) measures the nonlinear residual of each iterate, the
+    true residual of the system it solves, so a linear solve's own check (a
+    product with the whole system and a pass over every block, about a fifth of
+    an Elman RNN's Newton iteration) would be computed twice. Nothing is claimed
+    ``CONVERGED`` without its check: a result inside is ``UNCHECKED``; one that is
+    not finite, a breakdown, and every iterative method's result (whose status
+    says whether its iteration met the tolerance) are judged as always, and so is
+    substitution's (its rows evaluated in place: the check is the finiteness).
+    The setting is the context's (:mod:`contextvars`), undone on leaving.
+
+    Examples
+    --------
+    >>> import numpy as np, propop as pp
+    >>> net = pp.FNN.random([3, 4, 2], activation="tanh", seed=0)
+    >>> trace = net.forward(np.ones(3))
+    >>> B = pp.backward_system(net, trace, trace.output)
+    >>> with unchecked():
+    ...     pp.solve(B, "cyclic-reduction").status.name
+    'UNCHECKED'
+    >>> pp.solve(B, "cyclic-reduction").status.name
+    'CONVERGED'
+    """
+    token = _UNCHECKED.set(True)
+    try:
+        yield
+    finally:
+        _UNCHECKED.reset(token)
+
+
 def finish(system: Any, x: Any, *, tol: Tolerance, iterations: int = 0,
            history: Sequence[float] = (), levels: int = 0, info: dict | None = None,
            maxiter: int | None = None, breakdown: str = "", estimates: bool = False,
@@ -263,6 +302,11 @@ def finish(system: Any, x: Any, *, tol: Tolerance, iterations: int = 0,
     xp = system.backend.xp
     if evaluated and backend.all_finite(x, xp):
         return _evaluated(system, x, tol, iterations, history, levels, info)
+    if direct and not breakdown and _UNCHECKED.get() and backend.all_finite(x, xp):
+        return Solution(x=x, status=Status.UNCHECKED, iterations=iterations, levels=levels,
+                        info=dict(info, verified=False), message=(
+                            "finite; its true residual not computed (unchecked(): the "
+                            "caller judges it)"))
     with backend.quiet(xp):
         R = system.residual(x)
         norms = column_norms(R)

@@ -17,7 +17,10 @@ class Status(enum.Enum):
     gave an answer that misses the tolerance of the true system; ``info`` holds
     its error. ``INACCURATE``: a method that stops by itself (a direct one, or a
     user's method claiming convergence) returned a result whose true residual
-    misses the tolerance.
+    misses the tolerance. ``UNCHECKED``: a direct method's finite result under
+    :func:`propop.solvers.convergence.unchecked`, its true residual not computed
+    because the caller judges it (Newton's forward pass, by the nonlinear
+    residual of every iterate); never CONVERGED.
     """
 
     CONVERGED = "converged"
@@ -26,6 +29,7 @@ class Status(enum.Enum):
     NONFINITE = "non-finite values"
     APPROXIMATE = "approximate by request"
     INACCURATE = "missed the tolerance"
+    UNCHECKED = "not checked by request"
 
 
 @dataclass(frozen=True)
@@ -74,8 +78,12 @@ class Solution:
 
     @property
     def exit_code(self) -> int:
-        """SciPy's ``info``: 0 converged, the iterations if ``maxiter`` ran out, -1 otherwise."""
-        if self.converged:
+        """SciPy's ``info``: 0 converged, the iterations if ``maxiter`` ran out, -1 otherwise.
+
+        0 also for ``UNCHECKED`` (a direct solve's finite result, as SciPy's
+        direct solvers return theirs: unjudged).
+        """
+        if self.converged or self.status is Status.UNCHECKED:
             return 0
         return max(self.iterations, 1) if self.status in (Status.MAX_ITER,
                                                           Status.APPROXIMATE) else -1
