@@ -50,6 +50,18 @@ for name, trace in runs.items():
 print("CONVERGED" if all(t.info["converged"] for t in runs.values()) else "not converged")
 
 # %% [markdown]
+# What judges each iterate is its nonlinear residual, `max_k ||z_(k+1) - f(y_k)||` over
+# `||f(y_k)||`, the true residual of the system Newton solves (`info["residuals"]`). A
+# direct method's linear solves are therefore not checked a second time: they say
+# `UNCHECKED`, never CONVERGED, and a failing iteration has its last solve judged and
+# named in the message.
+
+# %%
+newton = runs["newton"].info
+print("residuals:", " ".join(f"{r:.1e}" for r in newton["residuals"]))
+print("linear solves:", {s.status.name for s in newton["solutions"]})
+
+# %% [markdown]
 # Quasi-DEER's linear system is a diagonal recurrence, `h_s = c_s + d_s * h_{s-1}`: its
 # couplings are one identity shared by every step (`coupling_stack="identity"`, no
 # memory) and its row scalings the Jacobians' diagonals, in closed form for the built-in
