@@ -455,3 +455,24 @@ def test_the_shared_cores_first_products_are_the_pairs_products():
         want = np.einsum("ij,pbj,jk->pbik", M, L, M)
         assert got.shape == (5, 3, n, n)
         assert relative_error(got, want) < 1e-14
+
+
+def test_unchecked_chunks_and_approximations_stand_for_their_caller():
+    """Inside ``unchecked()`` a chunked or batch-mean reduction is not taken for a failure.
+
+    Each chunk's solve comes back UNCHECKED: the next chunks are still solved (no
+    NaN columns), and ``shared_diagonal="mean"`` keeps its error in ``info`` for
+    the caller to judge rather than being called APPROXIMATE unjudged.
+    """
+    from propop.solvers.convergence import unchecked
+
+    B, _ = system_pair((6,) * 9, 7, activation="tanh")
+    whole = pp.solve(B, "cyclic-reduction", chunk_size=3)
+    mean = pp.solve(B, "cyclic-reduction", shared_diagonal="mean")
+    with unchecked():
+        chunked = pp.solve(B, "cyclic-reduction", chunk_size=3)
+        approximate = pp.solve(B, "cyclic-reduction", shared_diagonal="mean")
+    assert chunked.status is pp.Status.UNCHECKED and chunked.usable
+    np.testing.assert_array_equal(chunked.x, whole.x)
+    assert approximate.status is pp.Status.UNCHECKED and mean.status is pp.Status.APPROXIMATE
+    assert approximate.info["approximation_error"] == mean.info["approximation_error"] > 1e-6

@@ -95,7 +95,7 @@ def test_unchecked_direct_solves_say_so_and_change_nothing_else():
     assert sol.residuals == () and sol.info["verified"] is False and "not computed" in repr(sol)
     np.testing.assert_array_equal(sol.x, checked.x)
     assert kept == {"substitution": pp.Status.CONVERGED, "jacobi": pp.Status.CONVERGED}
-    assert nan.status is pp.Status.NONFINITE
+    assert nan.status is pp.Status.NONFINITE and not nan.usable and sol.usable
     assert checked.converged and pp.solve(B, "cyclic-reduction").converged  # undone on leaving
 
 

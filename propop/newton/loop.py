@@ -137,7 +137,7 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
                     break
                 with unchecked():  # every iterate is judged by its nonlinear residual below
                     solution = solve(system, method, rtol=linear_rtol, **options)
-                if check and not (solution.converged or solution.status is Status.UNCHECKED):
+                if check and not solution.usable:
                     raise ConvergenceError(solution)
                 solutions.append(solution)
                 states = net.unstack(system, solution.x)

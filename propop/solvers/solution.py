@@ -77,13 +77,18 @@ class Solution:
         return self.status is Status.CONVERGED
 
     @property
+    def usable(self) -> bool:
+        """Whether ``x`` stands as the answer: CONVERGED, or UNCHECKED (its caller judges it)."""
+        return self.status is Status.CONVERGED or self.status is Status.UNCHECKED
+
+    @property
     def exit_code(self) -> int:
         """SciPy's ``info``: 0 converged, the iterations if ``maxiter`` ran out, -1 otherwise.
 
         0 also for ``UNCHECKED`` (a direct solve's finite result, as SciPy's
         direct solvers return theirs: unjudged).
         """
-        if self.converged or self.status is Status.UNCHECKED:
+        if self.usable:
             return 0
         return max(self.iterations, 1) if self.status in (Status.MAX_ITER,
                                                           Status.APPROXIMATE) else -1

@@ -168,7 +168,7 @@ def _chunked(operator: Any, chunk_size: int, rtol: float | None, atol: float,
             part = system.columns(start, min(start + chunk_size, r))
             last = _prepare_cyclic_reduction(plans.standing(part.operator_of), rtol=rtol,
                                              atol=atol, **options)(part)
-            if not last.converged:  # its samples named; the chunks after it not solved
+            if not last.usable:  # its samples named; the chunks after it not solved
                 rest = xp.full((system.rhs.shape[0], r - start - part.nrhs), xp.nan,
                                dtype=system.dtype, device=backend.device(system.rhs))
                 return replace(last, x=xp.concat(parts + [last.x, rest], axis=1),
