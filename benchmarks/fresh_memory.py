@@ -6,17 +6,19 @@ glibc's defaults decide: memory freed at the end of a call goes back to the syst
 enough of it is free at the top of the heap (``M_TRIM_THRESHOLD``, adjusted as arrays
 are freed), and arrays over ``M_MMAP_THRESHOLD`` (at most 32 MiB) are mapped fresh; the
 next call faults all of it in again. Each case runs in its own process, under glibc's
-defaults and under
+defaults, under
 
     MALLOC_TRIM_THRESHOLD_=4000000000 MALLOC_MMAP_THRESHOLD_=33554432
 
-(nothing given back; arrays to 32 MiB from the heap), in alternating rounds: the median
+(nothing given back; arrays to 32 MiB from the heap), and under glibc's defaults with
+``pp.allocator.keep_freed()`` called first (the same thresholds, set in the running
+process), in alternating rounds: the median
 time of a call (each result held until the next call returns, as a loop's
 ``g = pp.backprop(...)`` holds it), the page faults (``ru_minflt``) and the system time
 a call; the tight NumPy loop (:mod:`benchmarks.baselines`, which writes into arrays it
 made once) runs in the same process for scale.
 
-Run: ``python -m benchmarks.fresh_memory [--save]`` (about a minute and a half).
+Run: ``python -m benchmarks.fresh_memory [--save]`` (about three minutes).
 """
 
 from __future__ import annotations
@@ -35,12 +37,13 @@ import numpy as np
 
 import propop as pp
 
-from .baselines import TightMLP, TightRNN
+from .baselines import TightMLP, TightRNN, TightRNNForward
 from .common import arguments, each, publish, threads
 
 KEEP = {"MALLOC_TRIM_THRESHOLD_": "4000000000", "MALLOC_MMAP_THRESHOLD_": "33554432"}
 CASES = ("mlp l=256 n=32 r=32", "mlp l=64 n=128 r=32", "rnn H=20 r=16 tau=10000",
-         "train l=256 n=32 batch=32")
+         "newton H=8 tau=10000", "train l=256 n=32 batch=32")
+SETTINGS = ("default", "kept", "keep_freed")  # glibc's; the variables; the function
 ROUNDS = 3  # processes per setting, alternating
 CALLS = 15  # timed calls per process, after two untimed ones
 
@@ -65,6 +68,12 @@ def jobs(case: str) -> tuple[Callable[[], Any], Callable[[], Any] | None]:
         xs, t = rng.standard_normal((2, tau, hidden, r))
         loop = TightRNN(rnn.W[0], rnn.U[0], rnn.b[0], tau, r)
         return (lambda: pp.backprop(rnn, xs, t)), (lambda: loop(xs, t))
+    if case.startswith("newton"):  # the Newton forward of benchmarks.newton's Elman case
+        hidden, tau = _sizes(case)
+        rnn = pp.RNN.random([hidden, hidden], activation="tanh", seed=0)
+        xs = rng.standard_normal((tau, hidden))
+        forward = TightRNNForward(rnn.W[0], rnn.U[0], rnn.b[0], tau)
+        return (lambda: pp.forward(rnn, xs, method="cyclic-reduction")), (lambda: forward(xs))
     layers, width, batch = _sizes(case)
     net = pp.FNN.random([width] * (layers + 1), activation="tanh", seed=0, bias=0.1)
     x, y = rng.standard_normal((2, width, batch * 8))  # eight steps a call
@@ -92,9 +101,14 @@ def measure(job: Callable[[], Any], calls: int = CALLS) -> dict[str, float]:
             "system": (after.ru_stime - before.ru_stime) / calls}
 
 
-def child(case: str) -> dict[str, Any]:
-    """One process's measurement of ``case``: propop's loop, then the tight loop's."""
+def child(case: str, keep_freed: bool = False) -> dict[str, Any]:
+    """One process's measurement of ``case``: propop's loop, then the tight loop's.
+
+    ``keep_freed``: :func:`propop.allocator.keep_freed` first.
+    """
     threads()
+    if keep_freed and not pp.allocator.keep_freed():
+        raise SystemExit("pp.allocator.keep_freed(): this C library is not glibc")
     propop, loop = jobs(case)
     out = {"propop": measure(propop)}
     if loop is not None:
@@ -104,14 +118,15 @@ def child(case: str) -> dict[str, Any]:
 
 def row(case: str, rounds: int = ROUNDS) -> dict[str, Any]:
     """``case`` in ``rounds`` processes per setting, the settings alternating."""
-    runs: dict[str, list] = {"default": [], "kept": []}
+    runs: dict[str, list] = {setting: [] for setting in SETTINGS}
     for _ in range(rounds):
         for setting in runs:
             env = {k: v for k, v in os.environ.items() if k not in KEEP}  # glibc's defaults
             env.update(KEEP if setting == "kept" else {})
             done = subprocess.run([sys.executable, "-m", "benchmarks.fresh_memory",
-                                   "--child", case], env=env, capture_output=True,
-                                  text=True, check=True)
+                                   "--child", case] + ["--keep-freed"] * (
+                                       setting == "keep_freed"), env=env,
+                                  capture_output=True, text=True, check=True)
             runs[setting].append(json.loads(done.stdout.strip().splitlines()[-1]))
     return {"case": case, "runs": runs}
 
@@ -128,12 +143,14 @@ def table(rows: list[dict]) -> str:
     """One line per case: propop under each setting, and the tight loop for scale."""
     out = ["**A loop that calls propop alone**: median time of a call [ms] (the processes' "
            "range), page faults and system time [ms] a call; glibc's defaults against "
-           "`MALLOC_TRIM_THRESHOLD_=4000000000 MALLOC_MMAP_THRESHOLD_=33554432`", "",
+           "`MALLOC_TRIM_THRESHOLD_=4000000000 MALLOC_MMAP_THRESHOLD_=33554432` and "
+           "against `pp.allocator.keep_freed()` called in the process", "",
            "| case | propop, glibc defaults | faults, system | propop, memory kept | "
-           "faults, system | tight loop |", "|---|---:|---:|---:|---:|---:|"]
+           "faults, system | propop, keep_freed() | faults, system | tight loop |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         cells = []
-        for setting in ("default", "kept"):
+        for setting in SETTINGS:
             med, low, high, faults, system = _summary(r["runs"][setting], "propop")
             cells += [f"{med:.1f} ({low:.1f}-{high:.1f})", f"{faults:.0f}, {system:.1f}"]
         loop = ("-" if "loop" not in r["runs"]["default"][0] else
@@ -146,9 +163,10 @@ def main(argv: list[str] | None = None) -> None:
     """Every case (``--child CASE``: one process's measurement, printed as JSON)."""
     parser = arguments("fresh_memory")
     parser.add_argument("--child", choices=CASES)
+    parser.add_argument("--keep-freed", action="store_true")
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child)))
+        print(json.dumps(child(args.child, args.keep_freed)))
         return
     rows = [row(case) for case in each(CASES, "fresh memory")]
     publish("fresh_memory", rows, table(rows))

@@ -94,9 +94,11 @@ for pattern in ("magnitude", "block"):
 # Time. Every step returns new arrays (the trace, the solution, the gradients) and frees
 # its temporaries; on Linux glibc gives that memory back after each step and faults it
 # in again at the next. Set `MALLOC_TRIM_THRESHOLD_=4000000000
-# MALLOC_MMAP_THRESHOLD_=33554432` before starting Python (or Jupyter) to keep it: at
-# 256 layers of 32 a loop of `g = pp.backprop(...)` alone takes 7.1-8.5 ms a call with
-# glibc's defaults and 6.0-6.5 ms so (`python -m benchmarks.fresh_memory`).
+# MALLOC_MMAP_THRESHOLD_=33554432` before starting Python (or Jupyter), or call
+# `pp.allocator.keep_freed()` in this kernel, to keep it: at 256 layers of 32 a loop of
+# `g = pp.backprop(...)` alone takes 7.1-8.5 ms a call with glibc's defaults and 6.0-6.5
+# ms so (`python -m benchmarks.fresh_memory`). The setting is the whole process's; this
+# notebook leaves it as it is.
 
 # %% [markdown]
 # The plots (needs matplotlib).

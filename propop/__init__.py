@@ -30,8 +30,8 @@ _WHERE = {
     **dict.fromkeys(("train", "History"), "propop.training"),
     "MemoryBudgetError": "propop.memory",
 }
-_MODULES = ("layers", "solvers", "data", "sparsity", "memory", "distributed", "plot",
-            "interop", "newton", "torch")
+_MODULES = ("layers", "solvers", "data", "sparsity", "memory", "allocator", "distributed",
+            "plot", "interop", "newton", "torch")
 
 __all__ = [
     "FNN", "RNN", "Graph", "Trace", "Gradients", "RNNGradients", "GraphGradients", "layers",
@@ -41,7 +41,7 @@ __all__ = [
     "TriangularSystem", "Blocks", "backward_system", "forward_system",
     "solve", "prepare", "Plan", "solvers", "Solution", "Status", "ConvergenceError",
     "backprop", "forward", "from_torch", "state_dict", "train", "History", "data", "sparsity",
-    "memory", "MemoryBudgetError",
+    "memory", "MemoryBudgetError", "allocator",
 ]
 
 

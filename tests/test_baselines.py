@@ -127,19 +127,23 @@ def test_the_fresh_memory_benchmark_sets_glibc_only_in_its_kept_rounds(monkeypat
     seen = []
 
     def run(command, env, **kwargs):
-        seen.append({name: env.get(name) for name in fresh_memory.KEEP})
+        seen.append(({name: env.get(name) for name in fresh_memory.KEEP},
+                     "--keep-freed" in command))
         kept = env.get("MALLOC_TRIM_THRESHOLD_") is not None
-        out = {"propop": {"median": 0.002 if kept else 0.005, "faults": 0 if kept else 3000,
+        function = "--keep-freed" in command
+        median = 0.002 if kept else 0.003 if function else 0.005
+        out = {"propop": {"median": median, "faults": 3000 * (not kept and not function),
                           "system": 0.0}, "loop": {"median": 0.001, "faults": 0, "system": 0}}
         return subprocess.CompletedProcess(command, 0, stdout=json.dumps(out) + "\n")
 
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1")  # the parent's own is not passed on
     monkeypatch.setattr(fresh_memory.subprocess, "run", run)
     row = fresh_memory.row("mlp l=4 n=3 r=2", rounds=2)
-    assert seen == [{name: None for name in fresh_memory.KEEP}, fresh_memory.KEEP] * 2
+    unset = {name: None for name in fresh_memory.KEEP}
+    assert seen == [(unset, False), (fresh_memory.KEEP, False), (unset, True)] * 2
     text = fresh_memory.table([row])
-    assert "| mlp l=4 n=3 r=2 | 5.0 (5.0-5.0) | 3000, 0.0 | 2.0 (2.0-2.0) | 0, 0.0 | 1.0 |" \
-        in text
+    assert ("| mlp l=4 n=3 r=2 | 5.0 (5.0-5.0) | 3000, 0.0 | 2.0 (2.0-2.0) | 0, 0.0 | "
+            "3.0 (3.0-3.0) | 0, 0.0 | 1.0 |") in text
 
 
 def test_the_fresh_memory_benchmark_times_every_call_and_both_jobs():
@@ -153,6 +157,8 @@ def test_the_fresh_memory_benchmark_times_every_call_and_both_jobs():
     np.testing.assert_allclose(np.stack(propop().W), dW, rtol=1e-12, atol=1e-14)
     rnn, rnn_loop = fresh_memory.jobs("rnn H=3 r=2 tau=7")
     np.testing.assert_allclose(rnn().W[0], rnn_loop()[0], rtol=1e-12, atol=1e-14)
+    newton, sequential = fresh_memory.jobs("newton H=3 tau=9")
+    np.testing.assert_allclose(newton().z[1], sequential(), rtol=1e-12, atol=1e-14)
     train, none = fresh_memory.jobs("train l=2 n=3 batch=2")
     assert none is None and len(train()[1].steps) == 8
 
@@ -224,3 +230,15 @@ def test_the_benchmarks_record_the_processor_and_its_vector_unit(tmp_path):
     env = dict(environment(), cpu="Some CPU 9000, AVX2")
     assert describe(env).startswith(f"{env['machine']} (Some CPU 9000, AVX2), ")
     assert "(" not in describe({k: v for k, v in env.items() if k != "cpu"}).split(",")[0]
+
+
+def test_the_fresh_memory_benchmark_calls_keep_freed_in_its_child(monkeypatch):
+    from benchmarks import fresh_memory
+
+    calls = []
+    monkeypatch.setattr(pp.allocator, "keep_freed", lambda: calls.append(1) or True)
+    out = fresh_memory.child("mlp l=2 n=3 r=2", keep_freed=True)
+    assert calls == [1] and set(out) == {"propop", "loop"}
+    monkeypatch.setattr(pp.allocator, "keep_freed", lambda: False)  # not glibc: said so
+    with pytest.raises(SystemExit, match="not glibc"):
+        fresh_memory.child("mlp l=2 n=3 r=2", keep_freed=True)
