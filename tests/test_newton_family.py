@@ -202,6 +202,51 @@ def test_the_step_is_evaluated_once_per_iterate_and_nothing_is_kept():
     assert damped.info["converged"] and len(calls) == 2 * steps + 1
 
 
+@pytest.mark.parametrize("kind", ["GRU", "LSTM", "ElmanRNN"])
+def test_a_built_in_cells_jacobians_from_its_steps_memo_are_bit_for_bit_its_own(kind):
+    """The gate values the step kept give the Jacobians and diagonals it would compute."""
+    from propop.networks.gated import ElmanRNN
+
+    cls = ElmanRNN if kind == "ElmanRNN" else getattr(pp, kind)
+    net = cls(3, 4, num_layers=2, seed=0)
+    rng = np.random.default_rng(9)
+    H, X = rng.standard_normal((7, net.state_size)), rng.standard_normal((7, 3))
+    memo = []
+    F = net.cell(H, X, memo)
+    assert len(memo) == 2  # one entry a layer
+    np.testing.assert_array_equal(F, net.cell(H, X))
+    J = net.cell.jacobians(H, X)
+    np.testing.assert_array_equal(net.cell.jacobians(H, X, memo), J)
+    np.testing.assert_array_equal(net.cell.jacobian_diagonals(H, X, memo),
+                                  net.cell.jacobian_diagonals(H, X))
+    np.testing.assert_allclose(net.cell.jacobian_diagonals(H, X),  # another sum's order
+                               np.diagonal(J, axis1=1, axis2=2), rtol=1e-12, atol=1e-15)
+    # against PyTorch's own differentiation of the step, row by row
+    step = net.cell.step
+    for i in (0, 6):
+        def row(h, i=i):
+            return step(net.cell.parameters, h[None], torch.tensor(X[i:i + 1]))[0]
+
+        auto = torch.autograd.functional.jacobian(row, torch.tensor(H[i]))
+        np.testing.assert_allclose(J[i], auto.numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_the_newton_loop_computes_each_iterates_gates_once(monkeypatch):
+    """The residual's step keeps its gates' values; the next linearisation reads them."""
+    from propop.networks import gated
+
+    calls = []
+    products = gated.gates
+    monkeypatch.setattr(gated, "gates", lambda *a: calls.append(1) or products(*a))
+    net = pp.GRU(3, 4, num_layers=2, seed=0)
+    xs = np.random.default_rng(10).standard_normal((40, 3, 5))
+    f = pp.forward(net, xs, method="cyclic-reduction", linearization="newton")
+    iterates = len(f.info["residuals"])  # the start and each solve's
+    assert f.info["converged"] and len(calls) == 2 * 2 * iterates  # two a layer and iterate
+    np.testing.assert_allclose(f.z[1], net.forward(xs).z[1], rtol=1e-12, atol=1e-14)
+    assert getattr(net, "_kept", None) is None
+
+
 def test_the_lyapunov_product_tree_is_the_product_and_does_not_overflow():
     from propop.networks.recurrence import _normalised_product
 

@@ -106,6 +106,7 @@ class _Gated(Recurrence):
                          output=np.arange(top, top + self.hidden_size), block_size=width,
                          jacobian=shape._jacobian, dtype=dtype, batched=True,
                          jacobian_diagonal=shape._jacobian_diagonal, jacobian_batched=True)
+        self.cell.remembers = True  # its step fills a memo its Jacobians read (_step)
 
     def _shape_only(self) -> _Gated:
         """A twin of this cell's kind holding its sizes and options alone, not its cell.
@@ -163,22 +164,37 @@ class _Gated(Recurrence):
                 out[f"bias_{side}_l{k}"] = rng.uniform(-bound, bound, self.gates * H)
         return out
 
-    def _step(self, p: Mapping[str, Any], state: Any, x: Any) -> Any:
+    def _step(self, p: Mapping[str, Any], state: Any, x: Any, memo: list | None = None) -> Any:
         """All layers at one time step: each reads the output of the one below.
 
         ``state`` and ``x`` are one sample's vectors or a batch's rows (``(r, n)``):
         a batch needs no ``vmap``, and its layers are computed feature-major
-        (:func:`gates`, :meth:`_layer` on features first).
+        (:func:`gates`, :meth:`_layer` on features first). ``memo``, a list, receives
+        each layer's gate values (:meth:`_values`), which :meth:`_jacobian` and
+        :meth:`_jacobian_diagonal` at the same rows then read instead of recomputing
+        them: the Newton loop's residual and its next linearisation are at one point.
         """
         width, new = self.carries * self.hidden_size, []
         for k in range(self.num_layers):
             own = state[..., k * width: (k + 1) * width]
-            gi = gates(p[f"weight_ih_l{k}"], p[f"bias_ih_l{k}"], x)
-            gh = gates(p[f"weight_hh_l{k}"], p[f"bias_hh_l{k}"], own[..., : self.hidden_size])
-            layer = features_first(self._layer(gi, gh, features_first(own)))
+            values = self._values(p, k, x, own)
+            if memo is not None:
+                memo.append(values)
+            layer = features_first(self._layer(values, features_first(own)))
             new.append(layer)
             x = layer[..., : self.hidden_size]
         return joined(new, -1)
+
+    def _values(self, p: Mapping[str, Any], k: int, x: Any, own: Any) -> tuple:
+        """Layer ``k``'s gate values at input ``x`` and state ``own`` (rows, or vectors).
+
+        Its gates' products (:func:`gates`) through the cell's activations
+        (:meth:`_activated`), features first: all that its new state and its
+        derivatives are made of.
+        """
+        gi = gates(p[f"weight_ih_l{k}"], p[f"bias_ih_l{k}"], x)
+        gh = gates(p[f"weight_hh_l{k}"], p[f"bias_hh_l{k}"], own[..., : self.hidden_size])
+        return self._activated(gi, gh, features_first(own))
 
     def _states(self, X: Any) -> Any:
         """The sequential pass layer by layer, by PyTorch's own loop over the steps.
@@ -207,22 +223,27 @@ class _Gated(Recurrence):
                 inputs = layers[-1][..., :H]
         return cell.home_array(joined(layers, -1))
 
-    def _jacobian_diagonal(self, p: Mapping[str, Any], state: Any, x: Any) -> Any:
+    def _jacobian_diagonal(self, p: Mapping[str, Any], state: Any, x: Any,
+                           memo: list | None = None) -> Any:
         """``diag(dF/dstate)`` of a batch's rows in closed form, ``(r, n)``: quasi-Newton's.
 
         The Jacobian is block lower triangular over layers, so its diagonal is each
         layer's own block's (:meth:`_layer_diagonal`); every gate's dependence on
         the state is a row scaling of a weight, whose diagonal is the weight's
         diagonal scaled: ``O(r n)`` a step beyond the step itself, no ``n x n``.
+        ``memo``: the gate values :meth:`_step` kept at these rows, if any.
         """
         width, out = self.carries * self.hidden_size, []
         for k in range(self.num_layers):
-            new, diagonal = self._layer_diagonal(p, k, x, state[..., k * width: (k + 1) * width])
+            own = state[..., k * width: (k + 1) * width]
+            values = memo[k] if memo else self._values(p, k, x, own)
+            new, diagonal = self._layer_diagonal(p, k, values, own)
             out.append(diagonal)
             x = new[..., : self.hidden_size]
         return joined(out, -1)
 
-    def _jacobian(self, p: Mapping[str, Any], state: Any, x: Any) -> Any:
+    def _jacobian(self, p: Mapping[str, Any], state: Any, x: Any,
+                  memo: list | None = None) -> Any:
         """``dF/dstate`` of a batch's rows in closed form, ``(r, n, n)``: block lower triangular.
 
         Layer ``k``'s new state depends on its own state (``d_own``) and on its
@@ -231,7 +252,8 @@ class _Gated(Recurrence):
         below is the rows above (the chain rule). Written for a batch's rows
         ``(r, n)`` into one stack, block by block: each ``d_own`` in place, the blocks
         above the diagonal zeroed, nothing padded or concatenated (the stack is
-        ``r n^2`` entries, the largest array here).
+        ``r n^2`` entries, the largest array here). ``memo``: the gate values
+        :meth:`_step` kept at these rows, if any.
         """
         width, H = self.carries * self.hidden_size, self.hidden_size
         n, rows = state.shape[-1], state.shape[0]
@@ -245,7 +267,9 @@ class _Gated(Recurrence):
         for k in range(self.num_layers):
             rows = slice(k * width, (k + 1) * width)
             J[..., rows, (k + 1) * width:] = 0  # no layer reads a later one's state
-            new, d_x = self._layer_jacobian(p, k, x, state[..., rows], J[..., rows, rows])
+            own = state[..., rows]
+            values = memo[k] if memo else self._values(p, k, x, own)
+            new, d_x = self._layer_jacobian(p, k, values, own, J[..., rows, rows])
             if k:  # through the layer below's new h, whose rows of J are complete
                 J[..., rows, : k * width] = d_x @ J[..., k * width - width:
                                                     k * width - width + H, : k * width]
@@ -313,17 +337,17 @@ class GRU(_Gated):
     gates = 3
     narrow_below = 8  # H = 2: 21.3 -> 10.6 ms, 6: 5.8 -> 4.6, 8: 3.0 against 3.2, 12: 4.4 vs 5.8
 
-    def _layer(self, gi: Any, gh: Any, own: Any) -> Any:
-        """``(1 - z) n + z h``, ``n = tanh(i_n + r h_n)``; ``r, z`` by one sigmoid.
+    def _layer(self, values: tuple, own: Any) -> Any:
+        """``(1 - z) n + z h``, ``n = tanh(i_n + r h_n)`` (:meth:`_activated`'s values).
 
-        Features first (a vector, or feature-major rows ``(3 H, r)``, :func:`gates`).
+        Features first (a vector, or feature-major rows ``(H, r)``, :func:`gates`).
         """
         import torch
 
-        r, z, n, _ = self._activations(gi, gh)
+        r, z, n, _ = values
         return torch.lerp(n, own, z)
 
-    def _activations(self, gi: Any, gh: Any) -> tuple:
+    def _activated(self, gi: Any, gh: Any, own: Any) -> tuple:
         """``(r, z, n, h_n)`` from the gates, features first: ``r, z`` by one sigmoid."""
         import torch
 
@@ -338,7 +362,7 @@ class GRU(_Gated):
 
         return kernel(torch.gru, inputs, own[None, ...].contiguous(), weights)
 
-    def _layer_jacobian(self, p: Mapping[str, Any], k: int, x: Any, h: Any,
+    def _layer_jacobian(self, p: Mapping[str, Any], k: int, values: tuple, h: Any,
                         d_own: Any) -> tuple:
         """``(h', dh'/dx)`` of layer ``k``, ``dh'/dh`` into ``d_own``: the GRU differentiated.
 
@@ -346,14 +370,13 @@ class GRU(_Gated):
         derivative is a sum over the gates of row-scaled blocks,
         ``diag(c_r) W_r + diag(c_z) W_z + diag(c_n) W_n``: the coefficients are
         vectors, and each block is read once (three products of the matrix's size,
-        not nine), summed in place. ``x``, ``h``: a batch's rows; the gates
-        feature-major (:func:`gates`), ``h'`` returned as rows.
+        not nine), summed in place. ``h``: a batch's rows; the gate values
+        (:meth:`_values`) feature-major, ``h'`` returned as rows.
         """
         import torch
 
         W_x, W_h = p[f"weight_ih_l{k}"], p[f"weight_hh_l{k}"]
-        r, z, n, h_n = self._activations(gates(W_x, p[f"bias_ih_l{k}"], x),
-                                         gates(W_h, p[f"bias_hh_l{k}"], h))
+        r, z, n, h_n = values
         h = h.mT
         # each a pass or two over (H, rows), in place where the operand is new:
         # dh'/d(i_n + r h_n) = (1 - z)(1 - n^2); s' = s - s^2 for r and z
@@ -372,16 +395,15 @@ class GRU(_Gated):
         torch.diagonal(d_own, dim1=-2, dim2=-1).add_(z.mT)  # h' = ... + z h
         return torch.lerp(n, h, z).mT, through(W_x, on_n) if k else None
 
-    def _layer_diagonal(self, p: Mapping[str, Any], k: int, x: Any, h: Any) -> tuple:
+    def _layer_diagonal(self, p: Mapping[str, Any], k: int, values: tuple, h: Any) -> tuple:
         """``(h', diag(dh'/dh))`` of layer ``k`` on rows: :meth:`_layer_jacobian`'s diagonal.
 
-        Feature-major inside (:func:`gates`), both returned as rows.
+        Feature-major inside (the gate values, :meth:`_values`), both returned as rows.
         """
         import torch
 
         W_h = p[f"weight_hh_l{k}"]
-        r, z, n, h_n = self._activations(gates(p[f"weight_ih_l{k}"], p[f"bias_ih_l{k}"], x),
-                                         gates(W_h, p[f"bias_hh_l{k}"], h))
+        r, z, n, h_n = values
         h = h.mT
         w_r, w_z, w_n = (torch.diagonal(W)[:, None] for W in W_h.chunk(3))
         d_n = (1 - n * n).mul_(torch.addcmul(r * w_n, h_n * torch.addcmul(r, r, r, value=-1),
@@ -402,15 +424,20 @@ class LSTM(_Gated):
     carries = 2
     narrow_below = 12  # H = 2: 10.3 -> 4.1 ms, 8: 18.5 -> 13.4, 12: 20.2 against 43.7
 
-    def _layer(self, gi: Any, gh: Any, own: Any) -> Any:
+    def _layer(self, values: tuple, own: Any) -> Any:
         """``[h'; c']``: ``c' = s(f) c + s(i) tanh(g)``, ``h' = s(o) tanh(c')``.
 
-        Features first (a vector, or feature-major rows ``(4 H, r)``, :func:`gates`).
+        Features first (a vector, or feature-major rows ``(2 H, r)``), from
+        :meth:`_activated`'s values.
         """
         import torch
 
-        si, sf, tg, so, c, tc = self._activations(gi + gh, own[self.hidden_size:])
+        si, sf, tg, so, c, tc = values
         return torch.cat([so * tc, c])
+
+    def _activated(self, gi: Any, gh: Any, own: Any) -> tuple:
+        """:meth:`_activations` of the gates' sum and the cell state ``c`` (``own``'s rows H:)."""
+        return self._activations(gi + gh, own[self.hidden_size:])
 
     def _activations(self, a: Any, c: Any) -> tuple:
         """``(s(i), s(f), tanh(g), s(o), c', tanh(c'))`` from the gates' sum ``a``, features first.
@@ -449,19 +476,18 @@ class LSTM(_Gated):
         u = i_f[..., :H] * gate(slice(2 * H, 3 * H)).tanh_()
         return torch.cat([h, linear_scan(i_f[..., H:], u, c0)], dim=-1)
 
-    def _layer_jacobian(self, p: Mapping[str, Any], k: int, x: Any, own: Any,
+    def _layer_jacobian(self, p: Mapping[str, Any], k: int, values: tuple, own: Any,
                         d_own: Any) -> tuple:
         """``([h'; c'], d[h'; c']/dx)`` of layer ``k``, ``d[h'; c']/d[h; c]`` into ``d_own``.
 
-        ``x``, ``own``: a batch's rows; the gates feature-major (:func:`gates`).
+        ``own``: a batch's rows; the gate values (:meth:`_values`) feature-major.
         """
         import torch
 
         H = self.hidden_size
-        h, c = own[..., :H], own[..., H:].mT
+        c = own[..., H:].mT
         W_x, W_h = p[f"weight_ih_l{k}"], p[f"weight_hh_l{k}"]
-        si, sf, tg, so, c_new, tc = self._activations(
-            gates(W_x, p[f"bias_ih_l{k}"], x) + gates(W_h, p[f"bias_hh_l{k}"], h), c)
+        si, sf, tg, so, c_new, tc = values
         on_c = (so * (1 - tc * tc)).mT[..., None]  # dh'/dc'
         # each gate's row block of a weight, row-scaled by a vector: sum_g diag(c_g) W_g
         on_i, on_f, on_g = (tg * si * (1 - si)).mT[..., None], \
@@ -479,20 +505,18 @@ class LSTM(_Gated):
         keep = torch.diag_embed(sf.mT)  # dc'/dc, and dh'/dc = diag(dh'/dc') dc'/dc
         torch.mul(on_c, keep, out=d_own[..., :H, H:])
         d_own[..., H:, H:] = keep
-        d_x = through(W_x, x.new_empty(tuple(x.shape[:-1]) + (2 * H, x.shape[-1]))) if k \
-            else None
+        d_x = through(W_x, own.new_empty(tuple(own.shape[:-1]) + (2 * H, H))) if k \
+            else None  # the input of layer k > 0 is the new h below, H wide
         return torch.cat([so * tc, c_new]).mT, d_x
 
-    def _layer_diagonal(self, p: Mapping[str, Any], k: int, x: Any, own: Any) -> tuple:
+    def _layer_diagonal(self, p: Mapping[str, Any], k: int, values: tuple, own: Any) -> tuple:
         """``([h'; c'], [diag(dh'/dh); diag(dc'/dc)])`` of layer ``k`` on rows."""
         import torch
 
         H = self.hidden_size
-        h, c = own[..., :H], own[..., H:].mT
+        c = own[..., H:].mT
         W_h = p[f"weight_hh_l{k}"]
-        si, sf, tg, so, c_new, tc = self._activations(  # feature-major
-            gates(p[f"weight_ih_l{k}"], p[f"bias_ih_l{k}"], x)
-            + gates(W_h, p[f"bias_hh_l{k}"], h), c)
+        si, sf, tg, so, c_new, tc = values  # feature-major
         w_i, w_f, w_g, w_o = (torch.diagonal(W)[:, None] for W in W_h.chunk(4))
         d_c = c * (sf * (1 - sf)) * w_f + tg * (si * (1 - si)) * w_i + si * (1 - tg * tg) * w_g
         d_h = tc * (so * (1 - so)) * w_o + so * (1 - tc * tc) * d_c
@@ -527,33 +551,35 @@ class ElmanRNN(_Gated):
     def _options_of(cls, module: Any) -> dict:
         return {"nonlinearity": module.nonlinearity}
 
-    def _layer(self, gi: Any, gh: Any, own: Any) -> Any:
-        """``f(gi + gh)``, entry by entry (any layout)."""
+    def _activated(self, gi: Any, gh: Any, own: Any) -> tuple:
+        """``(f(gi + gh),)``, entry by entry (any layout): the new state itself."""
         import torch
 
-        return torch.tanh(gi + gh) if self.nonlinearity == "tanh" else torch.relu(gi + gh)
+        return (torch.tanh(gi + gh) if self.nonlinearity == "tanh" else torch.relu(gi + gh),)
+
+    def _layer(self, values: tuple, own: Any) -> Any:
+        """The new state, :meth:`_activated`'s one value."""
+        return values[0]
 
     def _sequence(self, inputs: Any, own: Any, weights: list) -> Any:
         """One layer's ``h`` at every step: ``torch.nn.RNN``'s kernel, ``(tau, r, H)``."""
         return elman_kernel(self.nonlinearity, inputs, own, weights)
 
-    def _layer_jacobian(self, p: Mapping[str, Any], k: int, x: Any, h: Any,
+    def _layer_jacobian(self, p: Mapping[str, Any], k: int, values: tuple, h: Any,
                         d_own: Any) -> tuple:
         """``(h', dh'/dx)`` of layer ``k``, ``dh'/dh`` into ``d_own``: ``f'(a) W`` (rows)."""
         W_x, W_h = p[f"weight_ih_l{k}"], p[f"weight_hh_l{k}"]
-        new = self._layer(gates(W_x, p[f"bias_ih_l{k}"], x), gates(W_h, p[f"bias_hh_l{k}"], h),
-                          h.mT)  # feature-major, (H, rows)
+        new = values[0]  # feature-major, (H, rows)
         slope = self._slope(new)
         scaled_rows(slope, W_h, d_own)
         return new.mT, scaled_rows(slope, W_x) if k else None
 
-    def _layer_diagonal(self, p: Mapping[str, Any], k: int, x: Any, h: Any) -> tuple:
+    def _layer_diagonal(self, p: Mapping[str, Any], k: int, values: tuple, h: Any) -> tuple:
         """``(h', diag(dh'/dh))`` of layer ``k`` on rows: ``f'(a) diag(W_hh)``."""
         import torch
 
         W_h = p[f"weight_hh_l{k}"]
-        new = self._layer(gates(p[f"weight_ih_l{k}"], p[f"bias_ih_l{k}"], x),
-                          gates(W_h, p[f"bias_hh_l{k}"], h), h.mT)  # feature-major
+        new = values[0]  # feature-major
         return new.mT, (self._slope(new) * torch.diagonal(W_h)[:, None]).mT
 
     def _slope(self, new: Any) -> Any:

@@ -363,15 +363,23 @@ class Recurrence:
         values[:] = [*values[-1:], (key, value)]
         return value
 
-    def _step_at(self, trace: Trace, previous: Any, X: Any) -> Any:
-        """``F`` of every row at the trace's states (kept within :meth:`reusing_steps`)."""
-        return self._reused("step", trace.z[1], lambda: self.cell(previous, X))
+    def _step_at(self, trace: Trace, previous: Any, X: Any) -> tuple[Any, list]:
+        """``(F, memo)`` of every row at the trace's states (kept within :meth:`reusing_steps`).
+
+        ``memo``: what a built-in cell's step keeps for its Jacobians at the same rows
+        ``previous``, ``X`` (its gate values; empty for a user's cell).
+        """
+        def step() -> tuple[Any, list]:
+            memo: list = []
+            return self.cell(previous, X, memo), memo
+
+        return self._reused("step", trace.z[1], step)
 
     def _defects(self, trace: Trace) -> tuple[Any, Any]:
         """``(h_s - F(h_{s-1}, x_s), F(h_{s-1}, x_s))``, each ``(tau, r, n)``."""
         xp = self._xp()
         previous, X, r = self._rows(trace.x, trace.z[1])
-        F = self._step_at(trace, previous, X)
+        F = self._step_at(trace, previous, X)[0]
         H = xp.reshape(_samples_first(trace.z[1], self.dtype), tuple(F.shape))
         shape = (trace.x.shape[0], r, self.state_size)
         return xp.reshape(H - F, shape), xp.reshape(F, shape)
@@ -453,13 +461,13 @@ class Recurrence:
         xp = self._xp()
         trace = trace if trace is not None else self.trace_from_states(xs, None)
         previous, X, r = self._rows(trace.x, trace.z[1])
-        F, tau = self._step_at(trace, previous, X), trace.x.shape[0]
+        (F, memo), tau = self._step_at(trace, previous, X), trace.x.shape[0]
         if diagonal and linearization == "quasi":
-            d = self.cell.jacobian_diagonals(previous, X)
+            d = self.cell.jacobian_diagonals(previous, X, memo)
             c = xp.concat([F[:r, ...], F[r:, ...] - d[r:, ...] * previous[r:, ...]])
             return xp.reshape(d, (tau, r, -1)), xp.reshape(c, (tau, r, -1))
         self._require_jacobians(trace.x)
-        J = self.cell.jacobians(previous, X)
+        J = self.cell.jacobians(previous, X, memo)
         if linearization != "newton":  # the diagonal blocks only (quasi: of size one)
             size = 1 if linearization == "quasi" else self.block_size
             block = np.arange(self.state_size) // size
@@ -516,6 +524,7 @@ class _TorchCell:
         self.device = devices.pop() if devices else self.device
         self.like = np.zeros(0, dtype=dtype)  # an empty array of the home backend and dtype
         self.step = step
+        self.remembers = False  # a built-in cell's: its step fills a memo (_Gated._step)
         self._batched = step if batched else vmap(step, in_dims=(None, 0, 0))
         self._jacobian = jacobian if jacobian is not None and jacobian_batched else \
             vmap(jacobian or jacrev(step, argnums=1), in_dims=(None, 0, 0))
@@ -534,12 +543,18 @@ class _TorchCell:
         moved.like = moved.home_array(moved.tensor(np.zeros(0)))
         return moved
 
-    def __call__(self, H: Any, X: Any) -> Any:
+    def __call__(self, H: Any, X: Any, memo: list | None = None) -> Any:
+        """The step of every row; a built-in cell's appends its gate values to ``memo``."""
         import torch
 
+        kept = {"memo": memo} if memo is not None and self.remembers else {}
         with torch.no_grad():
-            out = self._batched(self.parameters, self.tensor(H), self.tensor(X))
+            out = self._batched(self.parameters, self.tensor(H), self.tensor(X), **kept)
         return self.home_array(_checked(out, H.shape, self.dtype, "the step"))
+
+    def _kept(self, memo: list | None) -> dict:
+        """The keyword that hands a filled ``memo`` to a built-in cell's Jacobians."""
+        return {"memo": memo} if memo and self.remembers else {}
 
     def sequence(self, first: Any, X: Any) -> Any:
         """The states ``(tau, r, n)`` from ``h_{-1} = first`` and inputs ``X``, step by step.
@@ -617,22 +632,25 @@ class _TorchCell:
             states.append(h)
         return torch.stack(states)
 
-    def jacobians(self, H: Any, X: Any) -> Any:
+    def jacobians(self, H: Any, X: Any, memo: list | None = None) -> Any:
+        """``dF/dh`` of every row ``(rows, n, n)``; ``memo``: the step's at these rows."""
         import torch
 
         with torch.no_grad():
-            out = self._jacobian(self.parameters, self.tensor(H), self.tensor(X))
+            out = self._jacobian(self.parameters, self.tensor(H), self.tensor(X),
+                                 **self._kept(memo))
         return self.home_array(_checked(out, tuple(H.shape) + tuple(H.shape[-1:]), self.dtype,
                                   "the Jacobian"))
 
-    def jacobian_diagonals(self, H: Any, X: Any) -> Any:
+    def jacobian_diagonals(self, H: Any, X: Any, memo: list | None = None) -> Any:
         """The Jacobians' diagonals ``(rows, n)``: the cell's own, or :func:`_diagonals`."""
         import torch
 
         if self._diagonal is None:
             return _diagonals(self.jacobians, H, X)
         with torch.no_grad():
-            out = self._diagonal(self.parameters, self.tensor(H), self.tensor(X))
+            out = self._diagonal(self.parameters, self.tensor(H), self.tensor(X),
+                                 **self._kept(memo))
         return self.home_array(_checked(out, tuple(H.shape), self.dtype, "jacobian_diagonal()"))
 
     def pullback(self, H: Any, X: Any, V: Any) -> tuple[dict, Any]:
@@ -677,7 +695,8 @@ class _NumpyCell:
                              "(backend='torch') to run it on PyTorch tensors or a GPU")
         return self
 
-    def __call__(self, H: Any, X: Any) -> Any:
+    def __call__(self, H: Any, X: Any, memo: list | None = None) -> Any:
+        """The step of every row (a user's step keeps no ``memo``)."""
         return _checked(np.asarray(self.step(self.parameters, H, X)), H.shape, self.dtype,
                         "the step")
 
@@ -689,11 +708,12 @@ class _NumpyCell:
             h = states[s, ...] = self(h, X[s, ...])
         return states
 
-    def jacobians(self, H: Any, X: Any) -> Any:
+    def jacobians(self, H: Any, X: Any, memo: list | None = None) -> Any:
+        """The user's ``jacobian`` of every row (``memo`` unread: no built-in cell's)."""
         return _checked(np.asarray(self._jacobian(self.parameters, H, X)),
                         H.shape + H.shape[-1:], self.dtype, "jacobian()")
 
-    def jacobian_diagonals(self, H: Any, X: Any) -> Any:
+    def jacobian_diagonals(self, H: Any, X: Any, memo: list | None = None) -> Any:
         """The Jacobians' diagonals ``(rows, n)``: the user's, or :func:`_diagonals`."""
         if self._diagonal is None:
             return _diagonals(self.jacobians, H, X)
