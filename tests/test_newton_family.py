@@ -291,3 +291,17 @@ def test_newton_polishes_to_the_sequential_passs_own_error(dtype, method):
     capped = pp.forward(rnn, x, method=method, maxiter=loose.info["iterations"])
     assert capped.info["converged"] and capped.info["polished"] is False  # no step left
     np.testing.assert_array_equal(capped.output, loose.output)
+
+
+def test_the_jacobians_memory_guard_counts_the_steps_memos():
+    """A budget over the Jacobians alone but under them and the memos kept raises first."""
+    net = pp.GRU(3, 4, seed=0)
+    tau, r = 2000, 4
+    xs = np.random.default_rng(11).standard_normal((tau, 3, r))
+    jacobians, memos = 2 * net.state_size ** 2, 2 * 2 * 3 * 4  # entries a row
+    assert net.memo_entries == memos and pp.Recurrence.memo_entries == 0
+    with pp.memory.limit((jacobians + memos // 2) * tau * r * 8):
+        with pytest.raises(pp.memory.MemoryBudgetError, match="the Jacobians of 2000 steps"):
+            pp.forward(net, xs, method="cyclic-reduction", linearization="newton")
+    with pp.memory.limit((jacobians + memos + 1) * tau * r * 8):
+        assert pp.forward(net, xs, method="cyclic-reduction").info["converged"]

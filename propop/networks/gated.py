@@ -185,6 +185,15 @@ class _Gated(Recurrence):
             x = layer[..., : self.hidden_size]
         return joined(new, -1)
 
+    @property
+    def memo_entries(self) -> int:
+        """A row's entries of two trajectories' memos: at most both gates' products a layer.
+
+        What :meth:`_activated` returns keeps at most ``gi`` and ``gh`` (``gates H``
+        entries each) or arrays of their sizes alive.
+        """
+        return 2 * self.num_layers * 2 * self.gates * self.hidden_size
+
     def _values(self, p: Mapping[str, Any], k: int, x: Any, own: Any) -> tuple:
         """Layer ``k``'s gate values at input ``x`` and state ``own`` (rows, or vectors).
 

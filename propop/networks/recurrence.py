@@ -332,6 +332,10 @@ class Recurrence:
         """The input is no block of a recurrence's systems: nothing to deviate."""
         return 0.0
 
+    # entries a row of the memos a step keeps for its Jacobians, two trajectories' (a
+    # built-in cell's gate values, _Gated.memo_entries; a user's step keeps none)
+    memo_entries = 0
+
     @contextlib.contextmanager
     def reusing_steps(self) -> Iterator[None]:
         """Within the block, the step at one trajectory is evaluated once.
@@ -477,9 +481,12 @@ class Recurrence:
         return (xp.reshape(J, (tau, r, self.state_size, -1)), xp.reshape(c, (tau, r, -1)))
 
     def _require_jacobians(self, xs: Any) -> None:
-        """The Jacobian stack ``(tau, r, n, n)`` checked against the memory budget first."""
+        """The Jacobian stack ``(tau, r, n, n)`` checked against the memory budget first.
+
+        With the step's memos the Newton loop keeps (:attr:`memo_entries` a row).
+        """
         r = xs.shape[2] if xs.ndim == 3 else 1
-        memory.require_arrays(2 * xs.shape[0] * r * self.state_size ** 2,
+        memory.require_arrays(xs.shape[0] * r * (2 * self.state_size ** 2 + self.memo_entries),
                               backend.itemsize(self.dtype),
                               f"the Jacobians of {xs.shape[0]} steps and {r} samples "
                               f"(state size {self.state_size})",
