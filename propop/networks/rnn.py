@@ -323,9 +323,10 @@ class RNN:
                      for h in self.sizes[1:]])
         y = []
         for k, (Wk, Uk, bk) in enumerate(zip(self.W, self.U, self.b)):
-            previous = xp.concat([xp.zeros_like(z[k + 1][:1, ...]), z[k + 1][:-1, ...]])
-            y.append(backend.over_time(Wk, z[k]) + backend.over_time(Uk, previous)
-                     + (bk[:, None] if batch else bk))
+            yk = backend.over_time(Wk, z[k])  # new: the steps' U z[s-1] added in place
+            yk[1:, ...] += backend.over_time(Uk, z[k + 1][:-1, ...])  # (step 0 reads zeros)
+            yk += bk[:, None] if batch else bk
+            y.append(yk)
         return Trace(x=xs, y=tuple(y), z=tuple([xs] + list(z[1:])))
 
     def unstack(self, system: Any, x: Any) -> list[Any]:
