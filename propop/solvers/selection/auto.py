@@ -19,6 +19,7 @@ are left out, with the reason in ``Solution.info["auto"]``.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,16 +92,24 @@ def _levels(blocks: int) -> int:
 
 def _chain_work(system: Any, method: str) -> Work:
     """Substitution, cyclic reduction and PCR of a dense chain (FNN systems)."""
-    sizes, r = system.sizes, system.nrhs or 1
-    shared = r == 1 or system.shares_matrix
+    r = system.nrhs or 1
+    return _chain_counts(method, tuple(system.sizes), r, r == 1 or system.shares_matrix)
+
+
+@functools.lru_cache(maxsize=64)
+def _chain_counts(method: str, sizes: tuple[int, ...], r: int, shared: bool) -> Work:
+    """:func:`_chain_work` from the shapes alone, counted once for each.
+
+    A training loop's every call asks for the same counts, whose loops were half of
+    ``auto``'s choice.
+    """
+    width, nblocks = max(sizes), len(sizes)
     if method == "substitution":  # sum of n_k n_(k+1): n^2 (nb - 1) for equal widths
-        products = (system.width**2 * (system.nblocks - 1) if system.equal_sizes else
-                    float(np.dot(np.asarray(sizes[:-1], dtype=float), sizes[1:])))
-        return Work("chain", system.nblocks, 2.0 * r * products, system.width)
+        products = float(np.dot(np.asarray(sizes[:-1], dtype=float), sizes[1:]))
+        return Work("chain", nblocks, 2.0 * r * products, width)
     count = (cost.cyclic_reduction_flops if method == "cyclic-reduction"
              else cost.parallel_cyclic_reduction_flops)
-    return Work("chain", _levels(system.nblocks), count(sizes, r, shared, system.width),
-                system.width)
+    return Work("chain", _levels(nblocks), count(sizes, r, shared, width), width)
 
 
 def _time_work(system: Any, method: str) -> Work:

@@ -58,7 +58,7 @@ class Calibration:
                 return math.nan
             raise KeyError(f"the calibration ({self.source}) has no constants for {method!r} "
                            f"on {family} systems; run propop calibrate")
-        return float(np.dot(constants, features))
+        return float(sum(c * f for c, f in zip(constants, features, strict=True)))
 
     def to_json(self) -> str:
         """The calibration as JSON (what :func:`load` reads)."""
