@@ -56,10 +56,11 @@ def _glibc() -> Any:
 def keep_freed(keep: bool = True) -> bool:
     """Keep freed memory in the process (``keep``), or give it back at glibc's default.
 
-    ``keep=True`` sets glibc's trim threshold to 2 GiB and its mmap threshold to
-    32 MiB, as ``MALLOC_TRIM_THRESHOLD_=4000000000 MALLOC_MMAP_THRESHOLD_=33554432``
-    would have at start: the heap keeps what a call frees for the next, and arrays up
-    to 32 MiB come from it (larger ones are mapped fresh whatever the setting).
+    ``keep=True`` sets glibc's trim threshold to 2 GiB (``mallopt`` takes an ``int``;
+    ``MALLOC_TRIM_THRESHOLD_=4000000000`` gives 4 GB, and either keeps all that a loop's
+    calls free) and its mmap threshold to 32 MiB, as ``MALLOC_MMAP_THRESHOLD_=33554432``
+    does at start: the heap keeps what a call frees for the next, and arrays up to
+    32 MiB come from it (larger ones are mapped fresh whatever the setting).
     ``keep=False`` sets both to glibc's default, 128 KiB; glibc then no longer adjusts
     them as arrays are freed (any ``mallopt`` call ends that), so it gives memory back
     sooner than a process that never called this.

@@ -991,4 +991,4 @@ def over_time(M: Any, Z: Any) -> Any:
         return M @ Z if Z.ndim == 3 else Z @ M.T
     tau, n = Z.shape[:2]
     flat = xp.moveaxis(Z, 0, 1).reshape(n, -1)
-    return xp.moveaxis(xp.asarray(M @ flat).reshape((-1, tau) + Z.shape[2:]), 1, 0)
+    return xp.moveaxis(xp.asarray(M @ flat).reshape((M.shape[0], tau) + Z.shape[2:]), 1, 0)

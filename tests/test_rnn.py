@@ -352,3 +352,27 @@ def test_substitution_on_a_time_layout_adds_whole_layers_rhs_only_where_nonzero(
     x = pp.solve(system, "substitution").x
     expected = sla.spsolve_triangular(B.matrix.tocsr(), rhs.T.reshape(-1), lower=False)
     np.testing.assert_allclose(x.T.reshape(-1), expected, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("r", [None, 1, 3])
+@pytest.mark.parametrize("tau", [1, 6])
+@pytest.mark.parametrize("sparse", [False, True])
+def test_trace_from_states_is_each_steps_pre_activation(r, tau, sparse):
+    """``y[k][s] = W z[k][s] + U z[k+1][s-1] + b`` (zero before step 0), step by step."""
+    import scipy.sparse as sp
+
+    rnn, xs, _ = problem(layers=2, r=r, tau=tau)
+    if sparse:  # the same weights as CSR: over_time's sparse product
+        rnn = pp.RNN([sp.csr_array(W) for W in rnn.W], [sp.csr_array(U) for U in rnn.U],
+                     rnn.b, rnn.activations)
+    rng = np.random.default_rng(3)
+    states = [xs] + [rng.standard_normal((tau, 5) + xs.shape[2:]) for _ in range(2)]
+    trace = rnn.trace_from_states(xs, states)
+    for k in range(2):
+        W, U = (M.toarray() if sparse else M for M in (rnn.W[k], rnn.U[k]))
+        b = rnn.b[k] if r is None else rnn.b[k][:, None]
+        for s in range(tau):
+            before = states[k + 1][s - 1] if s else np.zeros_like(states[k + 1][0])
+            np.testing.assert_allclose(trace.y[k][s], W @ states[k][s] + U @ before + b,
+                                       rtol=1e-14, atol=1e-14)
+    np.testing.assert_array_equal(trace.z[1], states[1])

@@ -554,12 +554,12 @@ class _TorchCell:
         """The step of every row; a built-in cell's appends its gate values to ``memo``."""
         import torch
 
-        kept = {"memo": memo} if memo is not None and self.remembers else {}
+        to_fill = {"memo": memo} if memo is not None and self.remembers else {}
         with torch.no_grad():
-            out = self._batched(self.parameters, self.tensor(H), self.tensor(X), **kept)
+            out = self._batched(self.parameters, self.tensor(H), self.tensor(X), **to_fill)
         return self.home_array(_checked(out, H.shape, self.dtype, "the step"))
 
-    def _kept(self, memo: list | None) -> dict:
+    def _memo_keyword(self, memo: list | None) -> dict:
         """The keyword that hands a filled ``memo`` to a built-in cell's Jacobians."""
         return {"memo": memo} if memo and self.remembers else {}
 
@@ -645,7 +645,7 @@ class _TorchCell:
 
         with torch.no_grad():
             out = self._jacobian(self.parameters, self.tensor(H), self.tensor(X),
-                                 **self._kept(memo))
+                                 **self._memo_keyword(memo))
         return self.home_array(_checked(out, tuple(H.shape) + tuple(H.shape[-1:]), self.dtype,
                                   "the Jacobian"))
 
@@ -657,7 +657,7 @@ class _TorchCell:
             return _diagonals(self.jacobians, H, X)
         with torch.no_grad():
             out = self._diagonal(self.parameters, self.tensor(H), self.tensor(X),
-                                 **self._kept(memo))
+                                 **self._memo_keyword(memo))
         return self.home_array(_checked(out, tuple(H.shape), self.dtype, "jacobian_diagonal()"))
 
     def pullback(self, H: Any, X: Any, V: Any) -> tuple[dict, Any]:
