@@ -232,7 +232,10 @@ def test_a_built_in_cells_jacobians_from_its_steps_memo_are_bit_for_bit_its_own(
 
 
 def test_the_newton_loop_computes_each_iterates_gates_once(monkeypatch):
-    """The residual's step keeps its gates' values; the next linearisation reads them."""
+    """The residual's step keeps its gates' values; the next linearisation reads them.
+
+    The first layer's input gates depend on the inputs alone: made once for the loop.
+    """
     from propop.networks import gated
 
     calls = []
@@ -242,8 +245,26 @@ def test_the_newton_loop_computes_each_iterates_gates_once(monkeypatch):
     xs = np.random.default_rng(10).standard_normal((40, 3, 5))
     f = pp.forward(net, xs, method="cyclic-reduction", linearization="newton")
     iterates = len(f.info["residuals"])  # the start and each solve's
-    assert f.info["converged"] and len(calls) == 2 * 2 * iterates  # two a layer and iterate
+    # the first layer's hidden gates and both of the second's each iterate, its input
+    # gates once
+    assert f.info["converged"] and len(calls) == 1 + 3 * iterates
     np.testing.assert_allclose(f.z[1], net.forward(xs).z[1], rtol=1e-12, atol=1e-14)
+    assert getattr(net, "_kept", None) is None
+
+
+@pytest.mark.parametrize("cell", [pp.GRU, pp.LSTM])
+def test_the_input_gates_kept_for_a_loop_do_not_outlive_it(cell):
+    """Another input, or weights changed in place between calls, give that call's pass."""
+    import torch
+
+    net = cell(3, 4, num_layers=2, seed=0)
+    rng = np.random.default_rng(12)
+    first, second = (rng.standard_normal((30, 3, 4)) for _ in range(2))
+    for xs in (first, second, second):
+        f = pp.forward(net, xs, method="cyclic-reduction", linearization="newton")
+        np.testing.assert_allclose(f.z[1], net.forward(xs).z[1], rtol=1e-12, atol=1e-14)
+        with torch.no_grad():  # the input weights changed where the cell keeps them
+            net.cell.parameters["weight_ih_l0"].mul_(1.5)
     assert getattr(net, "_kept", None) is None
 
 
@@ -298,7 +319,8 @@ def test_the_jacobians_memory_guard_counts_the_steps_memos():
     net = pp.GRU(3, 4, seed=0)
     tau, r = 2000, 4
     xs = np.random.default_rng(11).standard_normal((tau, 3, r))
-    jacobians, memos = 2 * net.state_size ** 2, 2 * 2 * 3 * 4  # entries a row
+    # entries a row: two trajectories' gate products, and the input gates kept once
+    jacobians, memos = 2 * net.state_size ** 2, 2 * 2 * 3 * 4 + 3 * 4
     assert net.memo_entries == memos and pp.Recurrence.memo_entries == 0
     with pp.memory.limit((jacobians + memos // 2) * tau * r * 8):
         with pytest.raises(pp.memory.MemoryBudgetError, match="the Jacobians of 2000 steps"):

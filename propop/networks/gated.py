@@ -164,7 +164,8 @@ class _Gated(Recurrence):
                 out[f"bias_{side}_l{k}"] = rng.uniform(-bound, bound, self.gates * H)
         return out
 
-    def _step(self, p: Mapping[str, Any], state: Any, x: Any, memo: list | None = None) -> Any:
+    def _step(self, p: Mapping[str, Any], state: Any, x: Any, memo: list | None = None,
+              inputs: dict | None = None) -> Any:
         """All layers at one time step: each reads the output of the one below.
 
         ``state`` and ``x`` are one sample's vectors or a batch's rows (``(r, n)``):
@@ -173,11 +174,14 @@ class _Gated(Recurrence):
         each layer's gate values (:meth:`_values`), which :meth:`_jacobian` and
         :meth:`_jacobian_diagonal` at the same rows then read instead of recomputing
         them: the Newton loop's residual and its next linearisation are at one point.
+        ``inputs``, a dict kept for these rows' inputs ``x``, holds the first layer's
+        input gates from the first step at them on (the inputs do not change between
+        Newton iterates; the layers above read states, which do).
         """
         width, new = self.carries * self.hidden_size, []
         for k in range(self.num_layers):
             own = state[..., k * width: (k + 1) * width]
-            values = self._values(p, k, x, own)
+            values = self._values(p, k, x, own, inputs if k == 0 else None)
             if memo is not None:
                 memo.append(values)
             layer = features_first(self._layer(values, features_first(own)))
@@ -190,18 +194,26 @@ class _Gated(Recurrence):
         """A row's entries of two trajectories' memos: at most both gates' products a layer.
 
         What :meth:`_activated` returns keeps at most ``gi`` and ``gh`` (``gates H``
-        entries each) or arrays of their sizes alive.
+        entries each) or arrays of their sizes alive; and the first layer's input
+        gates, kept for the inputs (:meth:`_values`), once.
         """
-        return 2 * self.num_layers * 2 * self.gates * self.hidden_size
+        return (2 * self.num_layers * 2 + 1) * self.gates * self.hidden_size
 
-    def _values(self, p: Mapping[str, Any], k: int, x: Any, own: Any) -> tuple:
+    def _values(self, p: Mapping[str, Any], k: int, x: Any, own: Any,
+                inputs: dict | None = None) -> tuple:
         """Layer ``k``'s gate values at input ``x`` and state ``own`` (rows, or vectors).
 
         Its gates' products (:func:`gates`) through the cell's activations
         (:meth:`_activated`), features first: all that its new state and its
-        derivatives are made of.
+        derivatives are made of. ``inputs``: where the input gates of ``x`` are kept
+        (made there once; :meth:`_activated` reads them and never writes into them).
         """
-        gi = gates(p[f"weight_ih_l{k}"], p[f"bias_ih_l{k}"], x)
+        if inputs is None:
+            gi = gates(p[f"weight_ih_l{k}"], p[f"bias_ih_l{k}"], x)
+        else:
+            gi = inputs.get("gates")
+            if gi is None:
+                gi = inputs["gates"] = gates(p[f"weight_ih_l{k}"], p[f"bias_ih_l{k}"], x)
         gh = gates(p[f"weight_hh_l{k}"], p[f"bias_hh_l{k}"], own[..., : self.hidden_size])
         return self._activated(gi, gh, features_first(own))
 

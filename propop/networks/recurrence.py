@@ -371,11 +371,13 @@ class Recurrence:
         """``(F, memo)`` of every row at the trace's states (kept within :meth:`reusing_steps`).
 
         ``memo``: what a built-in cell's step keeps for its Jacobians at the same rows
-        ``previous``, ``X`` (its gate values; empty for a user's cell).
+        ``previous``, ``X`` (its gate values; empty for a user's cell). What depends
+        on the inputs alone is kept for ``X`` (one array for the whole Newton loop,
+        :meth:`_rows`): a built-in cell's first layer's input gates, made once a loop.
         """
         def step() -> tuple[Any, list]:
             memo: list = []
-            return self.cell(previous, X, memo), memo
+            return self.cell(previous, X, memo, self._reused("inputs' values", X, dict)), memo
 
         return self._reused("step", trace.z[1], step)
 
@@ -383,10 +385,8 @@ class Recurrence:
         """``(h_s - F(h_{s-1}, x_s), F(h_{s-1}, x_s))``, each ``(tau, r, n)``."""
         xp = self._xp()
         previous, X, r = self._rows(trace.x, trace.z[1])
-        F = self._step_at(trace, previous, X)[0]
-        H = xp.reshape(_samples_first(trace.z[1], self.dtype), tuple(F.shape))
-        shape = (trace.x.shape[0], r, self.state_size)
-        return xp.reshape(H - F, shape), xp.reshape(F, shape)
+        F = xp.reshape(self._step_at(trace, previous, X)[0], (trace.x.shape[0], r, -1))
+        return _samples_first(trace.z[1], self.dtype) - F, F  # the states read transposed
 
     def nonlinear_residual(self, trace: Trace) -> float:
         """``max_s ||h_s - F(h_{s-1}, x_s)|| / ||F(h_{s-1}, x_s)||`` over steps and samples."""
@@ -477,7 +477,7 @@ class Recurrence:
             block = np.arange(self.state_size) // size
             J = J * xp.astype(backend.like(block[:, None] == block[None, :], J), J.dtype)
         c = F - backend.block_matmul(J, previous[..., None])[..., 0]
-        c = xp.concat([F[:r, ...], c[r:, ...]])  # step 0: h_{-1} is given, no unknown
+        c[:r, ...] = F[:r, ...]  # step 0: h_{-1} is given, no unknown
         return (xp.reshape(J, (tau, r, self.state_size, -1)), xp.reshape(c, (tau, r, -1)))
 
     def _require_jacobians(self, xs: Any) -> None:
@@ -550,11 +550,18 @@ class _TorchCell:
         moved.like = moved.home_array(moved.tensor(np.zeros(0)))
         return moved
 
-    def __call__(self, H: Any, X: Any, memo: list | None = None) -> Any:
-        """The step of every row; a built-in cell's appends its gate values to ``memo``."""
+    def __call__(self, H: Any, X: Any, memo: list | None = None, inputs: dict | None = None
+                 ) -> Any:
+        """The step of every row; a built-in cell's appends its gate values to ``memo``.
+
+        ``inputs``: a dict kept for these rows' ``X`` (:meth:`Recurrence._step_at`), in
+        which a built-in cell keeps what depends on ``X`` alone (its first layer's
+        input gates) for the next step at the same inputs.
+        """
         import torch
 
-        to_fill = {"memo": memo} if memo is not None and self.remembers else {}
+        to_fill = {"memo": memo, "inputs": inputs} if memo is not None and self.remembers \
+            else {}
         with torch.no_grad():
             out = self._batched(self.parameters, self.tensor(H), self.tensor(X), **to_fill)
         return self.home_array(_checked(out, H.shape, self.dtype, "the step"))
@@ -702,8 +709,9 @@ class _NumpyCell:
                              "(backend='torch') to run it on PyTorch tensors or a GPU")
         return self
 
-    def __call__(self, H: Any, X: Any, memo: list | None = None) -> Any:
-        """The step of every row (a user's step keeps no ``memo``)."""
+    def __call__(self, H: Any, X: Any, memo: list | None = None, inputs: dict | None = None
+                 ) -> Any:
+        """The step of every row (a user's step keeps no ``memo`` and no ``inputs``)."""
         return _checked(np.asarray(self.step(self.parameters, H, X)), H.shape, self.dtype,
                         "the step")
 
@@ -753,12 +761,14 @@ def _normalised_product(xp: Any, J: Any) -> tuple[Any, Any]:
     logs = xp.zeros(tuple(J.shape[:2]), dtype=J.dtype, device=backend.device(J))
     while J.shape[0] > 1:
         pairs = J.shape[0] // 2
-        P = J[1: 2 * pairs: 2, ...] @ J[0: 2 * pairs: 2, ...]
-        norm = xp.clip(xp.linalg.matrix_norm(P), min=1e-300)
-        P = P / norm[..., None, None]
+        P = backend.block_matmul(J[1: 2 * pairs: 2, ...], J[0: 2 * pairs: 2, ...])
+        norm = xp.clip(backend.norms(xp.reshape(P, tuple(P.shape[:-2]) + (-1,))), min=1e-300)
+        P /= norm[..., None, None]
         level = logs[1: 2 * pairs: 2, ...] + logs[0: 2 * pairs: 2, ...] + xp.log(norm)
-        J = xp.concat([P, J[2 * pairs:, ...]])  # an odd one out goes up as it is
-        logs = xp.concat([level, logs[2 * pairs:, ...]])
+        if J.shape[0] == 2 * pairs:
+            J, logs = P, level
+        else:  # an odd one out goes up as it is
+            J, logs = xp.concat([P, J[2 * pairs:, ...]]), xp.concat([level, logs[2 * pairs:, ...]])
     return J[0, ...], logs[0, ...]
 
 

@@ -235,8 +235,8 @@ def _relative(a: Any, b: Any) -> float:
 
 def _change(before: Trace, after: Trace) -> float:
     """``max_k ||z_k - z_k'|| / ||z_k'||`` between two iterates."""
-    return worst(backend.norm(a - b) / max(backend.norm(a), 1e-300)
-                 for a, b in zip(after.z, before.z))
+    return worst(0.0 if a is b else backend.norm(a - b) / max(backend.norm(a), 1e-300)
+                 for a, b in zip(after.z, before.z))  # the input is one array in both
 
 
 def _nonlinear_residual(net: Any, trace: Trace) -> float:
