@@ -38,15 +38,23 @@ CASES = ("MLP l=1024 n=8 r=1", "MLP l=256 n=32 r=32", "MLP l=64 n=128 r=32",
          "Elman Newton forward H=8 tau=10000", "GRU Newton forward in=2 H=2 batch=16 tau=10000")
 QUICK = ("quick MLP l=3 n=4 r=2", "quick Elman Newton forward H=3 tau=9")
 SAME = 0.05  # a drift-corrected ratio within 5% of one reads "alike"
+# a process's hang guard: the slowest (the old tree's GRU) runs five rounds of its 1.2 s
+# and 3.0 s jobs after their warm-up, about 25 s; 1800 s is room on a loaded machine
+HANG = 1800.0
 
 
-def child(tree: pathlib.Path, case: str, seconds: float) -> dict[str, Any]:
-    """One process of ``tree``'s propop on ``case`` (:func:`benchmarks.versus_child.measure`)."""
+def child(tree: pathlib.Path, case: str, seconds: float,
+          timeout: float = HANG) -> dict[str, Any]:
+    """One process of ``tree``'s propop on ``case`` (:func:`benchmarks.versus_child.measure`).
+
+    ``timeout``: a hang guard (``subprocess.TimeoutExpired``), never a judged time.
+    """
     env = dict(os.environ, PYTHONPATH=str(tree))
     done = subprocess.run([sys.executable, str(CHILD), case, str(seconds)], env=env,
-                          capture_output=True, text=True, cwd=tree)
+                          capture_output=True, text=True, cwd=tree, timeout=timeout)
     if done.returncode:
-        raise RuntimeError(f"{case} in {tree}: {done.stderr.strip().splitlines()[-1:]}")
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        raise RuntimeError(f"{case} in {tree}: {last}")
     out = json.loads(done.stdout.strip().splitlines()[-1])
     imported = pathlib.Path(out["propop"]).resolve()
     if tree.resolve() not in imported.parents:
@@ -118,6 +126,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.old is None and not args.quick:
         parser.error("--old PATH is needed (a checkout of the earlier tree), or --quick")
     old = pathlib.Path(args.old) if args.old else HERE
+    if not (old / "propop" / "__init__.py").is_file():
+        parser.error(f"--old {old}: no propop package there (a checkout of propop's tree, "
+                     "say git worktree add /tmp/old f5265c1)")
     cases = QUICK if args.quick else args.case or CASES
     rounds, seconds = (1, 0.0) if args.quick else (args.rounds, args.seconds)
     rows = [row(case, old, HERE, rounds, seconds) for case in each(cases, "versus")]

@@ -44,12 +44,12 @@ def test_a_process_times_every_job_and_the_loop_and_fingerprints_each_answer():
 
 
 def test_a_child_process_imports_the_tree_it_is_given():
-    out = versus.child(ROOT, "quick Elman Newton forward H=3 tau=9", 0.0)
+    out = versus.child(ROOT, "quick Elman Newton forward H=3 tau=9", 0.0, timeout=300)
     assert pathlib.Path(out["propop"]).resolve().parent == ROOT / "propop"
 
 
 def _fake_run(propop_file, prints):
-    def run(args, env, capture_output, text, cwd):
+    def run(args, env, capture_output, text, cwd, timeout):
         out = {"propop": propop_file, "medians": {"substitution": 1.0, "loop": 1.0},
                "rounds": 5, "fingerprints": prints}
         return subprocess.CompletedProcess(args, 0, stdout=json.dumps(out) + "\n")
@@ -92,3 +92,18 @@ def test_the_command_needs_an_old_tree_or_quick(capsys):
         versus.main([])
     assert exit_.value.code == 2 and "--old PATH is needed" in capsys.readouterr().err
 
+
+
+def test_an_old_tree_without_propop_is_refused_by_name(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_:
+        versus.main(["--old", str(tmp_path)])
+    assert exit_.value.code == 2 and "no propop package there" in capsys.readouterr().err
+
+
+def test_a_child_that_fails_is_reported_with_its_last_line(monkeypatch):
+    def run(args, env, capture_output, text, cwd, timeout):
+        return subprocess.CompletedProcess(args, 1, stdout="", stderr="Traceback\nKeyError: 'x'\n")
+
+    monkeypatch.setattr(versus.subprocess, "run", run)
+    with pytest.raises(RuntimeError, match="quick MLP l=3 n=4 r=2 in .*: KeyError: 'x'$"):
+        versus.child(ROOT, "quick MLP l=3 n=4 r=2", 0.0)
