@@ -112,9 +112,17 @@ class Activation:
         return backend.astype(a, y.dtype), backend.astype(beta, y.dtype)
 
     def newton(self, y: Any) -> tuple[Any, Any]:
-        """Return ``(a, beta)`` of the tangent: ``a = f'(y)``, ``beta = f(y) - f'(y) y``."""
-        a = self.df(y)
-        return a, self.f(y) - a * y
+        """Return ``(a, beta)`` of the tangent: ``a = f'(y)``, ``beta = f(y) - f'(y) y``.
+
+        ``f(y)`` is evaluated once: where ``df_of_output`` exists the slope is read
+        from it (the same value, bit for bit).
+        """
+        fy = self.f(y)
+        a = self.df(y) if self.df_of_output is None else self.df_of_output(fy)
+        beta = a * y
+        beta *= -1
+        beta += fy  # f(y) - a y, in the product's own array
+        return a, beta
 
     def linearize(self, y: Any, linearization: str) -> tuple[Any, Any]:
         """Return ``(a, beta)`` for ``linearization`` in :data:`LINEARIZATIONS`."""

@@ -84,3 +84,15 @@ def test_derivative_from_the_output_is_the_derivative_bit_for_bit(name):
     act = pp.get_activation(name)
     y = np.random.default_rng(0).standard_normal((50, 7)) * 8
     assert np.array_equal(act.df_of_output(act.f(y)), act.df(y))
+
+
+@pytest.mark.parametrize("name", ACTIVATIONS)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_newton_tangent_is_its_definition_bit_for_bit(name, dtype):
+    """``a = f'(y)``, ``beta = f(y) - f'(y) y``: f once (slope from the output), no bit changed."""
+    act = pp.get_activation(name)
+    y = (np.random.default_rng(1).standard_normal((40, 3)) * 4).astype(dtype)
+    a, beta = act.newton(y)
+    assert a.dtype == dtype and beta.dtype == dtype
+    assert np.array_equal(a, act.df(y))
+    assert np.array_equal(beta, act.f(y) - act.df(y) * y)
