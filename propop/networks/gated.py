@@ -258,9 +258,9 @@ class _Gated(Recurrence):
         for k in range(self.num_layers):
             own = state[..., k * width: (k + 1) * width]
             values = memo[k] if memo else self._values(p, k, x, own)
-            new, diagonal = self._layer_diagonal(p, k, values, own)
-            out.append(diagonal)
-            x = new[..., : self.hidden_size]
+            out.append(self._layer_diagonal(p, k, values, own))
+            if k + 1 < self.num_layers:
+                x = self._input_above(values, own)
         return joined(out, -1)
 
     def _jacobian(self, p: Mapping[str, Any], state: Any, x: Any,
@@ -290,12 +290,21 @@ class _Gated(Recurrence):
             J[..., rows, (k + 1) * width:] = 0  # no layer reads a later one's state
             own = state[..., rows]
             values = memo[k] if memo else self._values(p, k, x, own)
-            new, d_x = self._layer_jacobian(p, k, values, own, J[..., rows, rows])
+            d_x = self._layer_jacobian(p, k, values, own, J[..., rows, rows])
             if k:  # through the layer below's new h, whose rows of J are complete
                 J[..., rows, : k * width] = d_x @ J[..., k * width - width:
                                                     k * width - width + H, : k * width]
-            x = new[..., :H]
+            if k + 1 < self.num_layers:
+                x = self._input_above(values, own)
         return J.contiguous() if narrow else J
+
+    def _input_above(self, values: tuple, own: Any) -> Any:
+        """The next layer's input, this layer's new ``h`` as rows, from its gate values.
+
+        Formed only where a layer above reads it: the top layer's new state is no
+        part of a Jacobian.
+        """
+        return features_first(self._layer(values, features_first(own)))[..., : self.hidden_size]
 
 
 def gates(W: Any, b: Any, x: Any) -> Any:
@@ -384,8 +393,8 @@ class GRU(_Gated):
         return kernel(torch.gru, inputs, own[None, ...].contiguous(), weights)
 
     def _layer_jacobian(self, p: Mapping[str, Any], k: int, values: tuple, h: Any,
-                        d_own: Any) -> tuple:
-        """``(h', dh'/dx)`` of layer ``k``, ``dh'/dh`` into ``d_own``: the GRU differentiated.
+                        d_own: Any) -> Any:
+        """``dh'/dx`` of layer ``k`` (the first: ``None``), ``dh'/dh`` into ``d_own``: the GRU's.
 
         Every gate reads its input through a row block of a weight, so each
         derivative is a sum over the gates of row-scaled blocks,
@@ -414,12 +423,12 @@ class GRU(_Gated):
 
         through(W_h, on_n * r, d_own)  # h_n = W_hn h + b: r scales it
         torch.diagonal(d_own, dim1=-2, dim2=-1).add_(z.mT)  # h' = ... + z h
-        return torch.lerp(n, h, z).mT, through(W_x, on_n) if k else None
+        return through(W_x, on_n) if k else None
 
-    def _layer_diagonal(self, p: Mapping[str, Any], k: int, values: tuple, h: Any) -> tuple:
-        """``(h', diag(dh'/dh))`` of layer ``k`` on rows: :meth:`_layer_jacobian`'s diagonal.
+    def _layer_diagonal(self, p: Mapping[str, Any], k: int, values: tuple, h: Any) -> Any:
+        """``diag(dh'/dh)`` of layer ``k`` on rows: :meth:`_layer_jacobian`'s diagonal.
 
-        Feature-major inside (the gate values, :meth:`_values`), both returned as rows.
+        Feature-major inside (the gate values, :meth:`_values`), returned as rows.
         """
         import torch
 
@@ -431,7 +440,7 @@ class GRU(_Gated):
                                              w_r))
         d = (1 - z).mul_(d_n).add_(z)  # (1 - z) d_n + z, then the z gate's part
         d.addcmul_((h - n).mul_(torch.addcmul(z, z, z, value=-1)), w_z)
-        return torch.lerp(n, h, z).mT, d.mT
+        return d.mT
 
 
 class LSTM(_Gated):
@@ -498,8 +507,8 @@ class LSTM(_Gated):
         return torch.cat([h, linear_scan(i_f[..., H:], u, c0)], dim=-1)
 
     def _layer_jacobian(self, p: Mapping[str, Any], k: int, values: tuple, own: Any,
-                        d_own: Any) -> tuple:
-        """``([h'; c'], d[h'; c']/dx)`` of layer ``k``, ``d[h'; c']/d[h; c]`` into ``d_own``.
+                        d_own: Any) -> Any:
+        """``d[h'; c']/dx`` of layer ``k`` (first: ``None``), ``d[h'; c']/d[h; c]`` in ``d_own``.
 
         ``own``: a batch's rows; the gate values (:meth:`_values`) feature-major.
         """
@@ -508,7 +517,7 @@ class LSTM(_Gated):
         H = self.hidden_size
         c = own[..., H:].mT
         W_x, W_h = p[f"weight_ih_l{k}"], p[f"weight_hh_l{k}"]
-        si, sf, tg, so, c_new, tc = values
+        si, sf, tg, so, _, tc = values
         on_c = (so * (1 - tc * tc)).mT[..., None]  # dh'/dc'
         # each gate's row block of a weight, row-scaled by a vector: sum_g diag(c_g) W_g
         on_i, on_f, on_g = (tg * si * (1 - si)).mT[..., None], \
@@ -526,22 +535,21 @@ class LSTM(_Gated):
         keep = torch.diag_embed(sf.mT)  # dc'/dc, and dh'/dc = diag(dh'/dc') dc'/dc
         torch.mul(on_c, keep, out=d_own[..., :H, H:])
         d_own[..., H:, H:] = keep
-        d_x = through(W_x, own.new_empty(tuple(own.shape[:-1]) + (2 * H, H))) if k \
+        return through(W_x, own.new_empty(tuple(own.shape[:-1]) + (2 * H, H))) if k \
             else None  # the input of layer k > 0 is the new h below, H wide
-        return torch.cat([so * tc, c_new]).mT, d_x
 
-    def _layer_diagonal(self, p: Mapping[str, Any], k: int, values: tuple, own: Any) -> tuple:
-        """``([h'; c'], [diag(dh'/dh); diag(dc'/dc)])`` of layer ``k`` on rows."""
+    def _layer_diagonal(self, p: Mapping[str, Any], k: int, values: tuple, own: Any) -> Any:
+        """``[diag(dh'/dh); diag(dc'/dc)]`` of layer ``k`` on rows."""
         import torch
 
         H = self.hidden_size
         c = own[..., H:].mT
         W_h = p[f"weight_hh_l{k}"]
-        si, sf, tg, so, c_new, tc = values  # feature-major
+        si, sf, tg, so, _, tc = values  # feature-major
         w_i, w_f, w_g, w_o = (torch.diagonal(W)[:, None] for W in W_h.chunk(4))
         d_c = c * (sf * (1 - sf)) * w_f + tg * (si * (1 - si)) * w_i + si * (1 - tg * tg) * w_g
         d_h = tc * (so * (1 - so)) * w_o + so * (1 - tc * tc) * d_c
-        return torch.cat([so * tc, c_new]).mT, torch.cat([d_h, sf]).mT
+        return torch.cat([d_h, sf]).mT
 
 
 class ElmanRNN(_Gated):
@@ -587,21 +595,21 @@ class ElmanRNN(_Gated):
         return elman_kernel(self.nonlinearity, inputs, own, weights)
 
     def _layer_jacobian(self, p: Mapping[str, Any], k: int, values: tuple, h: Any,
-                        d_own: Any) -> tuple:
-        """``(h', dh'/dx)`` of layer ``k``, ``dh'/dh`` into ``d_own``: ``f'(a) W`` (rows)."""
+                        d_own: Any) -> Any:
+        """``dh'/dx`` of layer ``k`` (the first: ``None``), ``dh'/dh`` in ``d_own``: ``f'(a) W``."""
         W_x, W_h = p[f"weight_ih_l{k}"], p[f"weight_hh_l{k}"]
         new = values[0]  # feature-major, (H, rows)
         slope = self._slope(new)
         scaled_rows(slope, W_h, d_own)
-        return new.mT, scaled_rows(slope, W_x) if k else None
+        return scaled_rows(slope, W_x) if k else None
 
-    def _layer_diagonal(self, p: Mapping[str, Any], k: int, values: tuple, h: Any) -> tuple:
-        """``(h', diag(dh'/dh))`` of layer ``k`` on rows: ``f'(a) diag(W_hh)``."""
+    def _layer_diagonal(self, p: Mapping[str, Any], k: int, values: tuple, h: Any) -> Any:
+        """``diag(dh'/dh)`` of layer ``k`` on rows: ``f'(a) diag(W_hh)``."""
         import torch
 
         W_h = p[f"weight_hh_l{k}"]
         new = values[0]  # feature-major
-        return new.mT, (self._slope(new) * torch.diagonal(W_h)[:, None]).mT
+        return (self._slope(new) * torch.diagonal(W_h)[:, None]).mT
 
     def _slope(self, new: Any) -> Any:
         """``f'(a)`` from ``h' = f(a)``: ``1 - h'^2`` (tanh) or ``h' > 0`` (ReLU)."""
