@@ -419,6 +419,32 @@ def test_a_right_hand_side_is_checked_on_its_support_naming_the_block():
                                 rhs_support=wrong)
 
 
+@pytest.mark.parametrize("lower", [True, False])
+@pytest.mark.parametrize("support", [None, (1, 3), (0, 2, 3), (0, 1, 2, 3)])
+def test_substitution_skips_exactly_the_zero_blocks_of_the_right_hand_side(lower, support):
+    """Zero blocks found (``rhs_support=None``) or given: the solution is SciPy's.
+
+    Substitution adds a block's right-hand side only where it is non-zero; the
+    reference is ``spsolve_triangular`` of the explicit matrix, blocks zero at
+    every other position.
+    """
+    import scipy.sparse.linalg as spla
+
+    rng = np.random.default_rng(5)
+    coupling = [rng.standard_normal((3, 3)) for _ in range(3)]
+    rhs = np.zeros((12, 2))
+    for k in (support if support is not None else (0, 3)):
+        rhs[3 * k: 3 * k + 3] = rng.standard_normal((3, 2))
+    system = pp.TriangularSystem(coupling, None, rhs, lower=lower, sizes=(3, 3, 3, 3),
+                                 rhs_support=support)
+    solution = pp.solve(system, "substitution")
+    matrix = pp.TriangularSystem(coupling, None, rhs[:, 0], lower=lower,
+                                 sizes=(3, 3, 3, 3)).matrix.tocsr()  # one column's
+    expected = spla.spsolve_triangular(matrix, system.rhs, lower=lower)
+    assert solution.converged
+    np.testing.assert_allclose(solution.x, expected, rtol=1e-13, atol=1e-14)
+
+
 def test_a_support_the_caller_vouches_for_is_not_read_outside_it():
     """``check_zeros=False``: the blocks outside the support are the caller's promise.
 

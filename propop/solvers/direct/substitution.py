@@ -149,20 +149,19 @@ class LevelScheduled(Method):
                       direct=True, evaluated=True)
 
 
-def _rhs_blocks(system: Any) -> Any:
-    """Which blocks of the right-hand side are non-zero (a host array of booleans).
+def _rhs_blocks(system: Any) -> frozenset | None:
+    """Which blocks of the right-hand side are non-zero, a set of their indices.
 
-    From :attr:`TriangularSystem.rhs_support` where the builder knows it (no look
+    :attr:`TriangularSystem.rhs_support` itself where the builder knows it (no look
     at the zeros), else from one pass over the right-hand side; ``None`` (all) for
     a time layout, whose rows are steps of layers.
     """
     if system.layout.kind == "time":
         return None
     if system.rhs_support is None:
-        return (block_squares(system, system._scaled_rhs) > 0).any(axis=1)  # on the host
-    nonzero = np.zeros(system.nblocks, dtype=bool)
-    nonzero[sorted(system.rhs_support)] = True
-    return nonzero
+        squares = block_squares(system, system._scaled_rhs)  # on the host
+        return frozenset(np.flatnonzero((squares > 0).any(axis=1)).tolist())
+    return system.rhs_support
 
 
 def _product(xp: Any, M: Any, x: Any, kind: str) -> Any:
@@ -172,7 +171,7 @@ def _product(xp: Any, M: Any, x: Any, kind: str) -> Any:
     return xp.matrix_transpose((M @ xp.matrix_transpose(x)[..., None])[..., 0])  # (r, m, n)
 
 
-def _rows(op: Any, X: Any, C: Any, nonzero: Any, order: Any) -> Any:
+def _rows(op: Any, X: Any, C: Any, nonzero: frozenset | None, order: Any) -> Any:
     """The rows of substitution in solve order, ``(out, terms, scale, c)``: views of X, C."""
     if op.layout.kind == "time":
         return _time_rows(op, X, C)
@@ -187,7 +186,7 @@ def _rows(op: Any, X: Any, C: Any, nonzero: Any, order: Any) -> Any:
     return _graph_rows(op, xs, cs, nonzero, op.layout.order() if order is None else order)
 
 
-def _chain_rows(op: Any, xs: Any, cs: Any, nonzero: Any) -> Any:
+def _chain_rows(op: Any, xs: Any, cs: Any, nonzero: frozenset) -> Any:
     """A chain's rows: block ``k`` reads the block before it in solve order.
 
     Lower: row ``k`` reads block ``k - 1`` through coupling ``k - 1``; upper: block
@@ -197,9 +196,8 @@ def _chain_rows(op: Any, xs: Any, cs: Any, nonzero: Any) -> Any:
     """
     up = not op.lower
     outs, sources, rhs = (backend.walk(a, up) for a in (xs, xs, cs))
-    if not nonzero.all():  # the zero blocks of the right-hand side are not added: None
-        given = {int(k): cs[int(k)] if isinstance(cs, list) else cs[int(k), ...]
-                 for k in np.flatnonzero(nonzero)}
+    if len(nonzero) < op.nblocks:  # the zero blocks of the right-hand side are not added
+        given = {k: cs[k] if isinstance(cs, list) else cs[k, ...] for k in nonzero}
         rhs = map(given.get, backend.walk(range(op.nblocks), up))
     stack = op.couplings.stack if not op.couplings.sparse else None
     if op.couplings.identity or stack is not None:  # one kind for all: no list of them
@@ -213,7 +211,7 @@ def _chain_rows(op: Any, xs: Any, cs: Any, nonzero: Any) -> Any:
                                          itertools.repeat(()), scales, rhs))
 
 
-def _graph_rows(op: Any, xs: Any, cs: Any, nonzero: Any, order: Any) -> Any:
+def _graph_rows(op: Any, xs: Any, cs: Any, nonzero: frozenset, order: Any) -> Any:
     """A graph's rows in ``order``, each reading the couplings into its block.
 
     A graph has a Python object per block anyway (its layout's edges): the
@@ -223,7 +221,7 @@ def _graph_rows(op: Any, xs: Any, cs: Any, nonzero: Any, order: Any) -> Any:
     into = op.layout.into
     for k in order:
         yield row(xs[k], [(couplings[j], xs[col], kinds[j]) for col, j in into.get(k, ())],
-                  scales[k], cs[k] if nonzero[k] else None)
+                  scales[k], cs[k] if k in nonzero else None)
 
 
 def _time_rows(op: Any, X: Any, C: Any) -> Any:
