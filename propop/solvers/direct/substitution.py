@@ -150,17 +150,18 @@ class LevelScheduled(Method):
 
 
 def _rhs_blocks(system: Any) -> frozenset | None:
-    """Which blocks of the right-hand side are non-zero, a set of their indices.
+    """Which blocks of the right-hand side are non-zero, a set of their indices, or ``None``.
 
     :attr:`TriangularSystem.rhs_support` itself where the builder knows it (no look
-    at the zeros), else from one pass over the right-hand side; ``None`` (all) for
-    a time layout, whose rows are steps of layers.
+    at the zeros), else from one pass over the right-hand side. ``None``: every
+    block is read (found non-zero: no Python object per block), and for a time
+    layout, whose rows are steps of layers.
     """
     if system.layout.kind == "time":
         return None
     if system.rhs_support is None:
-        squares = block_squares(system, system._scaled_rhs)  # on the host
-        return frozenset(np.flatnonzero((squares > 0).any(axis=1)).tolist())
+        found = (block_squares(system, system._scaled_rhs) > 0).any(axis=1)  # on the host
+        return None if found.all() else frozenset(np.flatnonzero(found).tolist())
     return system.rhs_support
 
 
@@ -186,7 +187,7 @@ def _rows(op: Any, X: Any, C: Any, nonzero: frozenset | None, order: Any) -> Any
     return _graph_rows(op, xs, cs, nonzero, op.layout.order() if order is None else order)
 
 
-def _chain_rows(op: Any, xs: Any, cs: Any, nonzero: frozenset) -> Any:
+def _chain_rows(op: Any, xs: Any, cs: Any, nonzero: frozenset | None) -> Any:
     """A chain's rows: block ``k`` reads the block before it in solve order.
 
     Lower: row ``k`` reads block ``k - 1`` through coupling ``k - 1``; upper: block
@@ -196,7 +197,7 @@ def _chain_rows(op: Any, xs: Any, cs: Any, nonzero: frozenset) -> Any:
     """
     up = not op.lower
     outs, sources, rhs = (backend.walk(a, up) for a in (xs, xs, cs))
-    if len(nonzero) < op.nblocks:  # the zero blocks of the right-hand side are not added
+    if nonzero is not None and len(nonzero) < op.nblocks:  # zero blocks are not added
         given = {k: cs[k] if isinstance(cs, list) else cs[k, ...] for k in nonzero}
         rhs = map(given.get, backend.walk(range(op.nblocks), up))
     stack = op.couplings.stack if not op.couplings.sparse else None
@@ -211,7 +212,7 @@ def _chain_rows(op: Any, xs: Any, cs: Any, nonzero: frozenset) -> Any:
                                          itertools.repeat(()), scales, rhs))
 
 
-def _graph_rows(op: Any, xs: Any, cs: Any, nonzero: frozenset, order: Any) -> Any:
+def _graph_rows(op: Any, xs: Any, cs: Any, nonzero: frozenset | None, order: Any) -> Any:
     """A graph's rows in ``order``, each reading the couplings into its block.
 
     A graph has a Python object per block anyway (its layout's edges): the
@@ -221,7 +222,7 @@ def _graph_rows(op: Any, xs: Any, cs: Any, nonzero: frozenset, order: Any) -> An
     into = op.layout.into
     for k in order:
         yield row(xs[k], [(couplings[j], xs[col], kinds[j]) for col, j in into.get(k, ())],
-                  scales[k], cs[k] if k in nonzero else None)
+                  scales[k], cs[k] if nonzero is None or k in nonzero else None)
 
 
 def _time_rows(op: Any, X: Any, C: Any) -> Any:
