@@ -3,7 +3,7 @@
 import numpy as np
 
 from propop.solvers.reduction.chain import Counter
-from propop.solvers.reduction.odd_even import factor, substitute
+from propop.solvers.reduction.odd_even import depth, factor, substitute
 from propop.solvers.reduction.segments import Across, expand
 
 
@@ -25,7 +25,7 @@ def test_segments_follow_the_sequential_recursion():
             np.testing.assert_allclose(x[s], expected, rtol=1e-13, atol=1e-14)
             y = expected[:, carried]
         Dc = rng.standard_normal((m, r, rows))
-    assert len(across.levels) == int(np.ceil(np.log2(m)))
+    assert depth(across.levels) == int(np.ceil(np.log2(m)))
 
 
 def test_an_unscaled_chain_is_the_chain_scaled_by_ones():

@@ -11,7 +11,9 @@ fill-in passes their threshold (a :class:`Switch` among the levels), or
 :class:`DiagonalKernels` (diagonal cores stored as their diagonals, whose products
 are entrywise: a diagonal linear recurrence in ``O(tau n)``), or
 :class:`SharedCoreKernels` (one core at every position, a recurrence over time,
-whose first level's right-hand sides are one product with it).
+whose first level's right-hand sides are one product with it). Dense kernels hand
+NumPy's cores of at most 2 x 2 to :mod:`.entrywise`'s kernels (entries first, each
+entry of a product a whole vector) before the first level.
 
 - :func:`factor` / :func:`substitute`: odd-even (work-efficient) cyclic
   reduction, eq. def_back_prop2_even's pairing: the cores of every level once,
@@ -32,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ... import backend
+from . import entrywise
 from .chain import Chain, Counter, apply, product
 
 __all__ = ["ReductionOverflow", "DenseKernels", "DiagonalKernels", "SharedCoreKernels",
@@ -114,10 +117,16 @@ class DenseKernels:
             return None
         return int(np.argmin(backend.to_host(finite)))  # on the host: an error path
 
-    @staticmethod
-    def densify(L: Any, C: Any, counter: Counter) -> None:
-        """Dense kernels stay dense."""
-        return None
+    def densify(self, L: Any, C: Any, counter: Counter) -> Switch | None:
+        """Dense kernels stay dense; NumPy's cores of at most 2 x 2 go entries first.
+
+        (:mod:`.entrywise`: one copy of the cores, every level's products then
+        whole planes of entries.)
+        """
+        if not entrywise.suits(C):
+            return None
+        kernels = entrywise.EntrywiseKernels(self.xp)
+        return Switch(kernels, *kernels.cores(L, C), kernels.to_entries, kernels.from_entries)
 
 
 class DiagonalKernels(DenseKernels):

@@ -31,6 +31,7 @@ from typing import Any
 
 from ... import backend
 from .chain import Counter
+from .odd_even import depth
 from .segments import Across, expand
 
 __all__ = ["OverGroups"]
@@ -98,7 +99,7 @@ class OverGroups:
             x[rows, :] = xp.permute_dims(expand(self.DG[s], Dc[s],
                                                 previous[s, :, : self.DG[s].shape[2]], counter),
                                          (1, 0))
-        levels = len(self.across.levels)
+        levels = depth(self.across.levels)
         info = {"levels": {"within": self.within, "groups": levels}, "groups": len(self.rows)}
         return x, self.within + levels, info
 

@@ -84,7 +84,8 @@ class OverTime:
         self.inner = self.layers.chain(counter)  # G: the across-step couplings, (m, b, n, w)
         if within == "cyclic-reduction":
             self.levels = factor(self.inner, counter)
-        self.depth = len(self.levels) if within == "cyclic-reduction" else self.inner.C.shape[0]
+        self.depth = (odd_even.depth(self.levels) if within == "cyclic-reduction"
+                      else self.inner.C.shape[0])
         DG = self._inner_solve(self.inner.G, counter)
         self.inner = dataclasses.replace(self.inner, G=None)  # its blocks only are kept
         A = self.layers.carried(DG)

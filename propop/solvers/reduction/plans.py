@@ -43,7 +43,7 @@ def factored(factor: Callable, substitute: Callable, diagonal: bool = False) -> 
 
         def solve(s: Any, counter: Counter) -> tuple[Any, int, dict]:
             X = substitute(levels, chain.rhs_of(s), counter, xp)
-            return chain.solution(X, s), len(levels), {"width": chain.G.shape[2],
+            return chain.solution(X, s), odd_even.depth(levels), {"width": chain.G.shape[2],
                                                        "fill_in": DENSE_FILL_IN}
 
         return solve

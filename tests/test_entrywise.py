@@ -1,0 +1,99 @@
+"""Cyclic reduction of chains of tiny blocks laid out entries first, against the recursion."""
+
+import math
+
+import numpy as np
+import pytest
+
+import propop as pp
+from propop.solvers.reduction import odd_even
+from propop.solvers.reduction.chain import Chain, Counter
+from propop.solvers.reduction.entrywise import EntrywiseKernels
+
+
+def recursion(L, C, G):
+    """``x_0 = G_0``, ``x_k = diag(L_k) C_k x_{k-1} + G_k``: the chain's definition, stepped."""
+    x = [G[0]]
+    for k in range(1, G.shape[0]):
+        core = C[k - 1]  # (b, n, n), b is 1 or r
+        if G.ndim == 3:
+            step = np.einsum("bij,bj->bi", core, x[-1]) if core.shape[0] > 1 else x[-1] @ core[0].T
+        else:  # columns: (r, n, c)
+            step = np.einsum("bij,bjc->bic", np.broadcast_to(core, (G.shape[1],) + core.shape[1:]),
+                             x[-1])
+        if L is not None:
+            step = step * (L[k] if G.ndim == 3 else L[k][..., None])
+        x.append(step + G[k])
+    return np.stack(x)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("m", [2, 3, 17, 64])
+@pytest.mark.parametrize("per_sample", [False, True])
+@pytest.mark.parametrize("scalings", [None, 1, 4])  # none, shared, one per sample
+@pytest.mark.parametrize("columns", [None, 3])
+def test_the_reduction_of_tiny_blocks_follows_the_recursion(n, m, per_sample, scalings, columns):
+    rng = np.random.default_rng(m + 10 * n)
+    r = 4
+    C = rng.uniform(-1, 1, (m - 1, r if per_sample else 1, n, n))
+    L = None if scalings is None else rng.uniform(0.5, 1.5, (m, scalings, n))
+    G = rng.standard_normal((m, r, n) if columns is None else (m, r, n, columns))
+    levels = odd_even.factor(Chain(L, C, None, range(m), ()), Counter(), np)
+    assert isinstance(levels[0], odd_even.Switch)  # entries first from the first level
+    assert isinstance(levels[0].kernels, EntrywiseKernels)
+    assert odd_even.depth(levels) == math.ceil(math.log2(m))
+    for _ in range(2):  # the levels serve any number of right-hand sides
+        X = odd_even.substitute(levels, G, Counter(), np)
+        assert X.shape == G.shape
+        np.testing.assert_allclose(X, recursion(L, C, G), rtol=1e-13, atol=1e-13)
+        G = rng.standard_normal(G.shape)
+
+
+def test_wider_blocks_stay_positions_first():
+    C = np.ones((7, 1, 3, 3)) / 3
+    levels = odd_even.factor(Chain(None, C, None, range(8), ()), Counter(), np)
+    assert not any(isinstance(level, odd_even.Switch) for level in levels)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("bad", [np.inf, np.nan])
+def test_a_reduced_tiny_block_that_is_not_finite_names_its_blocks(n, bad):
+    """Cores 5 and 6 of 1e200 (their product, coupling 6 and 4, overflows), or a NaN in core 5.
+
+    The same message for blocks reduced entries first (n = 2) as positions first (n = 3).
+    """
+    C = np.broadcast_to(np.eye(n) / 2, (15, 1, n, n)).copy()
+    if bad == np.inf:
+        C[4:6] *= 2e200  # the cores of positions 5 and 6
+    else:
+        C[4, 0, 0, 1] = np.nan
+    with pytest.raises(odd_even.ReductionOverflow, match="level 1: the reduced block "
+                       "coupling blocks 6 and 4 is not finite"), np.errstate(all="ignore"):
+        odd_even.factor(Chain(None, C, None, range(16), ()), Counter(), np)
+
+
+@pytest.mark.parametrize("sizes", [[2] * 33, [1] * 17])
+@pytest.mark.parametrize("r", [None, 1, 5])
+def test_backpropagation_through_tiny_layers_matches_autograd_by_cyclic_reduction(sizes, r):
+    net = pp.FNN.random(sizes, activation="tanh", seed=0)
+    x = np.random.default_rng(1).standard_normal((sizes[0], r) if r else sizes[0])
+    target = np.zeros(net.forward(x).output.shape)
+    exact = pp.backprop(net, x, target, method="substitution")
+    g = pp.backprop(net, x, target, method="cyclic-reduction")
+    for a, b in zip(g.W + g.b, exact.W + exact.b):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_the_newton_forward_of_a_gru_of_hidden_two_matches_the_sequential_one():
+    """DEER's setting (hidden 2, a batch): its chain's 2 x 2 cores are reduced entries first."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    module = torch.nn.GRU(2, 2).double()
+    gru = pp.from_torch(module)
+    xs = np.random.default_rng(1).standard_normal((300, 2, 16))
+    with torch.no_grad():
+        expected = module(torch.tensor(xs.transpose(0, 2, 1).copy()))[0].numpy()
+    trace = pp.forward(gru, xs, method="cyclic-reduction", linearization="newton")
+    assert trace.info["converged"]
+    states = np.asarray(trace.output).transpose(0, 2, 1)
+    np.testing.assert_allclose(states, expected, rtol=1e-12, atol=1e-13)
