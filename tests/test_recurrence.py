@@ -346,18 +346,20 @@ def test_gated_cells_without_biases_and_bad_settings():
 
 @pytest.mark.parametrize(("cell", "options"), [
     ("GRU", {}), ("LSTM", {}), ("ElmanRNN", {}), ("ElmanRNN", {"nonlinearity": "relu"})])
-@pytest.mark.parametrize("side", ["narrow", "wide"])
+@pytest.mark.parametrize("side", ["tiny", "narrow", "wide"])
 def test_the_built_in_cells_jacobians_in_closed_form_are_torch_funcs(cell, options, side):
     """The closed-form Jacobians (no backward pass) against jacrev, every layer coupled.
 
-    Narrow states' stacks are written rows innermost, wider ones C-ordered: both here.
+    Narrow states' stacks are written rows innermost, wider ones C-ordered, and
+    blocks of at most 2 x 2 (one layer, ``tiny``) are left rows innermost: all here.
     """
     from torch.func import jacrev, vmap
 
     kind = getattr(gated, cell)
-    hidden = 2 if side == "narrow" else kind.narrow_below  # the two layouts of the stack
-    net = kind(3, hidden, num_layers=3, seed=0, **options)
-    assert (hidden < net.narrow_below) == (side == "narrow")
+    hidden = (1 if cell == "LSTM" else 2) if side == "tiny" else \
+        2 if side == "narrow" else kind.narrow_below  # the layouts of the stack
+    net = kind(3, hidden, num_layers=1 if side == "tiny" else 3, seed=0, **options)
+    assert (hidden < net.narrow_below) == (side != "wide")
     generator = torch.Generator().manual_seed(1)
     states = torch.randn(6, net.state_size, dtype=torch.float64, generator=generator)
     inputs = torch.randn(6, 3, dtype=torch.float64, generator=generator)
