@@ -32,21 +32,24 @@ def recursion(L, C, G):
 @pytest.mark.parametrize("per_sample", [False, True])
 @pytest.mark.parametrize("scalings", [None, 1, 4])  # none, shared, one per sample
 @pytest.mark.parametrize("columns", [None, 3])
-def test_the_reduction_of_tiny_blocks_follows_the_recursion(n, m, per_sample, scalings, columns):
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_the_reduction_of_tiny_blocks_follows_the_recursion(n, m, per_sample, scalings, columns,
+                                                            dtype):
     rng = np.random.default_rng(m + 10 * n)
     r = 4
-    C = rng.uniform(-1, 1, (m - 1, r if per_sample else 1, n, n))
-    L = None if scalings is None else rng.uniform(0.5, 1.5, (m, scalings, n))
-    G = rng.standard_normal((m, r, n) if columns is None else (m, r, n, columns))
+    C = rng.uniform(-1, 1, (m - 1, r if per_sample else 1, n, n)).astype(dtype)
+    L = None if scalings is None else rng.uniform(0.5, 1.5, (m, scalings, n)).astype(dtype)
+    G = rng.standard_normal((m, r, n) if columns is None else (m, r, n, columns)).astype(dtype)
+    tol = 1e-13 if dtype == "float64" else 1e-5
     levels = odd_even.factor(Chain(L, C, None, range(m), ()), Counter(), np)
     assert isinstance(levels[0], odd_even.Switch)  # entries first from the first level
     assert isinstance(levels[0].kernels, EntrywiseKernels)
     assert odd_even.depth(levels) == math.ceil(math.log2(m))
     for _ in range(2):  # the levels serve any number of right-hand sides
         X = odd_even.substitute(levels, G, Counter(), np)
-        assert X.shape == G.shape
-        np.testing.assert_allclose(X, recursion(L, C, G), rtol=1e-13, atol=1e-13)
-        G = rng.standard_normal(G.shape)
+        assert X.shape == G.shape and X.dtype == dtype
+        np.testing.assert_allclose(X, recursion(L, C, G), rtol=tol, atol=tol)
+        G = rng.standard_normal(G.shape).astype(dtype)
 
 
 def test_wider_blocks_stay_positions_first():
@@ -57,19 +60,23 @@ def test_wider_blocks_stay_positions_first():
 
 @pytest.mark.parametrize("n", [2, 3])
 @pytest.mark.parametrize("bad", [np.inf, np.nan])
-def test_a_reduced_tiny_block_that_is_not_finite_names_its_blocks(n, bad):
-    """Cores 5 and 6 of 1e200 (their product, coupling 6 and 4, overflows), or a NaN in core 5.
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_reduced_tiny_block_that_is_not_finite_names_its_blocks(n, bad, dtype):
+    """Cores 5 and 6 too large (their product, coupling 6 and 4, overflows), or a NaN in core 5.
 
-    The same message for blocks reduced entries first (n = 2) as positions first (n = 3).
+    The same message for blocks reduced entries first (n = 2) as positions first (n = 3);
+    float64 advised for float32 blocks only.
     """
-    C = np.broadcast_to(np.eye(n) / 2, (15, 1, n, n)).copy()
+    C = np.broadcast_to(np.eye(n, dtype=dtype) / 2, (15, 1, n, n)).copy()
     if bad == np.inf:
-        C[4:6] *= 2e200  # the cores of positions 5 and 6
+        C[4:6] *= 2e200 if dtype == "float64" else 2e20  # the cores of positions 5 and 6
     else:
         C[4, 0, 0, 1] = np.nan
-    with pytest.raises(odd_even.ReductionOverflow, match="level 1: the reduced block "
-                       "coupling blocks 6 and 4 is not finite"), np.errstate(all="ignore"):
+    named = "level 1: the reduced block coupling blocks 6 and 4 is not finite"
+    with pytest.raises(odd_even.ReductionOverflow, match=named) as raised, \
+            np.errstate(all="ignore"):
         odd_even.factor(Chain(None, C, None, range(16), ()), Counter(), np)
+    assert ("or float64" in raised.value.message) == (dtype == "float32")
 
 
 @pytest.mark.parametrize("sizes", [[2] * 33, [1] * 17])
