@@ -79,16 +79,23 @@ def test_a_reduced_tiny_block_that_is_not_finite_names_its_blocks(n, bad, dtype)
     assert ("or float64" in raised.value.message) == (dtype == "float32")
 
 
-@pytest.mark.parametrize("sizes", [[2] * 33, [1] * 17])
+@pytest.mark.parametrize("sizes", [[2] * 33, [1] * 17, [2] * 9])
 @pytest.mark.parametrize("r", [None, 1, 5])
-def test_backpropagation_through_tiny_layers_matches_autograd_by_cyclic_reduction(sizes, r):
+def test_backpropagation_through_tiny_layers_by_cyclic_reduction_is_exact_per_layer(sizes, r):
+    """Against the sequential reference (substitution), each layer to 1e-12 of its own size.
+
+    The gradients of these deep narrow nets are small (1e-10 at 32 layers of 2): each
+    layer is judged by its own largest entry, not by an absolute tolerance.
+    """
     net = pp.FNN.random(sizes, activation="tanh", seed=0)
     x = np.random.default_rng(1).standard_normal((sizes[0], r) if r else sizes[0])
     target = np.zeros(net.forward(x).output.shape)
     exact = pp.backprop(net, x, target, method="substitution")
     g = pp.backprop(net, x, target, method="cyclic-reduction")
-    for a, b in zip(g.W + g.b, exact.W + exact.b):
-        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+    assert g.solution.converged
+    for a, b in zip(g.W + g.b + (g.x,), exact.W + exact.b + (exact.x,)):
+        assert np.abs(b).max() > 0
+        assert np.abs(a - b).max() <= 1e-12 * np.abs(b).max()
 
 
 def test_the_newton_forward_of_a_gru_of_hidden_two_matches_the_sequential_one():
