@@ -27,7 +27,7 @@ def recursion(L, C, G):
     return np.stack(x)
 
 
-@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("n", [1, 2, 3])
 @pytest.mark.parametrize("m", [2, 3, 17, 64])
 @pytest.mark.parametrize("per_sample", [False, True])
 @pytest.mark.parametrize("scalings", [None, 1, 4])  # none, shared, one per sample
@@ -53,18 +53,18 @@ def test_the_reduction_of_tiny_blocks_follows_the_recursion(n, m, per_sample, sc
 
 
 def test_wider_blocks_stay_positions_first():
-    C = np.ones((7, 1, 3, 3)) / 3
+    C = np.ones((7, 1, 4, 4)) / 4
     levels = odd_even.factor(Chain(None, C, None, range(8), ()), Counter(), np)
     assert not any(isinstance(level, odd_even.Switch) for level in levels)
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [2, 3, 4])
 @pytest.mark.parametrize("bad", [np.inf, np.nan])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_a_reduced_tiny_block_that_is_not_finite_names_its_blocks(n, bad, dtype):
     """Cores 5 and 6 too large (their product, coupling 6 and 4, overflows), or a NaN in core 5.
 
-    The same message for blocks reduced entries first (n = 2) as positions first (n = 3);
+    The same message for blocks reduced entries first (n = 2, 3) as positions first (n = 4);
     float64 advised for float32 blocks only.
     """
     C = np.broadcast_to(np.eye(n, dtype=dtype) / 2, (15, 1, n, n)).copy()
@@ -79,7 +79,7 @@ def test_a_reduced_tiny_block_that_is_not_finite_names_its_blocks(n, bad, dtype)
     assert ("or float64" in raised.value.message) == (dtype == "float32")
 
 
-@pytest.mark.parametrize("sizes", [[2] * 33, [1] * 17, [2] * 9])
+@pytest.mark.parametrize("sizes", [[2] * 33, [1] * 17, [2] * 9, [3] * 17])
 @pytest.mark.parametrize("r", [None, 1, 5])
 def test_backpropagation_through_tiny_layers_by_cyclic_reduction_is_exact_per_layer(sizes, r):
     """Against the sequential reference (substitution), each layer to 1e-12 of its own size.
@@ -98,11 +98,12 @@ def test_backpropagation_through_tiny_layers_by_cyclic_reduction_is_exact_per_la
         assert np.abs(a - b).max() <= 1e-12 * np.abs(b).max()
 
 
-def test_the_newton_forward_of_a_gru_of_hidden_two_matches_the_sequential_one():
+@pytest.mark.parametrize("hidden", [2, 3])
+def test_the_newton_forward_of_a_narrow_gru_matches_the_sequential_one(hidden):
     """DEER's setting (hidden 2, a batch): its chain's 2 x 2 cores are reduced entries first."""
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
-    module = torch.nn.GRU(2, 2).double()
+    module = torch.nn.GRU(2, hidden).double()
     gru = pp.from_torch(module)
     xs = np.random.default_rng(1).standard_normal((300, 2, 16))
     with torch.no_grad():

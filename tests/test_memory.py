@@ -68,6 +68,7 @@ CASES = [
     ("cyclic-reduction", lambda: rnn_system([2, 2], 2000, 16)),  # entrywise (2 x 2 cores)
     ("cyclic-reduction", lambda: rnn_system([2, 2, 2], 500, 8)),
     ("cyclic-reduction", lambda: fnn_system([2] * 257, 64)),
+    ("cyclic-reduction", lambda: rnn_system([3, 3], 1000, 16)),
     ("cyclic-reduction", lambda: rnn_system([8, 16, 16], 100, 8, lower=True)),
     ("scipy.spsolve_triangular", lambda: fnn_system([128] * 9, 16)),
     ("scipy.spsolve_triangular", lambda: fnn_system([64, 32, 64, 16], 4)),
@@ -214,7 +215,7 @@ def test_shape_arrays_index_as_numpy_does(index):
 
 
 @pytest.mark.parametrize(("m", "r", "n"), [(17, 16, 32), (129, 1, 8), (33, 4, 16), (257, 16, 2),
-                                              (129, 4, 1)])
+                                              (129, 4, 1), (65, 8, 3)])
 def test_the_loops_on_shapes_count_the_peak_of_the_loops_on_arrays(m, r, n):
     """The odd-even loops on shape arrays against tracemalloc on NumPy arrays."""
     from propop.solvers.reduction import footprint, odd_even

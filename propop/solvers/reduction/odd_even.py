@@ -12,7 +12,7 @@ fill-in passes their threshold (a :class:`Switch` among the levels), or
 are entrywise: a diagonal linear recurrence in ``O(tau n)``), or
 :class:`SharedCoreKernels` (one core at every position, a recurrence over time,
 whose first level's right-hand sides are one product with it). Dense kernels hand
-NumPy's cores of at most 2 x 2 to :mod:`.entrywise`'s kernels (entries first, each
+NumPy's cores of at most 3 x 3 to :mod:`.entrywise`'s kernels (entries first, each
 entry of a product a whole vector) before the first level.
 
 - :func:`factor` / :func:`substitute`: odd-even (work-efficient) cyclic
@@ -118,7 +118,7 @@ class DenseKernels:
         return int(np.argmin(backend.to_host(finite)))  # on the host: an error path
 
     def densify(self, L: Any, C: Any, counter: Counter) -> Switch | None:
-        """Dense kernels stay dense; NumPy's cores of at most 2 x 2 go entries first.
+        """Dense kernels stay dense; NumPy's cores of at most 3 x 3 go entries first.
 
         (:mod:`.entrywise`: one copy of the cores, every level's products then
         whole planes of entries.)
