@@ -43,8 +43,8 @@ def factored(factor: Callable, substitute: Callable, diagonal: bool = False) -> 
 
         def solve(s: Any, counter: Counter) -> tuple[Any, int, dict]:
             X = substitute(levels, chain.rhs_of(s), counter, xp)
-            return chain.solution(X, s), odd_even.depth(levels), {"width": chain.G.shape[2],
-                                                       "fill_in": DENSE_FILL_IN}
+            info = {"width": chain.G.shape[2], "fill_in": DENSE_FILL_IN}
+            return chain.solution(X, s), odd_even.depth(levels), info
 
         return solve
 
