@@ -321,6 +321,29 @@ def test_newton_polishes_to_the_sequential_passs_own_error(dtype, method):
     np.testing.assert_array_equal(capped.output, loose.output)
 
 
+def test_a_first_passing_residual_above_rounding_is_polished():
+    """A float32 Elman RNN whose first passing residual is 2-10 eps: polished, to 2x own.
+
+    Left there (the polish rule stopped at 10 eps), its states were 38x the sequential
+    pass's own error from float64's; one more step takes them to about 1x.
+    """
+    exact = pp.RNN.random([8, 8], activation="tanh", seed=1)
+    xs = np.random.default_rng(1).standard_normal((2000, 8, 4))
+    states = exact.forward(xs).output
+    rnn = pp.RNN(*([a.astype("float32") for a in arrays] for arrays in (exact.W, exact.U,
+                                                                        exact.b)))
+    x = xs.astype("float32")
+    own = np.abs(rnn.forward(x).output - states).max()
+    loose = pp.forward(rnn, x, method="cyclic-reduction", polish=False)
+    eps = np.finfo(np.float32).eps
+    assert 2 * eps < loose.info["residuals"][-1] <= 10 * eps  # the case the rule is about
+    f = pp.forward(rnn, x, method="cyclic-reduction")
+    assert f.info["converged"] and f.info["polished"]
+    assert f.info["iterations"] == loose.info["iterations"] + 1
+    assert np.abs(f.output - states).max() <= 2 * own
+    assert np.abs(loose.output - states).max() > 10 * own
+
+
 def test_the_jacobians_memory_guard_counts_the_steps_memos():
     """A budget over the Jacobians alone but under them and the memos kept raises first."""
     net = pp.GRU(3, 4, seed=0)
