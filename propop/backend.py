@@ -813,11 +813,14 @@ def to_torch(array: Any, dtype: Any, device: Any) -> Any:
     """``array`` of any backend as a PyTorch tensor of ``dtype`` on ``device``.
 
     CuPy's arrays by DLPack (no copy on their device), the strict namespace's
-    through the host.
+    through the host; a view with a negative stride (a reversed time order, say),
+    which PyTorch cannot describe, as a copy.
     """
     import torch
 
     name = _name_of(array)
+    if any(stride < 0 for stride in getattr(array, "strides", ())):
+        array = array.copy()
     if name == "cupy":
         return torch.from_dlpack(array).to(dtype=dtype, device=device)
     return torch.as_tensor(to_host(array) if name == "array_api_strict" else array,

@@ -137,6 +137,44 @@ def test_any_step_function_with_jacrev_or_its_own_jacobian():
         assert relative_error(newton.z[1], net.forward(xs).z[1]) < 1e-10
 
 
+@pytest.mark.parametrize("kind", ["GRU", "LSTM"])
+def test_a_one_unit_cell_of_one_sample_backpropagates_by_cyclic_reduction(kind):
+    """Its reduced time chain comes back as a reversed view, which PyTorch takes as a copy.
+
+    (One unit, one sample: the entrywise reduction hands its solution back as a view,
+    and the backward pass's time order is the steps reversed.)
+    """
+    torch.manual_seed(910)
+    module = getattr(nn, kind)(3, 1).double()
+    xs = np.random.default_rng(2).standard_normal((5, 3))
+    out, dx, params = autograd(module, xs)
+    g = pp.backprop(pp.from_torch(module), xs, np.zeros_like(out), method="cyclic-reduction")
+    for s in range(5):
+        assert relative_error(g.x[s], dx[s]) < 1e-12, s
+    for name, value in params.items():
+        assert relative_error(g.parameters[name], value) < 1e-12, name
+
+
+def test_parameters_and_inputs_given_as_reversed_views_are_read_as_copies():
+    """PyTorch has no negative strides: a NumPy view with one is copied, not refused."""
+    rng = np.random.default_rng(5)
+    parameters = {"a": rng.uniform(0.5, 1.0, 5), "B": rng.standard_normal((2, 5))}
+    xs = rng.standard_normal((TAU, 2, R))
+    reversed_views = {"a": parameters["a"][::-1].copy()[::-1], "B": parameters["B"][::-1].T}
+    assert all(min(v.strides) < 0 for v in reversed_views.values())
+    copies = {k: np.ascontiguousarray(v) for k, v in reversed_views.items()}
+    ours, plain = (pp.Recurrence(minimal_step, p, state_size=5, input_size=2)
+                   for p in (reversed_views, copies))
+    view = xs[..., ::-1]  # the samples reversed: a negative stride
+    assert min(view.strides) < 0
+    reference = plain.forward(np.ascontiguousarray(view)).z[1]
+    assert relative_error(ours.forward(view).z[1], reference) < 1e-15
+    g, h = (pp.backprop(net, x, np.zeros((TAU, 5, R)), method="cyclic-reduction")
+            for net, x in ((ours, view), (plain, np.ascontiguousarray(view))))
+    for name in parameters:
+        assert relative_error(g.parameters[name], h.parameters[name]) < 1e-14, name
+
+
 @pytest.mark.parametrize("r", [1, 4, 5, 9])  # sample by sample up to 4, under vmap above
 def test_a_one_sample_step_runs_any_batch_as_the_loop_a_user_writes(r):
     """The sequential pass of a step written for one sample: each sample's own loop."""

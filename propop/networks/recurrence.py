@@ -521,8 +521,8 @@ class _TorchCell:
         self.home, self.device = "numpy", torch.device("cpu")
         self.dtype = getattr(torch, dtype.name)
         self.parameters = {k: _tensor_parameter(k, v, self.dtype) if isinstance(v, torch.Tensor)
-                           else torch.as_tensor(_parameter(k, v, dtype), dtype=self.dtype,
-                                                device="cpu").clone()
+                           else backend.to_torch(_parameter(k, v, dtype), self.dtype,
+                                                 "cpu").clone()
                            for k, v in parameters.items()}
         devices = {t.device for t in self.parameters.values()}
         if len(devices) > 1:
