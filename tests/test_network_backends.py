@@ -60,6 +60,41 @@ def test_a_moved_network_backpropagates_as_on_numpy_with_every_method(kind, devi
             bound * np.abs(reference.x).max(), method
 
 
+FLOAT32 = {"fnn-unequal": lambda: pp.FNN.random([2, 1, 2], activation="tanh", seed=1, bias=0.1,
+                                               dtype="float32"),
+           "rnn-one-unit": lambda: pp.RNN.random([3, 1], activation="tanh", seed=2,
+                                                 dtype="float32")}
+
+
+@pytest.mark.parametrize(("kind", "device"), BACKENDS)
+@pytest.mark.parametrize("name", list(FLOAT32))
+def test_a_float32_network_backpropagates_in_float32_with_every_method(kind, device, name):
+    """Every solve in the network's float32 (a host number the solver adds is cast).
+
+    Blocks of width one: the chain's rows whose scaling and diagonal are both one,
+    the strict namespace's mismatched dtypes before; against float64's gradients.
+    """
+    net = FLOAT32[name]()
+    x, target = (a.astype("float32") for a in data(net, "rnn" if name.startswith("rnn")
+                                                   else name, 3))
+    exact = type(net)(*([a.astype("float64") for a in arrays] for arrays in _arrays(net)),
+                      net.activations)  # the same weights, in float64
+    reference = pp.backprop(exact, x.astype("float64"), target.astype("float64"))
+    moved = net.to(kind, device)
+    X, T = backend.convert(x, kind, device), backend.convert(target, kind, device)
+    system = pp.backward_system(net, net.forward(x), target)
+    for method in [m for m in NATIVE if pp.solvers.info(m).applies_to(system)]:
+        g = pp.backprop(moved, X, T, method=method)
+        for k, (ours, theirs) in enumerate(zip(g.W, reference.W)):
+            assert backend.to_host(ours).dtype == np.float32, (method, k)
+            assert np.abs(backend.to_host(ours) - theirs).max() <= \
+                1e-4 * np.abs(theirs).max(), (method, k)
+
+
+def _arrays(net):
+    """A network's weight lists, in its constructor's order."""
+    return (net.W, net.U, net.b) if isinstance(net, pp.RNN) else (net.W, net.b)
+
 @pytest.mark.parametrize(("kind", "device"), BACKENDS)
 @pytest.mark.parametrize("name", list(NETWORKS))
 def test_a_moved_network_runs_newton_forward_as_on_numpy(kind, device, name):

@@ -186,9 +186,9 @@ def chain_rows(system: Any, shared_diagonal: str | None = None) -> list[Row]:
         d = 1 if B.diagonal[k] is None else _columns(B.diagonal[k])
         j = B.incoming(k)
         s = 1 if j is None or scales[j] is None else _columns(scales[j])
-        ratio = s / d
-        scale = xp.broadcast_to(backend.like(ratio, rhs[k]) if not hasattr(ratio, "shape")
-                                else xp.astype(ratio, system.dtype), (B.sizes[k], r))
+        ratio = s / d  # a host number where both are one: the system's dtype, not Python's
+        ratio = backend.like(ratio, rhs[k]) if not hasattr(ratio, "shape") else ratio
+        scale = xp.broadcast_to(xp.astype(ratio, system.dtype), (B.sizes[k], r))
         L = xp.mean(scale, axis=1, keepdims=True) if bl == 1 else scale
         rows.append(Row(k, L, None if j is None else couplings[j], rhs[k] / d))
     return rows
