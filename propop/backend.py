@@ -656,7 +656,7 @@ def subtract_rows(out: Any, index: Any, values: Any) -> Any:
     return out
 
 
-_EPS: dict[tuple[type, Any], float] = {}
+_LIMITS: dict[tuple[type, Any], tuple[float, float]] = {}
 
 
 def eps(dtype: Any) -> float:
@@ -666,16 +666,28 @@ def eps(dtype: Any) -> float:
     compared (their types differ first; the strict namespace warns where they are),
     and no name is formatted (``str`` of a NumPy dtype costs 5 us a call).
     """
+    return _limits(dtype)[0]
+
+
+def tiny(dtype: Any) -> float:
+    """The smallest positive normal number of a floating ``dtype``, looked up once.
+
+    The floor of a norm that divides, in the array's own dtype: ``1e-300`` is zero in
+    float32 (``1.2e-38`` is its ``tiny``), and a zero over it is NaN.
+    """
+    return _limits(dtype)[1]
+
+
+def _limits(dtype: Any) -> tuple[float, float]:
+    """``(eps, tiny)`` of ``dtype``, remembered (see :func:`eps`)."""
     key = (type(dtype), dtype)
-    if key not in _EPS:
-        _EPS[key] = _finfo_eps(dtype)
-    return _EPS[key]
-
-
-def _finfo_eps(dtype: Any) -> float:
-    if getattr(dtype, "is_floating_point", None) is not None:  # a torch.dtype
-        return float(importlib.import_module("torch").finfo(dtype).eps)
-    return float(importlib.import_module("numpy").finfo(_numpy_dtype(dtype)).eps)
+    if key not in _LIMITS:
+        if getattr(dtype, "is_floating_point", None) is not None:  # a torch.dtype
+            info = importlib.import_module("torch").finfo(dtype)
+        else:
+            info = importlib.import_module("numpy").finfo(_numpy_dtype(dtype))
+        _LIMITS[key] = (float(info.eps), float(info.tiny))
+    return _LIMITS[key]
 
 
 def itemsize(dtype: Any) -> int:

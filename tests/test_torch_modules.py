@@ -178,6 +178,27 @@ def test_float32_trains_to_float32s_tolerance():
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4, msg=name)
 
 
+
+@pytest.mark.parametrize("mode", ["newton", "quasi"])
+def test_a_float32_relu_layer_whose_steps_are_all_zero_converges(mode):
+    """``F = 0`` at a step: its residual ``0 / max(0, tiny)`` is 0, not float32's NaN.
+
+    (The floor was ``1e-300``, zero in float32.) The Lyapunov estimate's products of
+    zero Jacobians stay finite too.
+    """
+    torch.manual_seed(2)
+    reference = torch.nn.RNN(1, 1, num_layers=2, nonlinearity="relu")  # float32
+    with torch.no_grad():
+        reference.bias_ih_l1.fill_(-5.0)  # the second layer's output: zero at every step
+    ours = ptorch.from_module(reference, mode=mode, method="cyclic-reduction")
+    x = torch.randn(6, 4, 1)
+    x_ref, out_ref, _ = run(reference, x)
+    x_ours, out, _ = run(ours, x)
+    assert not out_ref.any() and out.dtype == torch.float32
+    torch.testing.assert_close(out, out_ref)
+    assert ours.last["converged"] and np.isfinite(ours.last["lyapunov"])
+    torch.testing.assert_close(x_ours.grad, x_ref.grad)
+
 def test_a_forward_that_does_not_converge_raises_or_falls_back_saying_so():
     torch.manual_seed(3)
     reference = torch.nn.RNN(3, 8, dtype=torch.float64)

@@ -392,7 +392,7 @@ class Recurrence:
         """``max_s ||h_s - F(h_{s-1}, x_s)|| / ||F(h_{s-1}, x_s)||`` over steps and samples."""
         xp = self._xp()
         gap, F = self._defects(trace)
-        size = xp.clip(backend.norms(F), min=1e-300)
+        size = xp.clip(backend.norms(F), min=backend.tiny(F.dtype))  # 0 / 0 is no gap
         return float(xp.max(backend.norms(gap) / size))
 
     def merit(self, trace: Trace) -> Any:
@@ -427,7 +427,7 @@ class Recurrence:
         for J in chunks:  # q <- P q for each chunk's normalised product P, scales summed
             P, logs = _normalised_product(xp, J)
             q = (P @ q[..., None])[..., 0]
-            norm = xp.clip(backend.norms(q), min=1e-300)
+            norm = xp.clip(backend.norms(q), min=backend.tiny(q.dtype))
             total += logs + xp.log(norm)
             q /= norm[:, None]
         return float(xp.max(total / last))
@@ -756,13 +756,14 @@ def _normalised_product(xp: Any, J: Any) -> tuple[Any, Any]:
     ``J`` is ``(m, r, n, n)``, ``J[0]`` applied first. Each level multiplies every
     pair, later by earlier, in one batched product and divides each by its norm,
     adding the logarithm to the pair's: ``log2 m`` levels, no overflow however
-    long the product. A zero product keeps the floor ``log(1e-300)``.
+    long the product. A zero product keeps the floor ``log(tiny)`` of its dtype.
     """
     logs = xp.zeros(tuple(J.shape[:2]), dtype=J.dtype, device=backend.device(J))
     while J.shape[0] > 1:
         pairs = J.shape[0] // 2
         P = backend.block_matmul(J[1: 2 * pairs: 2, ...], J[0: 2 * pairs: 2, ...])
-        norm = xp.clip(backend.norms(xp.reshape(P, tuple(P.shape[:-2]) + (-1,))), min=1e-300)
+        norm = xp.clip(backend.norms(xp.reshape(P, tuple(P.shape[:-2]) + (-1,))),
+                       min=backend.tiny(P.dtype))
         P /= norm[..., None, None]
         level = logs[1: 2 * pairs: 2, ...] + logs[0: 2 * pairs: 2, ...] + xp.log(norm)
         if J.shape[0] == 2 * pairs:
