@@ -199,6 +199,29 @@ def test_a_float32_relu_layer_whose_steps_are_all_zero_converges(mode):
     assert ours.last["converged"] and np.isfinite(ours.last["lyapunov"])
     torch.testing.assert_close(x_ours.grad, x_ref.grad)
 
+
+@pytest.mark.parametrize("mode", ["newton", "damped", "quasi-damped"])
+def test_relu_steps_far_smaller_than_their_trajectory_converge_to_its_rounding(mode):
+    """A step's gap is measured no finer than the rounding of its sample's largest state.
+
+    ReLU steps whose units are all zero (``F_s = 0``: a damped step leaves the last
+    bits of the previous iterate there) or a thousand times smaller than the largest
+    read as relative residuals of ``1e290`` and ``2e-12`` against the module's
+    ``rtol = 1e3 eps``, and the iteration raised at states exact to ``4e-16``.
+    """
+    for seed in (0, 2, 3, 16):  # failing before: 16 under Newton, 0, 2, 3 damped
+        torch.manual_seed(seed)
+        ours = ptorch.RNN(2, 3, nonlinearity="relu", bias=False, mode=mode,
+                          method="cyclic-reduction").double()
+        x = torch.randn(11, 4, 2, dtype=torch.float64)
+        reference = torch.nn.RNN(2, 3, nonlinearity="relu", bias=False).double()
+        reference.load_state_dict(ours.state_dict())
+        x_ref, out_ref, finals_ref = run(reference, x)
+        x_ours, out, finals = run(ours, x)
+        assert ours.last["converged"], (seed, ours.last["residuals"][-3:])
+        torch.testing.assert_close(out, out_ref, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(x_ours.grad, x_ref.grad, rtol=1e-10, atol=1e-12)
+
 def test_a_forward_that_does_not_converge_raises_or_falls_back_saying_so():
     torch.manual_seed(3)
     reference = torch.nn.RNN(3, 8, dtype=torch.float64)

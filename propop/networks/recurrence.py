@@ -58,6 +58,9 @@ TRACED_STEPS = 256
 # loop: 17.8-19.4 us a step for the graph at 1-5 samples against 6.7, 14.5, 22.3 and 28.7
 # us for 1 to 4 samples' own loops (8-state tanh cell, one thread)
 TRACED_SAMPLES = 2
+# A step's gap at most this many eps of its sample's largest state is a parallel solve's
+# rounding (:meth:`Recurrence.nonlinear_residual`)
+ROUNDING = 4
 
 
 @dataclass(frozen=True)
@@ -388,11 +391,25 @@ class Recurrence:
         F = xp.reshape(self._step_at(trace, previous, X)[0], (trace.x.shape[0], r, -1))
         return _samples_first(trace.z[1], self.dtype) - F, F  # the states read transposed
 
-    def nonlinear_residual(self, trace: Trace) -> float:
-        """``max_s ||h_s - F(h_{s-1}, x_s)|| / ||F(h_{s-1}, x_s)||`` over steps and samples."""
+    def nonlinear_residual(self, trace: Trace, rtol: float | None = None) -> float:
+        """``max_s ||h_s - F_s|| / max(||F_s||, floor)``, ``F_s = F(h_{s-1}, x_s)``, all samples.
+
+        Given ``rtol`` (the Newton loop's), a step is measured no finer than the
+        rounding a parallel solve leaves in every step of its sample's trajectory:
+        ``floor = (ROUNDING eps / rtol) S``, ``S`` the sample's largest ``||F_s||``, so
+        that the residual is at most ``rtol`` where each gap is at most ``rtol ||F_s||``
+        or ``ROUNDING eps S``. (A ReLU step whose units are all zero, ``F_s = 0``, or
+        one a thousand times smaller than the largest, read a solve's last bits of
+        ``h_s`` as a relative residual of ``1e290`` or ``2e-12``, and the loop never
+        stopped.) Without ``rtol`` the floor is the dtype's tiny.
+        """
         xp = self._xp()
         gap, F = self._defects(trace)
-        size = xp.clip(backend.norms(F), min=backend.tiny(F.dtype))  # 0 / 0 is no gap
+        size = backend.norms(F)  # (tau, r)
+        if rtol is not None and rtol > 0:
+            scale = xp.max(size, axis=0) * (ROUNDING * backend.eps(F.dtype) / rtol)
+            size = xp.maximum(size, scale[None, :])
+        size = xp.clip(size, min=backend.tiny(F.dtype))  # 0 / 0 is no gap
         return float(xp.max(backend.norms(gap) / size))
 
     def merit(self, trace: Trace) -> Any:

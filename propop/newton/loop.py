@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import math
 import warnings
 from dataclasses import replace
@@ -108,8 +109,7 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     linear_rtol = min(rtol, default_rtol(net.dtype)) if linear_rtol is None else linear_rtol
     x = agreed(method, options, lambda: net.check_input(x))
     trace = _start(net, x, around)
-    residual = getattr(net, "nonlinear_residual", None) or (
-        lambda t: _nonlinear_residual(net, t))
+    residual = _residual(net, rtol)
     deviation = getattr(net, "input_deviation", None) or (  # the input block's error
         lambda states, x: _relative(states[0] if isinstance(states, (list, tuple))
                                     else states[0, ...], x))  # a list, or a stack
@@ -243,6 +243,19 @@ def _change(before: Trace, after: Trace) -> float:
     """``max_k ||z_k - z_k'|| / ||z_k'||`` between two iterates."""
     return worst(0.0 if a is b else backend.norm(a - b) / max(backend.norm(a), 1e-300)
                  for a, b in zip(after.z, before.z))  # the input is one array in both
+
+
+def _residual(net: Any, rtol: float) -> Any:
+    """The iterates' nonlinear residual, a function of the trace.
+
+    The network's own (told ``rtol`` where it takes it: a recurrence's floor), else
+    every layer's (:func:`_nonlinear_residual`).
+    """
+    own = getattr(net, "nonlinear_residual", None)
+    if own is None:
+        return lambda t: _nonlinear_residual(net, t)
+    return functools.partial(own, rtol=rtol) if "rtol" in inspect.signature(own).parameters \
+        else own
 
 
 def _nonlinear_residual(net: Any, trace: Trace) -> float:
