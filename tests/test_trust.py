@@ -74,8 +74,46 @@ def test_newton_forward_that_overflows_is_nonfinite_and_names_the_layer():
         assert info.value.solution.status is pp.Status.NONFINITE
         tr = pp.forward(net, np.ones(3), check=False)
     assert not tr.info["converged"] and "non-finite" in tr.info["message"]
+    assert "net.forward(x) overflows as well" in tr.info["message"]
     assert np.isnan(tr.info["residuals"][-1])
 
+
+def test_an_iterate_that_overflows_where_the_sequential_pass_does_not_is_named():
+    """The node and whether the sequential pass is finite are named.
+
+    Newton from zero states on a LayerNorm block: the variance node linearised at zero
+    (``rsqrt``'s slope ``eps^-1.5``) sends the next iterate to ``exp`` of ``1e6``.
+    """
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(5, 4), nn.LayerNorm(4), nn.GELU(), nn.Linear(4, 3),
+                           nn.Softmax(dim=1)).double().eval()
+    graph = pp.from_torch(module, (5,))
+    x = np.random.default_rng(0).standard_normal((5, 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert all(np.isfinite(z).all() for z in graph.forward(x).z)
+        with pytest.raises(pp.ConvergenceError, match=r"first in node '4' \(Activation\('exp'\)"
+                           r" overflows at the iterate's inputs\): net.forward\(x\) is finite"):
+            pp.forward(graph, x, method="substitution")
+
+
+
+def test_a_recurrences_step_that_overflows_at_an_iterate_is_named():
+    torch = pytest.importorskip("torch")
+    from propop.networks.trace import first_nonfinite
+
+    net = pp.Recurrence(lambda p, h, x: torch.exp(p["a"] * h) + x, {"a": np.ones(2)},
+                        state_size=2, input_size=2)
+    states = np.zeros((4, 2, 3))
+    states[1, :, 2] = 800.0  # step 2 of sample 2 reads exp(800)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        trace = net.trace_from_states(np.zeros((4, 2, 3)), [None, states])
+        assert first_nonfinite(net, trace) == ("F(h_(s-1), x_s) at step 2, sample 2 (the "
+                                               "step overflows at the iterate)")
+        assert net.first_overflow(net.trace_from_states(np.zeros((4, 2, 3)), None)) is None
 
 def test_the_nan_aware_maximum():
     from propop._checks import worst

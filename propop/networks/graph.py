@@ -404,6 +404,16 @@ class Graph:
             gaps.append(float(norm(z[name] - want, axis=None)) / scale)
         return worst(gaps)
 
+    def first_overflow(self, trace: Trace) -> str | None:
+        """The first node whose layer gives NaN or Inf from the trace's finite inputs, named."""
+        z = dict(zip(self._order, trace.z))
+        for name in self._order[1:]:
+            with backend.quiet(backend.namespace(trace.x)):
+                want = self.layers[name].forward([z[p] for p in self.inputs[name]])
+            if not backend.all_finite(want):
+                return f"node {name!r} ({self.layers[name]!r} overflows at the iterate's inputs)"
+        return None
+
     def states_of(self, trace: Trace) -> list:
         """The forward blocks of ``trace``: outputs of linear nodes, ``a y + beta`` of others.
 

@@ -412,6 +412,17 @@ class Recurrence:
         size = xp.clip(size, min=backend.tiny(F.dtype))  # 0 / 0 is no gap
         return float(xp.max(backend.norms(gap) / size))
 
+    def first_overflow(self, trace: Trace) -> str | None:
+        """The first step and sample whose ``F(h_{s-1}, x_s)`` is NaN or Inf, named."""
+        xp = self._xp()
+        with backend.quiet(xp):
+            F = self._defects(trace)[1]  # (tau, r, n)
+        bad = backend.to_host(~xp.all(xp.isfinite(F), axis=2))
+        if not bad.any():
+            return None
+        s, j = (int(i) for i in np.argwhere(bad)[0])
+        return f"F(h_(s-1), x_s) at step {s}, sample {j} (the step overflows at the iterate)"
+
     def merit(self, trace: Trace) -> Any:
         """``sum_s ||h_s - F(h_{s-1}, x_s)||^2`` per sample, ``(r,)``: what damping reduces."""
         return self._xp().sum(self._defects(trace)[0] ** 2, axis=(0, 2))

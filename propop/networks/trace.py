@@ -103,8 +103,9 @@ def require_trace(trace: Any, x: Any, shapes: tuple[list, list]) -> None:
 def first_nonfinite(net: Any, trace: Trace) -> str:
     """Where ``trace`` first holds NaN or Inf, named for a message.
 
-    A state ``z``, a pre-activation ``y``, or (for layered networks) an activation
-    ``f(y)`` that overflows although ``y`` is finite.
+    A state ``z``, a pre-activation ``y``, or an evaluation that overflows although
+    what it reads is finite: a layered network's activation ``f(y)``, a graph's node
+    or a recurrence's step (their ``first_overflow``).
     """
     xp = backend.namespace(trace.x)
     finite = lambda a: a is None or bool(xp.all(xp.isfinite(xp.asarray(a))))  # noqa: E731
@@ -118,4 +119,6 @@ def first_nonfinite(net: Any, trace: Trace) -> str:
         with backend.quiet(xp):
             if not finite(act(y)):
                 return f"f(y[{k}]) (layer {k}'s activation overflows)"
-    return "the nonlinear residual"
+    overflow = getattr(net, "first_overflow", None)  # a graph's node, a recurrence's step
+    named = overflow(trace) if overflow is not None else None
+    return named or "the nonlinear residual"

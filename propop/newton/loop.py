@@ -173,7 +173,8 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
         info["accepted"] = [s["accepted"] for s in steps]
     if not info["converged"]:  # the best iterate, said so
         failure = _failed(solutions[-1] if solutions else None, iterations, stop, final,
-                          rtol, None if finite else first_nonfinite(net, trace))
+                          rtol, None if finite else (first_nonfinite(net, trace),
+                                                     _sequential_finite(net, x)))
         last = _last_solve(system, solutions[-1], linear_rtol, options) if solutions else ""
         info["best_iteration"], trace = best[1], best[2]
         info["message"] = failure.message + last + (
@@ -293,15 +294,30 @@ def _start(net: Any, x: Any, around: Trace | None) -> Trace:
     return net.trace_from_states(x, states)
 
 
+def _sequential_finite(net: Any, x: Any) -> bool:
+    """Whether the sequential pass of ``x`` is finite: what a failed iteration's message says."""
+    with backend.quiet(backend.namespace(x)):
+        try:
+            trace = net.forward(x)
+        except (ValueError, ArithmeticError):  # a pass that checks its states itself
+            return False
+    return all(backend.all_finite(z) for z in trace.z)
+
+
 def _failed(solution: Solution | None, iterations: int, stop: str, value: float, rtol: float,
-            nonfinite: str | None = None) -> Solution:
+            nonfinite: tuple | None = None) -> Solution:
+    """The failed iteration's status and message; ``nonfinite``: ``(where, sequential finite)``."""
     base = solution or Solution(x=None, status=Status.MAX_ITER)
     if nonfinite is not None:
+        where, sequential = nonfinite
+        why = ("net.forward(x) is finite: the iteration overshot (an early iterate "
+               "linearises a layer far from where its inputs settle, the zero start's); start "
+               "nearer (around=a trace of a similar input), use the sequential pass, or on a "
+               "recurrence a damped linearization" if sequential else
+               "net.forward(x) overflows as well: check the weights' scale and the input")
         return replace(base, status=Status.NONFINITE, message=(
-            f"forward iteration {iterations} gave non-finite values, first in {nonfinite}: "
-            "the forward pass overflows there (check net.forward(x) and the weights' "
-            "scale), or the iteration diverged (try linearization='newton' or a damped one "
-            "on a recurrence)"))
+            f"forward iteration {iterations} gave non-finite values, first in {where}: "
+            f"{why}"))
     measure = "nonlinear residual" if stop == "residual" else "relative change of the states"
     return replace(base, status=Status.MAX_ITER, message=(
         f"forward iteration stopped after {iterations} iterations with {measure} "
