@@ -390,9 +390,12 @@ def test_newton_forward_through_layer_norm_and_products():
     assert newton.info["converged"]
     for k, name in enumerate(graph.order):
         assert relative_error(newton.z[k], exact.z[k]) < 1e-9, name
-    # from zeros an iterate's variance goes negative: said, not a wrong pass
-    with pytest.raises(pp.ConvergenceError, match="non-finite"):
-        pp.forward(graph, x, method="substitution", linearization="newton")
+    # from zeros an iterate's variance goes negative (rsqrt: NaN), and the nodes that
+    # overflow start again from zeros: the exact front advances all the same
+    cold = pp.forward(graph, x, method="substitution", linearization="newton")
+    assert cold.info["converged"] and cold.info["restarts"]
+    for k, name in enumerate(graph.order):
+        assert relative_error(cold.z[k], exact.z[k]) < 1e-9, name
 
 
 @pytest.mark.parametrize("layer", ["multiply", "power", "rsqrt", "affine"])

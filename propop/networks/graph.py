@@ -406,12 +406,40 @@ class Graph:
 
     def first_overflow(self, trace: Trace) -> str | None:
         """The first node whose layer gives NaN or Inf from the trace's finite inputs, named."""
-        z = dict(zip(self._order, trace.z))
+        name = self._overflowing(dict(zip(self._order, trace.z)), backend.namespace(trace.x))
+        return None if name is None else (
+            f"node {name!r} ({self.layers[name]!r} overflows at the iterate's inputs)")
+
+    def restarted(self, trace: Trace) -> Trace | None:
+        """``trace`` with the states that overflow their readers, or are not finite, zeroed.
+
+        A Newton iterate past the exact front can overshoot (a node linearised where
+        its inputs have not settled); those nodes start again from the zero start's
+        values, while the nodes already exact read only exact inputs, overflow nothing,
+        and stay. ``None`` where zeros do not mend it: a node that overflows at its
+        inputs' zeros, or at the input itself (the sequential pass overflows there).
+        """
+        xp = backend.namespace(trace.x)
+        z = {name: value if backend.all_finite(value) else
+             _zeros_like(trace.x, self._size[name]) for name, value in zip(self._order, trace.z)}
+        z[INPUT] = trace.x
+        overflowing = self._overflowing(z, xp)
+        while overflowing is not None:  # each pass zeros a node more: at most one a node
+            inputs = [p for p in self.inputs[overflowing] if p != INPUT and bool(xp.any(z[p]))]
+            if not inputs:
+                return None
+            for p in inputs:
+                z[p] = _zeros_like(trace.x, self._size[p])
+            overflowing = self._overflowing(z, xp)
+        return self._trace(z)
+
+    def _overflowing(self, z: dict, xp: Any) -> str | None:
+        """The first node whose layer gives NaN or Inf at the values ``z``, or ``None``."""
         for name in self._order[1:]:
-            with backend.quiet(backend.namespace(trace.x)):
+            with backend.quiet(xp):
                 want = self.layers[name].forward([z[p] for p in self.inputs[name]])
             if not backend.all_finite(want):
-                return f"node {name!r} ({self.layers[name]!r} overflows at the iterate's inputs)"
+                return name
         return None
 
     def states_of(self, trace: Trace) -> list:

@@ -87,6 +87,13 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     of ``rtol`` and the dtype's default); ``progress`` shows a bar over the Newton iterations
     (:mod:`propop.progress`); other options go to the solver.
 
+    An iterate that overflows where the sequential pass does not (a graph's node
+    linearised far from where its input settles: a LayerNorm's variance at the zero
+    start) is restarted where the network offers it (``net.restarted``, a graph's): the
+    nodes that overflow their readers start again from zeros, the nodes already exact
+    stay, so the exact front still advances a node an iteration; ``info["restarts"]``
+    lists those iterations.
+
     A run that does not converge returns (``check=False``) its best iterate, the
     one with the smallest nonlinear residual, with ``info["converged"]`` false,
     ``info["best_iteration"]`` and ``info["message"]``.
@@ -116,6 +123,8 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     reusing = getattr(net, "reusing_steps", contextlib.nullcontext)  # F once per iterate
     with bar(progress, maxiter, f"{linearization} forward") as shown, reusing():
         residuals, solutions, changes, steps = [residual(trace)], [], [float("inf")], []
+        restarts: list = []
+        sequential: dict = {}  # whether net.forward(x) is finite, once asked
         best = (residuals[0], 0, trace)
         measure = residuals if stop == "residual" else changes
         while not measure[-1] <= rtol or (polish and polished is None and residuals[-1]
@@ -148,8 +157,14 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
                 solutions.append(solution)
                 states = net.unstack(system, solution.x)
                 trace = net.trace_from_states(x, states)
-            residuals.append(worst([residual(trace), 0.0 if damping is not None
-                                    else deviation(states, x)]))
+            value = worst([residual(trace), 0.0 if damping is not None
+                           else deviation(states, x)])
+            if not math.isfinite(value) and damping is None:  # overshot, or overflowing?
+                again = _restarted(net, x, trace, sequential)
+                if again is not None:
+                    restarts.append(len(solutions))
+                    trace, value = again, worst([residual(again), deviation(states, x)])
+            residuals.append(value)
             changes.append(_change(previous, trace))
             if residuals[-1] < best[0]:
                 best = (residuals[-1], len(residuals) - 1, trace)
@@ -165,7 +180,8 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     iterations = len(steps) if damping is not None else len(solutions)
     finite = math.isfinite(final)
     info = {"iterations": iterations, "residuals": residuals, "changes": changes[1:],
-            "solutions": solutions, "converged": finite and final <= rtol}
+            "solutions": solutions, "converged": finite and final <= rtol,
+            "restarts": restarts}
     if polished is not None:
         info["polished"] = kept
     if damping is not None:
@@ -174,7 +190,7 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     if not info["converged"]:  # the best iterate, said so
         failure = _failed(solutions[-1] if solutions else None, iterations, stop, final,
                           rtol, None if finite else (first_nonfinite(net, trace),
-                                                     _sequential_finite(net, x)))
+                                                     _sequential_finite(net, x, sequential)))
         last = _last_solve(system, solutions[-1], linear_rtol, options) if solutions else ""
         info["best_iteration"], trace = best[1], best[2]
         info["message"] = failure.message + last + (
@@ -294,14 +310,31 @@ def _start(net: Any, x: Any, around: Trace | None) -> Trace:
     return net.trace_from_states(x, states)
 
 
-def _sequential_finite(net: Any, x: Any) -> bool:
-    """Whether the sequential pass of ``x`` is finite: what a failed iteration's message says."""
-    with backend.quiet(backend.namespace(x)):
-        try:
-            trace = net.forward(x)
-        except (ValueError, ArithmeticError):  # a pass that checks its states itself
-            return False
-    return all(backend.all_finite(z) for z in trace.z)
+def _sequential_finite(net: Any, x: Any, known: dict) -> bool:
+    """Whether the sequential pass of ``x`` is finite (kept in ``known``: one pass a call).
+
+    What tells an iteration that overshot from a network that overflows itself.
+    """
+    if "finite" not in known:
+        with backend.quiet(backend.namespace(x)):
+            try:
+                trace = net.forward(x)
+                known["finite"] = all(backend.all_finite(z) for z in trace.z)
+            except (ValueError, ArithmeticError):  # a pass that checks its states itself
+                known["finite"] = False
+    return known["finite"]
+
+
+def _restarted(net: Any, x: Any, trace: Trace, known: dict) -> Trace | None:
+    """The iterate with its overshooting states started again (``net.restarted``), or ``None``.
+
+    Only where the network offers it and its sequential pass is finite: an iterate of a
+    network that overflows itself stops the iteration, as one that zeros cannot mend.
+    """
+    restart = getattr(net, "restarted", None)
+    if restart is None or not _sequential_finite(net, x, known):
+        return None
+    return restart(trace)
 
 
 def _failed(solution: Solution | None, iterations: int, stop: str, value: float, rtol: float,
