@@ -201,6 +201,9 @@ def _sigmoid(y: Any) -> Any:
 
 
 _LEAKY_SLOPE = 0.01
+# Above this, softplus is y itself: PyTorch's F.softplus (threshold=20 at beta=1), where
+# log(1 + exp(y)) is y + 2e-9 or less
+SOFTPLUS_THRESHOLD = 20.0
 _GELU_C = math.sqrt(2 / math.pi)
 _GELU_K = 0.044715
 
@@ -234,8 +237,14 @@ def _silu_df(y: Any) -> Any:
 
 
 def _softplus(y: Any) -> Any:
+    """``log(1 + exp(y))``, and ``y`` itself above PyTorch's threshold (``F.softplus``'s)."""
     xp = _xp(y)
-    return xp.log1p(xp.exp(-abs(y))) + xp.maximum(y, 0)
+    return xp.where(y > SOFTPLUS_THRESHOLD, y, xp.log1p(xp.exp(-abs(y))) + xp.maximum(y, 0))
+
+
+def _softplus_df(y: Any) -> Any:
+    """``sigmoid(y)``, and one above the threshold (where ``f`` is ``y``), as PyTorch's."""
+    return _xp(y).where(y > SOFTPLUS_THRESHOLD, 1.0, _sigmoid(y))
 
 
 for _activation in (
@@ -258,7 +267,8 @@ for _activation in (
                1.0, "tanh(y)", df_of_output=lambda z: _one_minus_square(z), elementwise="tanh"),
     Activation("sigmoid", _sigmoid, lambda y: _sigmoid(y) * _sigmoid(-y), 1.0,
                "1 / (1 + exp(-y))"),
-    Activation("softplus", _softplus, _sigmoid, 1.0, "log(1 + exp(y))"),
+    Activation("softplus", _softplus, _softplus_df, 1.0,
+               f"log(1 + exp(y)); y above {SOFTPLUS_THRESHOLD:g}, as PyTorch's"),
     Activation(
         "elu",
         lambda y: _xp(y).where(y > 0, y, _xp(y).expm1(_xp(y).minimum(y, 0))),

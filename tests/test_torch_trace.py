@@ -253,6 +253,47 @@ class Softmax0(nn.Module):
         return torch.softmax(x, dim=0)
 
 
+class SoftplusOfBeta(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return nn.functional.softplus(self.fc(x), beta=3.0)
+
+
+class Softpluses(nn.Module):
+    """``nn.Softplus`` and ``F.softplus`` (its defaults given positionally), both sides of 20."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.act, self.out = nn.Linear(4, 6), nn.Softplus(), nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = self.act(self.fc(x))
+        return nn.functional.softplus(self.out(h), 1.0, 20.0)
+
+
+def test_softplus_is_pytorchs_on_both_sides_of_its_threshold():
+    """Above ``threshold=20`` PyTorch's softplus is ``y`` itself, and its slope one."""
+    torch.manual_seed(0)
+    module = Softpluses().double()
+    with torch.no_grad():
+        module.fc.bias.fill_(15.0)  # both layers' pre-activations straddle 20
+        module.out.bias.fill_(15.0)
+    x = 12 * np.random.default_rng(0).standard_normal((4, 7))
+    X = torch.tensor(x.T, requires_grad=True)
+    out = module(X)
+    pre = module.out(module.act(module.fc(X)))
+    assert (pre > 20).any() and (pre < 20).any() and (module.fc(X) > 20).any()
+    (out.sin().sum()).backward()
+    graph = pp.from_torch(module)
+    trace = graph.forward(x)
+    assert relative_error(trace.output, out.detach().numpy().T) < 1e-14
+    g = pp.backprop(graph, x, np.cos(trace.output) + trace.output, loss="mse")
+    # the MSE against t = cos(z) + z has dE/dz = -cos(z): sin's derivative, negated
+    assert relative_error(-g.x, X.grad.numpy().T) < 1e-12
+
 @pytest.mark.parametrize(("module", "words"), [
     (Squares(), r"node 'mul' \(call_function _operator.mul\) at .*test_torch_trace.py:\d+: "
                     r"return h \* self.p.*: mul of 1 tensors and 0 constants"),
@@ -265,8 +306,12 @@ class Softmax0(nn.Module):
     (nn.Sequential(nn.Linear(3, 3), nn.Dropout()), r"Dropout in training mode.*eval\(\)"),
     (nn.Sequential(nn.Linear(3, 3), nn.LSTM(3, 3)), r"unsupported module LSTM \(recurrent"),
     (nn.Sequential(nn.Linear(3, 3), nn.LeakyReLU(0.2)), r"negative_slope=0.01.*got 0.2"),
-    (nn.Sequential(nn.Linear(3, 3), nn.GELU(approximate="none"), nn.Softplus()),
-     r"unsupported module Softplus; supported: Linear"),
+    (nn.Sequential(nn.Linear(3, 3), nn.GELU(approximate="none"), nn.Hardtanh()),
+     r"unsupported module Hardtanh; supported: Linear"),
+    (nn.Sequential(nn.Linear(3, 3), nn.Softplus(beta=2)), r"Softplus needs beta=1.0, got 2"),
+    (nn.Sequential(nn.Linear(3, 3), nn.Softplus(threshold=10)),
+     r"Softplus needs threshold=20.0, got 10"),
+    (SoftplusOfBeta(), r"softplus needs beta=1.0, got 3.0"),
 ])
 def test_what_cannot_be_imported_is_named_with_its_node_and_line(module, words):
     with pytest.raises(ValueError, match=words):

@@ -21,8 +21,8 @@ Each operation becomes zero or more :mod:`~propop.layers` nodes of a
   with the module's own parameters, ``F.dropout`` in evaluation mode,
   ``F.avg_pool2d``/``F.max_pool2d``;
 - activations: ReLU, LeakyReLU (slope 0.01), Tanh, Sigmoid, ELU (alpha 1), SiLU,
-  GELU (exact, and ``approximate="tanh"``), ``exp``, Softmax and LogSoftmax over any
-  dimension (:func:`~propop.layers.softmax_over`).
+  Softplus (beta 1, threshold 20), GELU (exact, and ``approximate="tanh"``), ``exp``,
+  Softmax and LogSoftmax over any dimension (:func:`~propop.layers.softmax_over`).
 
 Values are flat per sample in PyTorch's C order, samples as columns, so a
 reshape that keeps the batch dimension is free. Graph nodes carry the traced
@@ -48,17 +48,22 @@ from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from .. import layers as L
+from ..activations import SOFTPLUS_THRESHOLD
 from ..networks.graph import INPUT, Graph
 
 __all__ = ["trace", "to_numpy", "ACTIVATIONS"]
 
 ACTIVATIONS = {nn.ReLU: "relu", nn.Tanh: "tanh", nn.Sigmoid: "sigmoid", nn.SiLU: "silu",
-               nn.ELU: "elu", nn.LeakyReLU: "leaky_relu", nn.GELU: "gelu_erf"}
+               nn.ELU: "elu", nn.LeakyReLU: "leaky_relu", nn.GELU: "gelu_erf",
+               nn.Softplus: "softplus"}
 _FUNCTIONS = {torch.relu: "relu", F.relu: "relu", torch.tanh: "tanh", F.tanh: "tanh",
               torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid", F.silu: "silu", F.elu: "elu",
-              F.leaky_relu: "leaky_relu", F.gelu: "gelu_erf", torch.exp: "exp"}
+              F.leaky_relu: "leaky_relu", F.gelu: "gelu_erf", torch.exp: "exp",
+              F.softplus: "softplus"}
 _METHODS = {"relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "exp": "exp"}
-_SETTINGS = {"elu": ("alpha", 1.0), "leaky_relu": ("negative_slope", 0.01)}
+# the settings propop's activations have, by name, in the function's positional order
+_SETTINGS = {"elu": (("alpha", 1.0),), "leaky_relu": (("negative_slope", 0.01),),
+             "softplus": (("beta", 1.0), ("threshold", SOFTPLUS_THRESHOLD))}
 _RESHAPES = {"view", "reshape", "flatten", "squeeze", "unsqueeze", "contiguous", "unflatten"}
 _IDENTITY_MODULES = (nn.Identity, nn.Flatten, nn.Unflatten)
 
@@ -221,9 +226,9 @@ class _Translator:
             name = "gelu"
         elif name == "gelu_erf" and options.get("approximate", "none") != "none":
             raise _UnsupportedError(f"GELU approximate={options['approximate']!r}")
-        if name in _SETTINGS:
-            key, default = _SETTINGS[name]
-            given = node.args[1] if len(node.args) > 1 else options.get(key, default)
+        for position, (key, default) in enumerate(_SETTINGS.get(name, ()), start=1):
+            given = node.args[position] if len(node.args) > position else options.get(key,
+                                                                                     default)
             if given != default:
                 raise _UnsupportedError(f"{name} needs {key}={default!r}, got {given!r}")
         return self._add(self._name(node.name, node), L.Activation(name), [x], x.shape)
@@ -487,13 +492,11 @@ def _identity(self: _Translator, module: Any, x: Value, name: str, node: fx.Node
 def _activation_module(self: _Translator, module: Any, x: Value, name: str, node: fx.Node
                        ) -> Value:
     kind = ACTIVATIONS[type(module)]
-    options = {k: getattr(module, k) for k in ("approximate", "alpha", "negative_slope")
-               if hasattr(module, k)}
-    layer_name = {"elu": "alpha", "leaky_relu": "negative_slope"}.get(kind)
-    if layer_name and options[layer_name] != _SETTINGS[kind][1]:
-        raise _UnsupportedError(f"{type(module).__name__} needs {layer_name}="
-                           f"{_SETTINGS[kind][1]!r}, got {options[layer_name]!r}")
-    if kind == "gelu_erf" and options["approximate"] == "tanh":
+    for key, default in _SETTINGS.get(kind, ()):
+        if getattr(module, key) != default:
+            raise _UnsupportedError(f"{type(module).__name__} needs {key}={default!r}, got "
+                                    f"{getattr(module, key)!r}")
+    if kind == "gelu_erf" and module.approximate == "tanh":
         kind = "gelu"
     return self._add(name, L.Activation(kind), [x], x.shape)
 
