@@ -228,7 +228,15 @@ def models() -> None:
           f"pre-norm SwiGLU unit (LayerNorm, a product of two tensors), BatchNorm (eval) and "
           f"a softmax, traced by torch.fx into {len(graph.order) - 1} nodes; dE/dx and every "
           "parameter's gradient against autograd, largest difference: "
-          + ", ".join(f"{m} {e:.0e}" for m, e in errors.items()) + ".\n")
+          + ", ".join(f"{m} {e:.0e}" for m, e in errors.items()) + ".")
+    newton = forward(graph, x, method="substitution")  # from zero states
+    restarted = ", ".join(map(str, newton.info["restarts"]))
+    print(f"Newton's forward of that graph from zero states: {newton.info['iterations']} "
+          f"iterations for {len(graph.order) - 1} nodes, "
+          + (f"iterates {restarted} restarted where they overshot (the LayerNorm's rsqrt "
+             "linearised at a zero variance), " if restarted else "")
+          + f"{np.abs(newton.output - module(X).detach().numpy().T).max():.0e} from "
+          "PyTorch's output.\n")
     gru = from_torch(torch.nn.GRU(4, 8, num_layers=2).double())
     xs = np.random.default_rng(3).standard_normal((200, 4, 4))
     exact = gru.forward(xs).z[1]

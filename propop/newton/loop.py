@@ -13,6 +13,7 @@ import functools
 import inspect
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -116,7 +117,7 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     linear_rtol = min(rtol, default_rtol(net.dtype)) if linear_rtol is None else linear_rtol
     x = agreed(method, options, lambda: net.check_input(x))
     trace = _start(net, x, around)
-    residual = _residual(net, rtol)
+    residual = _quiet(_residual(net, rtol), backend.namespace(x))  # overflow: the status's
     deviation = getattr(net, "input_deviation", None) or (  # the input block's error
         lambda states, x: _relative(states[0] if isinstance(states, (list, tuple))
                                     else states[0, ...], x))  # a list, or a stack
@@ -260,6 +261,19 @@ def _change(before: Trace, after: Trace) -> float:
     """``max_k ||z_k - z_k'|| / ||z_k'||`` between two iterates."""
     return worst(0.0 if a is b else backend.norm(a - b) / max(backend.norm(a), 1e-300)
                  for a, b in zip(after.z, before.z))  # the input is one array in both
+
+
+def _quiet(function: Callable[[Trace], float], xp: Any) -> Callable[[Trace], float]:
+    """``function`` with the array library's floating-point warnings off while it runs.
+
+    An iterate that overflows is the iteration's to report (its status and message),
+    not NumPy's ``RuntimeWarning`` from inside the residual.
+    """
+    def quiet(trace: Trace) -> float:
+        with backend.quiet(xp):
+            return function(trace)
+
+    return quiet
 
 
 def _residual(net: Any, rtol: float) -> Any:
