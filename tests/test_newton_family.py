@@ -89,6 +89,26 @@ def test_a_run_that_does_not_converge_returns_its_best_iterate():
         pp.forward(net, xs, linearization="quasi", maxiter=2)
 
 
+
+def test_an_iterative_linear_solver_that_stalls_newton_is_asked_for_more():
+    """Inexact Newton's forcing term: Jacobi stops each solve at ``linear_rtol``.
+
+    That error was this float32 network's nonlinear residual floor, 1.6x ``rtol``,
+    however many iterations were allowed; a tenth of it takes the next iterate to the
+    sequential pass. A direct method's solves are exact and keep their tolerance.
+    """
+    net = pp.FNN.random([4, 5, 1, 1, 5, 3, 3], activation="leaky_relu", seed=29, bias=0.1,
+                        dtype="float32", density=0.5)
+    x = np.array([2.1363726, -0.90047508, -0.39054534, 1.6273003], dtype=np.float32)
+    exact = net.forward(x)
+    trace = pp.forward(net, x, method="jacobi")
+    rtol = trace.info["linear_rtol"] * 10
+    assert trace.info["converged"] and trace.info["residuals"][2] > rtol
+    for ours, theirs in zip(trace.z, exact.z):
+        assert relative_error(ours, theirs) < 1e-5
+    direct = pp.forward(net, x, method="substitution")
+    assert direct.info["converged"] and direct.info["linear_rtol"] == rtol
+
 def test_tolerances_follow_the_dtype_and_options_are_checked():
     net = pp.GRU(2, 3)
     xs = np.random.default_rng(5).standard_normal((6, 2))

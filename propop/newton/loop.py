@@ -37,6 +37,8 @@ STOPS = ("residual", "change")
 # between 2 and 10 eps were left at up to 38x the sequential pass's own error from
 # float64's (10 eps here); one more step took them to 0.97-1.8x
 POLISHED = 2
+# The tightest linear tolerance the stalled iteration asks of an iterative method, in eps
+FORCING_FLOOR = 10
 
 
 def forward(net: Any, x: Any, method: str = "substitution", *,
@@ -85,7 +87,9 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     ``around`` starts the iteration from a trace (default: all states zero);
     ``rtol`` defaults by dtype (``1e-10`` in float64, ``1.2e-5`` in float32);
     ``linear_rtol`` is the tolerance of each linear solve (default the smaller
-    of ``rtol`` and the dtype's default); ``progress`` shows a bar over the Newton iterations
+    of ``rtol`` and the dtype's default; divided by ten where an iterative method's
+    error stalls the residual above ``rtol``, ``info["linear_rtol"]`` the last used);
+    ``progress`` shows a bar over the Newton iterations
     (:mod:`propop.progress`); other options go to the solver.
 
     An iterate that overflows where the sequential pass does not (a graph's node
@@ -166,6 +170,7 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
                     restarts.append(len(solutions))
                     trace, value = again, worst([residual(again), deviation(states, x)])
             residuals.append(value)
+            linear_rtol = _forcing(linear_rtol, residuals, rtol, solutions, net.dtype)
             changes.append(_change(previous, trace))
             if residuals[-1] < best[0]:
                 best = (residuals[-1], len(residuals) - 1, trace)
@@ -182,7 +187,7 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     finite = math.isfinite(final)
     info = {"iterations": iterations, "residuals": residuals, "changes": changes[1:],
             "solutions": solutions, "converged": finite and final <= rtol,
-            "restarts": restarts}
+            "restarts": restarts, "linear_rtol": linear_rtol}
     if polished is not None:
         info["polished"] = kept
     if damping is not None:
@@ -322,6 +327,24 @@ def _start(net: Any, x: Any, around: Trace | None) -> Trace:
         require_finite(z, f"around.z[{k}]")
     states = net.states_of(around) if hasattr(net, "states_of") else around.z
     return net.trace_from_states(x, states)
+
+
+def _forcing(linear_rtol: float, residuals: list, rtol: float, solutions: list,
+             dtype: Any) -> float:
+    """The next linear solves' tolerance: a tenth of it where an iterative one set the floor.
+
+    Inexact Newton: an iterative method stops its solve once every block meets
+    ``linear_rtol``, and that error, amplified, is the nonlinear residual's floor
+    (a float32 FNN by Jacobi stalled at 1.6x ``rtol`` however many iterations). Where
+    the residual above ``rtol`` did not halve and the last solve was iterative (a
+    direct one runs ``UNCHECKED``, exact to rounding), the tolerance is divided by ten,
+    to ``FORCING_FLOOR`` eps at least.
+    """
+    stalled = len(residuals) > 2 and rtol < residuals[-1] and \
+        residuals[-1] > 0.5 * residuals[-2]
+    if not stalled or not solutions or solutions[-1].status is Status.UNCHECKED:
+        return linear_rtol
+    return max(linear_rtol / 10, FORCING_FLOOR * backend.eps(dtype))
 
 
 def _sequential_finite(net: Any, x: Any, known: dict) -> bool:
