@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import propop as pp
+from propop import backend
 from propop import layers as L
 from cases import Case
 
@@ -112,6 +113,37 @@ def test_newton_through_a_layernorm_block_restarts_the_nodes_that_overshoot():
         assert all(np.array_equal(a, b) for a, b in zip(restarted.z[:5], overshot.z[:5]))
 
 
+
+@pytest.mark.parametrize("seed", [5, 15, 35])
+def test_newton_through_exp_layers_restarts_and_reaches_every_layer(seed):
+    """An FNN's iterate that overshot restarts too (:meth:`FNN.restarted`).
+
+    Seed 15's fourth layer holds ``1e-277``: its norm underflowed to zero in the
+    residual, and substitution read its right-hand side block of ``6e-275`` as zero,
+    so Newton called the layer converged at 640 times its value; 5 and 35 stopped at
+    a non-finite iterate (``exp`` of ``1e3``).
+    """
+    net = pp.FNN.random([3] * 6, activation="exp", seed=seed, bias=0.1)
+    x = np.random.default_rng(seed).standard_normal(3)
+    exact = net.forward(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trace = pp.forward(net, x, method="substitution")
+    assert trace.info["converged"] and trace.info["restarts"]
+    for k, (ours, theirs) in enumerate(zip(trace.z, exact.z)):
+        assert np.abs(ours - theirs).max() <= 1e-12 * np.abs(theirs).max(), k
+
+
+def test_norms_that_under_or_overflow_are_taken_scaled():
+    torch = pytest.importorskip("torch")
+    for a in (np.array([3e-200, 4e-200]), np.array([3e200, 4e200]),
+              np.array([[3e-200, 1.0], [4e-200, 1.0]])[:, 0],  # strided
+              torch.tensor([3e-200, 4e-200], dtype=torch.float64)):
+        assert backend.norm(a) == pytest.approx(5 * float(abs(a[0])) / 3, rel=1e-15)
+    assert backend.norm(np.zeros(3)) == 0.0 and backend.norm(np.array([np.inf])) == np.inf
+    assert backend.norm(np.array([3e-30, 4e-30], dtype=np.float32)) == pytest.approx(5e-30,
+                                                                                     rel=1e-6)
+
 def test_a_recurrences_step_that_overflows_at_an_iterate_is_named():
     torch = pytest.importorskip("torch")
     from propop.networks.trace import first_nonfinite
@@ -126,6 +158,40 @@ def test_a_recurrences_step_that_overflows_at_an_iterate_is_named():
         assert first_nonfinite(net, trace) == ("F(h_(s-1), x_s) at step 2, sample 2 (the "
                                                "step overflows at the iterate)")
         assert net.first_overflow(net.trace_from_states(np.zeros((4, 2, 3)), None)) is None
+
+
+@pytest.mark.parametrize("method", ["substitution", "cyclic-reduction", "jacobi",
+                                    "batched-gmres", "bicgstab"])
+@pytest.mark.parametrize(("dtype", "scale"), [("float64", 1e-200), ("float64", 1e-160),
+                                              ("float32", 1e-23)])
+def test_tiny_right_hand_sides_are_solved_or_said_not_to_be(method, dtype, scale):
+    """Norms of blocks whose squares underflow are taken of their columns scaled.
+
+    Before, a block of ``1e-200`` (float64; ``1e-23`` in float32) had norm zero:
+    substitution read a forward system's input block as zero (every state zero), and
+    Jacobi and GMRES stopped at ``x0 = 0`` as CONVERGED; BiCGStab at ``1e-160`` called
+    a 1e-3 error converged.
+    """
+    net = pp.FNN.random([3, 4, 4, 2], activation="tanh", seed=0, bias=0.1, dtype=dtype)
+    x = np.random.default_rng(0).standard_normal((3, 2)).astype(dtype)
+    trace = net.forward(x)
+    unit = pp.solve(pp.backward_system(net, trace, np.ones_like(trace.output)),
+                    "substitution").x
+    backward = pp.backward_system(net, trace, np.full_like(trace.output, scale))
+    solution = pp.solve(backward, method)
+    error = np.abs(solution.x - scale * unit).max() / np.abs(scale * unit).max()
+    assert solution.converged == bool(error < 50 * backend.eps(dtype) ** 0.5), \
+        (solution.status, error)
+    assert solution.converged or solution.status is pp.Status.BREAKDOWN
+    if method in ("substitution", "cyclic-reduction", "jacobi", "batched-gmres"):
+        assert solution.converged
+    linear = pp.FNN.random([3, 4, 4, 2], activation="identity", seed=0, dtype=dtype)
+    tiny = (scale * x).astype(dtype)
+    exact = linear.forward(tiny)
+    forward = pp.forward_system(linear, tiny, around=exact)  # no support given: read
+    states = forward.split(pp.solve(forward, "substitution").x)
+    for k, (ours, theirs) in enumerate(zip(states, exact.z)):
+        assert np.abs(ours - theirs).max() <= 1e-5 * np.abs(theirs).max(), k
 
 def test_the_nan_aware_maximum():
     from propop._checks import worst

@@ -392,6 +392,27 @@ class FNN:
         y = [Wk @ zk + column(bk, x) for Wk, bk, zk in zip(self.W, self.b, [x] + list(z[1:-1]))]
         return Trace(x=x, y=tuple(y), z=tuple([x] + list(z[1:])))
 
+    def restarted(self, trace: Trace) -> Trace | None:
+        """``trace`` with the states whose next layer overflows, or that are not finite, zeroed.
+
+        As :meth:`Graph.restarted <propop.Graph.restarted>`: a Newton iterate past the
+        exact front can overshoot (an ``exp`` layer linearised at an unsettled input);
+        those layers' inputs start again from zeros, the exact layers stay. ``None``
+        where zeros do not mend it (the first layer overflows at the input itself).
+        """
+        xp = self.backend.xp
+        z = [trace.x] + [a if backend.all_finite(a) else xp.zeros_like(a) for a in trace.z[1:]]
+        while True:  # each pass zeros a layer's input more: at most one a layer
+            restarted = self.trace_from_states(trace.x, z)
+            with backend.quiet(xp):
+                bad = next((k for k, (act, y) in enumerate(zip(self.activations, restarted.y))
+                            if not backend.all_finite(act(y))), None)
+            if bad is None:
+                return restarted
+            if bad == 0 or not bool(xp.any(z[bad])):
+                return None
+            z[bad] = xp.zeros_like(z[bad])
+
     def gradients(self, trace: Trace, v: Sequence[Any]) -> Gradients:
         """Weight, bias and input gradients from the errors ``v``, summed over samples.
 

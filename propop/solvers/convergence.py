@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,7 +71,46 @@ def default_maxiter(system: Any) -> int:
 
 def column_norms(R: Any) -> np.ndarray:
     """Euclidean norm of each column (one entry for a vector), as host floats."""
-    return np.sqrt(_column_squares(R))
+    return _unscaled(lambda A: np.sqrt(_column_squares(A)), R)
+
+
+def _unscaled(norms_of: Any, A: Any) -> np.ndarray:
+    """``norms_of(A)``, taken again of ``A``'s columns scaled by powers of two where it fails.
+
+    Sums of squares underflow for entries below ``sqrt(tiny / eps)`` of the dtype
+    (``1e-146`` in float64, ``3e-16`` in float32) and overflow above its inverse: a
+    right-hand side of ``1e-200`` read as zero let Jacobi stop at ``x0 = 0`` and call
+    it converged. Where a column's norms all lie below that range, or some above it,
+    the column is scaled by the power of two of its largest entry (one reduction, only
+    then) and its norms are those of the scaled column times that power: exact. Blocks
+    tiny only against a larger one of their column keep their fast norms (the bound's
+    ``eps^2`` floor of the column holds them). ``norms_of`` keeps the columns last.
+    """
+    norms = norms_of(A)
+    low, high = _safe_norms(A.dtype)
+    top = norms if norms.ndim == 1 else norms.max(axis=0, initial=0.0)
+    if ((top >= low) & (top <= high)).all() or not np.isfinite(top).all() or \
+            math.prod(A.shape) == 0:
+        return norms  # well scaled, not finite (the caller names that), or empty
+    xp = backend.namespace(A)
+    columns = A if A.ndim == 2 else A[:, None]
+    largest = np.asarray(backend.to_host(xp.max(xp.abs(columns), axis=0)), dtype=float)
+    if not ((largest > 0) & ((largest < low) | (largest > high))).any():
+        return norms  # zero columns, and blocks small against their column's largest
+    bound = int(np.log2(1 / backend.tiny(A.dtype))) - 1  # 2^bound stays a normal number
+    exponent = np.clip(np.frexp(np.where(largest > 0, largest, 1.0))[1], -bound, bound)
+    scale = backend.astype(backend.like(np.ldexp(1.0, -exponent), A), A.dtype)
+    scaled = columns * scale[None, :]
+    return norms_of(scaled if A.ndim == 2 else scaled[:, 0]) * np.ldexp(1.0, exponent)
+
+
+def _safe_norms(dtype: Any) -> tuple[float, float]:
+    """``(low, high)``: norms whose sums of squares ``dtype`` holds to its precision.
+
+    ``low = sqrt(tiny / eps)``, ``high = 1 / low`` (under ``sqrt`` of the largest float).
+    """
+    low = float(np.sqrt(backend.tiny(dtype) / backend.eps(dtype)))
+    return low, 1.0 / low
 
 
 def _column_squares(R: Any) -> np.ndarray:
@@ -90,18 +130,23 @@ def rhs_column_norms(system: Any) -> np.ndarray:
     if support is None or system.form != "scaled":
         return column_norms(system.rhs)
     o = system.offsets
-    squares = np.zeros(1 if c.ndim == 1 else c.shape[1])
-    for k in sorted(support):
-        squares += _column_squares(c[o[k]:o[k + 1], ...])
-    return np.sqrt(squares)
+    return _combined(np.stack([column_norms(c[o[k]:o[k + 1], ...]) for k in sorted(support)]))
 
 
 def block_norms(system: Any, A: Any) -> np.ndarray:
     """``||A_k||`` per block ``k`` and column: a host array ``(nblocks, columns)``.
 
-    ``A`` is stacked like the system's right-hand side, ``(N,)`` or ``(N, c)``.
+    ``A`` is stacked like the system's right-hand side, ``(N,)`` or ``(N, c)``;
+    no column's norms under- or overflow (:func:`_unscaled`).
     """
-    return np.sqrt(block_squares(system, A))
+    return _unscaled(lambda B: np.sqrt(block_squares(system, B)), A)
+
+
+def _combined(norms: np.ndarray) -> np.ndarray:
+    """``sqrt(sum_k norms_k^2)`` per column, scaled by the largest: no square underflows."""
+    top = norms.max(axis=0, initial=0.0)
+    safe = np.where(top > 0, top, 1.0)
+    return top * np.sqrt(((norms / safe) ** 2).sum(axis=0))
 
 
 def block_squares(system: Any, A: Any) -> np.ndarray:
@@ -183,11 +228,10 @@ class Tolerance:
         the column's scale: it may come back as zero, or with a relative error of
         any size, its absolute error under that floor. Named in block order.
         """
-        r = np.sqrt(block_squares(self.system, self.system.unit_rows(R)))
-        relative = block_squares(self.system, X)  # ||x_k||^2, made the bound in place:
+        r = block_norms(self.system, self.system.unit_rows(R))
+        relative = block_norms(self.system, X)  # ||x_k||, made the bound in place:
         c = self.rhs_norms if columns is None else self.rhs_norms[:, columns]
-        whole = np.sqrt(relative.sum(axis=0)) + np.sqrt((c * c).sum(axis=0))
-        np.sqrt(relative, out=relative)
+        whole = _combined(relative) + _combined(c)
         relative += c
         relative *= self.rtol  # rtol (||x_k|| + ||c_k||)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):

@@ -160,7 +160,8 @@ def _rhs_blocks(system: Any) -> frozenset | None:
     if system.layout.kind == "time":
         return None
     if system.rhs_support is None:
-        found = (block_squares(system, system._scaled_rhs) > 0).any(axis=1)  # on the host
+        c = system._scaled_rhs  # counted, not squared: a block of 1e-200 squares to zero
+        found = (block_squares(system, backend.astype(c != 0, c.dtype)) > 0).any(axis=1)
         return None if found.all() else frozenset(np.flatnonzero(found).tolist())
     return system.rhs_support
 
