@@ -160,6 +160,10 @@ def test_what_cannot_run_is_refused_by_name():
     ours.eval()
     with pytest.raises(ValueError, match=r"expected \(N, 2, 6, 6\)"):
         ours(torch.randn(2, 2, 5, 5, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"shape \(0, 2, 6, 6\).*N >= 1"):
+        ours(torch.randn(0, 2, 6, 6, dtype=torch.float64))  # was a reshape's RuntimeError
+    with pytest.raises(TypeError, match="dtype torch.int64; pass floating-point inputs"):
+        ours(torch.ones(2, 2, 6, 6, dtype=torch.int64))  # was an output rounded to integers
 
     class Branchy(torch.nn.Module):
         def forward(self, x):

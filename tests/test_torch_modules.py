@@ -259,6 +259,12 @@ def test_what_is_not_supported_is_refused_by_name():
                                                (torch.zeros(1, 1, 4, dtype=torch.float64),))
     with pytest.raises(TypeError, match="torch.nn.GRU, LSTM or RNN"):
         ptorch.from_module(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match=r"expected the input to be 2-D or 3-D, got 4-D"):
+        gru(torch.randn(5, 1, 3, 1, dtype=torch.float64))  # was PyTorch's permute error
+    packed = torch.nn.utils.rnn.pack_padded_sequence(torch.randn(5, 2, 3, dtype=torch.float64),
+                                                     [5, 3])
+    with pytest.raises(ValueError, match="a PackedSequence is not supported"):
+        gru(packed)  # was an AttributeError
     assert np.isfinite(float(gru(torch.randn(5, 1, 3, dtype=torch.float64))[0].detach().sum()))
 
 

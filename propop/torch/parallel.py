@@ -164,9 +164,13 @@ class _Parallelized:
     def forward(self, x: Any) -> Any:
         """The module's output for ``x`` ``(N, *shape)``, computed and differentiated by propop."""
         state = self.propop
-        if tuple(x.shape[1:]) != state.input_shape:
+        if tuple(x.shape[1:]) != state.input_shape or x.shape[0] == 0:
             raise ValueError(f"input has shape {tuple(x.shape)}, expected (N, "
-                             f"{', '.join(map(str, state.input_shape))}) as at wrap time")
+                             f"{', '.join(map(str, state.input_shape))}) as at wrap time, "
+                             "N >= 1")
+        if not x.is_floating_point():  # the output is returned in the input's dtype
+            raise TypeError(f"input has dtype {x.dtype}; pass floating-point inputs (the "
+                            "output takes the input's dtype)")
         for path, sub in self.named_modules():
             if isinstance(sub, _TRAINING_ONLY) and sub.training:
                 raise ValueError(f"{type(sub).__name__} at {path or 'the top'} is in training "

@@ -101,6 +101,13 @@ class _Parallel:
             raise ValueError(f"propop.torch.{type(self).__name__}: dropout between layers in "
                              "training mode is not supported (the cell is deterministic); set "
                              "dropout=0 or call .eval()")
+        if isinstance(input, torch.nn.utils.rnn.PackedSequence):
+            raise ValueError(f"propop.torch.{type(self).__name__}: a PackedSequence is not "
+                             "supported (the passes run on sequences of one length); pass the "
+                             "padded tensor, and read each sequence's outputs up to its length")
+        if input.dim() not in (2, 3):
+            raise ValueError(f"propop.torch.{type(self).__name__}: expected the input to be 2-D "
+                             f"or 3-D, got {input.dim()}-D ({tuple(input.shape)})")
         batched = input.dim() == 3
         x = input if batched else input.unsqueeze(1 if not self.batch_first else 0)
         x = x.transpose(0, 1) if self.batch_first else x  # (tau, batch, features)
