@@ -114,14 +114,15 @@ def test_newton_through_a_layernorm_block_restarts_the_nodes_that_overshoot():
 
 
 
-@pytest.mark.parametrize("seed", [5, 15, 35])
+@pytest.mark.parametrize("seed", [5, 15, 20, 35])
 def test_newton_through_exp_layers_restarts_and_reaches_every_layer(seed):
     """An FNN's iterate that overshot restarts too (:meth:`FNN.restarted`).
 
     Seed 15's fourth layer holds ``1e-277``: its norm underflowed to zero in the
     residual, and substitution read its right-hand side block of ``6e-275`` as zero,
     so Newton called the layer converged at 640 times its value; 5 and 35 stopped at
-    a non-finite iterate (``exp`` of ``1e3``).
+    a non-finite iterate (``exp`` of ``1e3``), 20 at a finite one whose residual was
+    infinite (a state of ``1e26`` against an ``exp`` that underflows to zero).
     """
     net = pp.FNN.random([3] * 6, activation="exp", seed=seed, bias=0.1)
     x = np.random.default_rng(seed).standard_normal(3)

@@ -397,21 +397,25 @@ class FNN:
 
         As :meth:`Graph.restarted <propop.Graph.restarted>`: a Newton iterate past the
         exact front can overshoot (an ``exp`` layer linearised at an unsettled input);
-        those layers' inputs start again from zeros, the exact layers stay. ``None``
+        those layers' inputs start again from zeros, and so do states so far from their
+        layer's value that the gap overflows; the exact layers (gap zero) stay. ``None``
         where zeros do not mend it (the first layer overflows at the input itself).
         """
         xp = self.backend.xp
         z = [trace.x] + [a if backend.all_finite(a) else xp.zeros_like(a) for a in trace.z[1:]]
-        while True:  # each pass zeros a layer's input more: at most one a layer
+        while True:  # each pass zeros a non-zero state more: at most one a layer
             restarted = self.trace_from_states(trace.x, z)
             with backend.quiet(xp):
-                bad = next((k for k, (act, y) in enumerate(zip(self.activations, restarted.y))
-                            if not backend.all_finite(act(y))), None)
-            if bad is None:
+                values = [act(y) for act, y in zip(self.activations, restarted.y)]
+                bad = next((k for k, f in enumerate(values) if not backend.all_finite(f)), None)
+                far = [k + 1 for k, f in enumerate(values) if bad is None
+                       and not backend.all_finite(z[k + 1] - f)]
+            if bad is None and not far:
                 return restarted
-            if bad == 0 or not bool(xp.any(z[bad])):
+            if bad is not None and (bad == 0 or not bool(xp.any(z[bad]))):
                 return None
-            z[bad] = xp.zeros_like(z[bad])
+            for k in far or [bad]:
+                z[k] = xp.zeros_like(z[k])
 
     def gradients(self, trace: Trace, v: Sequence[Any]) -> Gradients:
         """Weight, bias and input gradients from the errors ``v``, summed over samples.

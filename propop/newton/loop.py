@@ -176,8 +176,8 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
                 best = (residuals[-1], len(residuals) - 1, trace)
             shown.update()
             shown.set_postfix_str(f"residual {residuals[-1]:.1e}")
-            if not math.isfinite(residuals[-1]):  # overflow: no later iterate recovers
-                break
+            if not math.isfinite(residuals[-1]) and restarts[-1:] != [len(solutions)]:
+                break  # overflow: no later iterate recovers (a restarted one is finite)
     final = measure[-1]
     if polished is not None:
         kept = len(residuals) > polished[2] and residuals[-1] <= polished[0]
