@@ -74,7 +74,7 @@ def column_norms(R: Any) -> np.ndarray:
     return _unscaled(lambda A: np.sqrt(_column_squares(A)), R)
 
 
-def _unscaled(norms_of: Any, A: Any) -> np.ndarray:
+def _unscaled(norms_of: Any, A: Any, scale: np.ndarray | None = None) -> np.ndarray:
     """``norms_of(A)``, taken again of ``A``'s columns scaled by powers of two where it fails.
 
     Sums of squares underflow for entries below ``sqrt(tiny / eps)`` of the dtype
@@ -85,13 +85,22 @@ def _unscaled(norms_of: Any, A: Any) -> np.ndarray:
     then) and its norms are those of the scaled column times that power: exact. Blocks
     tiny only against a larger one of their column keep their fast norms (the bound's
     ``eps^2`` floor of the column holds them). ``norms_of`` keeps the columns last.
+    ``scale``: per column, a size that ``A``'s norms are measured against (a
+    residual's bound): where it is well scaled, norms that underflow are below its
+    rounding, and no column is read again (an exact residual of zeros, say).
     """
     norms = norms_of(A)
     low, high = _safe_norms(A.dtype)
-    top = norms if norms.ndim == 1 else norms.max(axis=0, initial=0.0)
-    if ((top >= low) & (top <= high)).all() or not np.isfinite(top).all() or \
-            math.prod(A.shape) == 0:
-        return norms  # well scaled, not finite (the caller names that), or empty
+    top = norms if norms.ndim == 1 else norms.max(axis=0, initial=0.0)  # per column
+    if top.size == 0:
+        return norms
+    least, most = (float(top[0]),) * 2 if top.size == 1 else (float(top.min()),
+                                                               float(top.max()))
+    if low <= least and most <= high:  # the common case
+        return norms
+    small = top < low if scale is None else (top < low) & (scale < low)
+    if not (small | (top > high)).any() or not math.isfinite(most):
+        return norms  # well scaled where it matters, or not finite (the caller names that)
     xp = backend.namespace(A)
     columns = A if A.ndim == 2 else A[:, None]
     largest = np.asarray(backend.to_host(xp.max(xp.abs(columns), axis=0)), dtype=float)
@@ -107,10 +116,17 @@ def _unscaled(norms_of: Any, A: Any) -> np.ndarray:
 def _safe_norms(dtype: Any) -> tuple[float, float]:
     """``(low, high)``: norms whose sums of squares ``dtype`` holds to its precision.
 
-    ``low = sqrt(tiny / eps)``, ``high = 1 / low`` (under ``sqrt`` of the largest float).
+    ``low = sqrt(tiny / eps)``, ``high = 1 / low`` (under ``sqrt`` of the largest float);
+    remembered by the dtype's type and the dtype, as :func:`~propop.backend.eps` is.
     """
-    low = float(np.sqrt(backend.tiny(dtype) / backend.eps(dtype)))
-    return low, 1.0 / low
+    key = (type(dtype), dtype)
+    if key not in _SAFE:
+        low = math.sqrt(backend.tiny(dtype) / backend.eps(dtype))
+        _SAFE[key] = (low, 1.0 / low)
+    return _SAFE[key]
+
+
+_SAFE: dict[tuple[type, Any], tuple[float, float]] = {}
 
 
 def _column_squares(R: Any) -> np.ndarray:
@@ -133,17 +149,20 @@ def rhs_column_norms(system: Any) -> np.ndarray:
     return _combined(np.stack([column_norms(c[o[k]:o[k + 1], ...]) for k in sorted(support)]))
 
 
-def block_norms(system: Any, A: Any) -> np.ndarray:
+def block_norms(system: Any, A: Any, scale: np.ndarray | None = None) -> np.ndarray:
     """``||A_k||`` per block ``k`` and column: a host array ``(nblocks, columns)``.
 
     ``A`` is stacked like the system's right-hand side, ``(N,)`` or ``(N, c)``;
-    no column's norms under- or overflow (:func:`_unscaled`).
+    no column's norms under- or overflow (:func:`_unscaled`, with its ``scale``).
     """
-    return _unscaled(lambda B: np.sqrt(block_squares(system, B)), A)
+    return _unscaled(lambda B: np.sqrt(block_squares(system, B)), A, scale)
 
 
 def _combined(norms: np.ndarray) -> np.ndarray:
-    """``sqrt(sum_k norms_k^2)`` per column, scaled by the largest: no square underflows."""
+    """``sqrt(sum_k norms_k^2)`` per column, scaled by the largest where squares would fail."""
+    whole = np.sqrt(np.einsum("kc,kc->c", norms, norms))
+    if 1e-150 < float(whole.min(initial=1.0)) and float(whole.max(initial=0.0)) < 1e150:
+        return whole  # host float64: no square that matters underflowed
     top = norms.max(axis=0, initial=0.0)
     safe = np.where(top > 0, top, 1.0)
     return top * np.sqrt(((norms / safe) ** 2).sum(axis=0))
@@ -228,10 +247,10 @@ class Tolerance:
         the column's scale: it may come back as zero, or with a relative error of
         any size, its absolute error under that floor. Named in block order.
         """
-        r = block_norms(self.system, self.system.unit_rows(R))
         relative = block_norms(self.system, X)  # ||x_k||, made the bound in place:
         c = self.rhs_norms if columns is None else self.rhs_norms[:, columns]
         whole = _combined(relative) + _combined(c)
+        r = block_norms(self.system, self.system.unit_rows(R), whole)
         relative += c
         relative *= self.rtol  # rtol (||x_k|| + ||c_k||)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
