@@ -656,7 +656,7 @@ def subtract_rows(out: Any, index: Any, values: Any) -> Any:
     return out
 
 
-_LIMITS: dict[tuple[type, Any], tuple[float, float]] = {}
+_LIMITS: dict[tuple[type, Any], tuple[float, float, tuple[float, float], int]] = {}
 
 
 def eps(dtype: Any) -> float:
@@ -669,6 +669,28 @@ def eps(dtype: Any) -> float:
     return _limits(dtype)[0]
 
 
+def safe_norms(dtype: Any) -> tuple[float, float]:
+    """``(low, high)``: the norms whose sums of squares ``dtype`` holds to its precision.
+
+    ``low = sqrt(tiny / eps)`` (``1e-146`` in float64, ``3e-16`` in float32), ``high =
+    1 / low`` (under ``sqrt`` of the largest float); looked up once (see :func:`eps`).
+    """
+    return _limits(dtype)[2]
+
+
+def binary_exponents(largest: Any, dtype: Any) -> Any:
+    """The exponents ``e`` of ``largest`` (host numbers) as ``largest = m 2^e``, ``m < 1``.
+
+    Clipped so that ``2^-e`` and ``2^e`` are normal numbers of ``dtype``: scaling an
+    array of ``dtype`` by ``2^-e`` is exact, and brings its largest entry near one
+    (zeros give ``e = 1``). What :func:`norm` and the convergence checks' norms scale by.
+    """
+    import numpy as np
+
+    bound = _limits(dtype)[3]
+    return np.clip(np.frexp(np.where(np.asarray(largest) > 0, largest, 1.0))[1], -bound, bound)
+
+
 def tiny(dtype: Any) -> float:
     """The smallest positive normal number of a floating ``dtype``, looked up once.
 
@@ -678,15 +700,18 @@ def tiny(dtype: Any) -> float:
     return _limits(dtype)[1]
 
 
-def _limits(dtype: Any) -> tuple[float, float]:
-    """``(eps, tiny)`` of ``dtype``, remembered (see :func:`eps`)."""
+def _limits(dtype: Any) -> tuple[float, float, tuple[float, float], int]:
+    """``(eps, tiny, safe norms, exponent bound)`` of ``dtype``, remembered (see :func:`eps`)."""
     key = (type(dtype), dtype)
     if key not in _LIMITS:
         if getattr(dtype, "is_floating_point", None) is not None:  # a torch.dtype
             info = importlib.import_module("torch").finfo(dtype)
         else:
             info = importlib.import_module("numpy").finfo(_numpy_dtype(dtype))
-        _LIMITS[key] = (float(info.eps), float(info.tiny))
+        unit, smallest = float(info.eps), float(info.tiny)
+        low = math.sqrt(smallest / unit)
+        bound = int(math.log2(1 / smallest)) - 1  # 2^bound stays a normal number
+        _LIMITS[key] = (unit, smallest, (low, 1.0 / low), bound)
     return _LIMITS[key]
 
 
@@ -902,14 +927,14 @@ def norm(a: Any) -> float:
     the power of two of its largest entry (one reduction, only then).
     """
     value = _fast_norm(a)
-    low = math.sqrt(tiny(a.dtype) / eps(a.dtype))
-    if low <= value <= 1 / low or math.isnan(value) or math.prod(a.shape) == 0:
+    low, high = safe_norms(a.dtype)
+    if low <= value <= high or math.isnan(value) or math.prod(a.shape) == 0:
         return value
     xp = namespace(a)
     largest = float(xp.max(xp.abs(a)))
     if largest == 0 or not math.isfinite(largest):
         return value
-    exponent = min(max(math.frexp(largest)[1], -1000), 1000)
+    exponent = int(binary_exponents(largest, a.dtype))
     return _fast_norm(a * math.ldexp(1.0, -exponent)) * math.ldexp(1.0, exponent)
 
 

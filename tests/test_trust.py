@@ -144,6 +144,9 @@ def test_norms_that_under_or_overflow_are_taken_scaled():
     assert backend.norm(np.zeros(3)) == 0.0 and backend.norm(np.array([np.inf])) == np.inf
     assert backend.norm(np.array([3e-30, 4e-30], dtype=np.float32)) == pytest.approx(5e-30,
                                                                                      rel=1e-6)
+    # subnormal float32: the scale 2^131 itself is no float32 (clipped to the dtype's range)
+    assert backend.norm(np.array([3e-40, 4e-40], dtype=np.float32)) == pytest.approx(5e-40,
+                                                                                     rel=1e-4)
 
 def test_a_recurrences_step_that_overflows_at_an_iterate_is_named():
     torch = pytest.importorskip("torch")

@@ -90,7 +90,7 @@ def _unscaled(norms_of: Any, A: Any, scale: np.ndarray | None = None) -> np.ndar
     rounding, and no column is read again (an exact residual of zeros, say).
     """
     norms = norms_of(A)
-    low, high = _safe_norms(A.dtype)
+    low, high = backend.safe_norms(A.dtype)
     top = norms if norms.ndim == 1 else norms.max(axis=0, initial=0.0)  # per column
     if top.size == 0:
         return norms
@@ -106,27 +106,10 @@ def _unscaled(norms_of: Any, A: Any, scale: np.ndarray | None = None) -> np.ndar
     largest = np.asarray(backend.to_host(xp.max(xp.abs(columns), axis=0)), dtype=float)
     if not ((largest > 0) & ((largest < low) | (largest > high))).any():
         return norms  # zero columns, and blocks small against their column's largest
-    bound = int(np.log2(1 / backend.tiny(A.dtype))) - 1  # 2^bound stays a normal number
-    exponent = np.clip(np.frexp(np.where(largest > 0, largest, 1.0))[1], -bound, bound)
+    exponent = backend.binary_exponents(largest, A.dtype)
     scale = backend.astype(backend.like(np.ldexp(1.0, -exponent), A), A.dtype)
     scaled = columns * scale[None, :]
     return norms_of(scaled if A.ndim == 2 else scaled[:, 0]) * np.ldexp(1.0, exponent)
-
-
-def _safe_norms(dtype: Any) -> tuple[float, float]:
-    """``(low, high)``: norms whose sums of squares ``dtype`` holds to its precision.
-
-    ``low = sqrt(tiny / eps)``, ``high = 1 / low`` (under ``sqrt`` of the largest float);
-    remembered by the dtype's type and the dtype, as :func:`~propop.backend.eps` is.
-    """
-    key = (type(dtype), dtype)
-    if key not in _SAFE:
-        low = math.sqrt(backend.tiny(dtype) / backend.eps(dtype))
-        _SAFE[key] = (low, 1.0 / low)
-    return _SAFE[key]
-
-
-_SAFE: dict[tuple[type, Any], tuple[float, float]] = {}
 
 
 def _column_squares(R: Any) -> np.ndarray:
