@@ -9,6 +9,8 @@ canonical CSR arrays (duplicates summed, indices sorted).
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -16,7 +18,8 @@ import numpy as np
 from . import backend
 
 __all__ = ["require_finite", "require_shape", "require_density", "require_samples",
-           "real_array", "canonical_matrix", "as_coupling", "worst"]
+           "real_array", "canonical_matrix", "as_coupling", "worst", "positive_int",
+           "positive_sizes", "float_dtype"]
 
 
 def worst(values: Any) -> float:
@@ -130,9 +133,52 @@ def require_samples(x: Any, what: str, axis: int = -1) -> None:
 
 def require_density(density: float) -> float:
     """``density`` as a float, or ``ValueError`` unless it lies in ``(0, 1]``."""
-    if not 0 < density <= 1:
-        raise ValueError(f"density must lie in (0, 1], got {density}")
+    if isinstance(density, bool) or not isinstance(density, numbers.Real) or \
+            not 0 < density <= 1:
+        raise ValueError(f"density must lie in (0, 1], got {density!r}")
     return float(density)
+
+
+def positive_int(value: Any, what: str) -> int:
+    """``value`` as a Python int, ``TypeError`` unless an integer, ``ValueError`` unless >= 1.
+
+    As ``torch.nn.GRU`` checks its sizes: ``2.5``, ``"2"`` and ``True`` are no
+    width (``int()`` would make them one silently), nor is ``0``.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{what} must be an integer, got {value!r} "
+                        f"({type(value).__name__})")
+    if value < 1:
+        raise ValueError(f"{what} must be at least 1, got {value}")
+    return int(value)
+
+
+def positive_sizes(sizes: Any, what: str = "sizes") -> list[int]:
+    """``sizes``, a sequence of at least two widths, as ints (:func:`positive_int` each)."""
+    if not isinstance(sizes, Sequence) and not (isinstance(sizes, np.ndarray) and
+                                                sizes.ndim == 1) or isinstance(sizes, str):
+        raise TypeError(f"{what} must be a sequence of widths such as [4, 8, 2], got "
+                        f"{sizes!r}")
+    if len(sizes) < 2:
+        raise ValueError(f"{what} must list at least two widths, got {list(sizes)}")
+    return [positive_int(n, f"{what}[{k}]") for k, n in enumerate(sizes)]
+
+
+def float_dtype(dtype: Any) -> np.dtype:
+    """``dtype`` as a NumPy dtype, or ``ValueError`` unless float32 or float64.
+
+    A ``torch.dtype`` is read by its name (``torch.float32`` is float32); ``None``
+    is no dtype here (NumPy would read it as float64).
+    """
+    name = str(dtype).removeprefix("torch.") if getattr(dtype, "is_floating_point", None) \
+        is not None else dtype  # a torch.dtype by its name
+    try:
+        resolved = None if name is None else np.dtype(name)
+    except TypeError:
+        resolved = None
+    if resolved is None or resolved not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
+    return resolved
 
 
 def require_shape(array: Any, shape: tuple, what: str, why: str = "") -> None:

@@ -72,6 +72,36 @@ def test_structure_errors():
         pp.FNN.random([3, 3], density=0)
 
 
+@pytest.mark.parametrize(("make", "error", "message"), [
+    (lambda: pp.FNN.random(5), TypeError, r"sizes must be a sequence of widths"),
+    (lambda: pp.RNN.random(3, 4), TypeError, r"sizes must be a sequence of widths"),
+    (lambda: pp.FNN.random([3]), ValueError, r"at least two widths, got \[3\]"),
+    (lambda: pp.FNN.random([3.5, 4]), TypeError, r"sizes\[0\] must be an integer, got 3.5"),
+    (lambda: pp.RNN.random([3, True]), TypeError, r"sizes\[1\] must be an integer, got True"),
+    (lambda: pp.FNN.random([3, 0]), ValueError, r"sizes\[1\] must be at least 1, got 0"),
+    (lambda: pp.FNN.random([3, 4], density="0.5"), ValueError, r"got '0.5'"),
+    (lambda: pp.FNN.random([3, 4], dtype="int64"), ValueError, r"float32 or float64, got 'int64'"),
+    (lambda: pp.RNN.random([3, 4], dtype="float16"), ValueError, r"got 'float16'"),
+    (lambda: pp.FNN.random([3, 4], dtype=None), ValueError, r"got None"),
+    (lambda: pp.GRU(2.5, 3), TypeError, r"input_size must be an integer, got 2.5"),
+    (lambda: pp.GRU("2", 3), TypeError, r"input_size must be an integer, got '2'"),
+    (lambda: pp.LSTM(2, True), TypeError, r"hidden_size must be an integer, got True"),
+    (lambda: pp.GRU(2, 0), ValueError, r"hidden_size must be at least 1, got 0"),
+    (lambda: pp.LSTM(2, 3, num_layers=0), ValueError, r"num_layers must be at least 1"),
+])
+def test_sizes_and_dtypes_are_checked_not_truncated(make, error, message):
+    # int() made 2.5 a width of 2 and True one of 1; dtype="int64" rounded the random
+    # weights to integers and "float16" was float64; a width of 0 raised NumPy's errors
+    with pytest.raises(error, match=message):
+        make()
+
+
+def test_a_torch_dtype_names_the_float_type():
+    torch = pytest.importorskip("torch")
+    assert pp.FNN.random([3, 4], dtype=torch.float32).dtype == np.float32
+    assert pp.GRU(2, 3, dtype=torch.float32).dtype == np.float32
+
+
 def test_a_non_square_block_in_the_wrong_place_is_named():
     c = np.zeros(5)
     with pytest.raises(ValueError, match=r"coupling 0 \(block row 1, column 0\) has shape "

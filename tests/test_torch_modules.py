@@ -284,3 +284,51 @@ def test_backprop_of_an_imported_recurrent_module_names_gradients_as_torch_does(
     for name, p in module.named_parameters():
         np.testing.assert_allclose(np.asarray(ours[name]), p.grad.numpy(), rtol=1e-10,
                                    atol=1e-12, err_msg=name)
+
+
+@pytest.mark.parametrize("kind", ["gru", "lstm", "rnn"])
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_edge_inputs_behave_as_the_torch_nn_module(kind, batch_first):
+    # a batch of no samples returned torch.nn's empty outputs nowhere (a ValueError), and a
+    # float32 input to a float64 module ran where torch.nn raises: now as torch.nn does
+    reference, ours = pair(kind, "newton", batch_first=batch_first)
+    empty = torch.zeros((0, 5, 3) if batch_first else (5, 0, 3), dtype=torch.float64)
+    for module in (reference, ours):
+        out, final = module(empty)
+        finals = final if isinstance(final, tuple) else (final,)
+        assert tuple(out.shape) == tuple(reference(empty)[0].shape)
+        assert all(tuple(f.shape) == (2, 0, 4) for f in finals)
+        assert out.requires_grad
+    for bad, error in [(torch.zeros(5, 1, 3, dtype=torch.float32), ValueError),
+                       (torch.zeros(5, 1, 2, dtype=torch.float64), RuntimeError),
+                       (torch.zeros((1, 0, 3) if batch_first else (0, 1, 3),
+                                    dtype=torch.float64), RuntimeError)]:
+        with pytest.raises(error) as expected:
+            reference(bad)
+        with pytest.raises(error) as got:
+            ours(bad)
+        assert str(got.value) == str(expected.value)
+
+
+@pytest.mark.parametrize("kind", ["gru", "lstm", "rnn"])
+def test_torch_nn_keeps_its_own_mode(kind):
+    # propop's forward mode was stored as .mode, torch.nn.RNNBase's own ("GRU", "RNN_TANH"):
+    # torch.nn.RNN's forward then refused it, and cuDNN's flatten_parameters (.to("cuda"))
+    # would have read "newton" as a cell kind
+    reference, ours = pair(kind, "quasi")
+    assert ours.mode == reference.mode and ours.forward_mode == "quasi"
+    assert "mode='quasi'" in repr(ours)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs PyTorch with CUDA")
+@pytest.mark.parametrize("kind", ["gru", "lstm", "rnn"])
+def test_a_module_moved_to_cuda_computes_as_torch_nn_there(kind):
+    reference, ours = pair(kind, "newton")
+    reference, ours = reference.to("cuda"), ours.to("cuda")  # flatten_parameters runs
+    x = torch.randn(6, 2, 3, dtype=torch.float64, device="cuda")
+    (_, out, finals), (_, theirs, their_finals) = run(ours, x), run(reference, x)
+    assert (out - theirs).abs().max() < 1e-10
+    assert all((f - g).abs().max() < 1e-10 for f, g in zip(finals, their_finals))
+    for (name, p), q in zip(ours.named_parameters(), reference.parameters()):
+        assert p.grad.device.type == "cuda" and (p.grad - q.grad).abs().max() < 1e-9, name

@@ -10,8 +10,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import backend, memory
-from .._checks import (canonical_matrix, real_array, require_density, require_finite,
-                       require_samples, require_shape)
+from .._checks import (canonical_matrix, float_dtype, positive_sizes, real_array,
+                       require_density, require_finite, require_samples, require_shape)
 from ..activations import Activation, get_activation
 from ..losses import loss_gradient
 from .trace import Gradients, Trace
@@ -215,9 +215,7 @@ class FNN:
             The last layer's, replacing ``activation``'s there (``"identity"``
             for logits, say).
         """
-        sizes = [int(n) for n in sizes]
-        if len(sizes) < 2 or min(sizes) < 1:
-            raise ValueError(f"sizes must list at least two positive widths, got {sizes}")
+        sizes, dtype = positive_sizes(sizes), float_dtype(dtype)
         require_density(density)
         layers = len(sizes) - 1
         names = list(activation) if isinstance(activation, Sequence) and not isinstance(
@@ -229,7 +227,7 @@ class FNN:
         acts = [get_activation(a) for a in names]
         entries = sum(m * n for m, n in zip(sizes, sizes[1:])) * (1 if density == 1 else
                                                                   3 * density)
-        memory.require_arrays(entries, np.dtype(dtype).itemsize, f"FNN.random of "
+        memory.require_arrays(entries, dtype.itemsize, f"FNN.random of "
                               f"{layers} layers of widths up to {max(sizes)}",
                               "use fewer or narrower layers, or a lower density")
         rng = np.random.default_rng(seed)

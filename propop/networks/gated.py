@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend, memory
+from .._checks import positive_int
 from .recurrence import Recurrence
 
 __all__ = ["GRU", "LSTM", "ElmanRNN"]
@@ -92,9 +93,11 @@ class _Gated(Recurrence):
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
                  parameters: Mapping[str, Any] | None = None, seed: int | None = 0,
                  dtype: Any = "float64") -> None:
-        self.hidden_size, self.num_layers = int(hidden_size), int(num_layers)
+        input_size = positive_int(input_size, "input_size")
+        self.hidden_size = positive_int(hidden_size, "hidden_size")
+        self.num_layers = positive_int(num_layers, "num_layers")
         if parameters is None:
-            parameters = self._random(int(input_size), seed)
+            parameters = self._random(input_size, seed)
         missing = [k for k in self._names() if k not in parameters]
         if missing:
             raise ValueError(f"{type(self).__name__} needs parameters {missing}")

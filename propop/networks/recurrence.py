@@ -38,7 +38,8 @@ from typing import Any
 import numpy as np
 
 from .. import backend, memory
-from .._checks import real_array, require_finite, require_samples
+from .._checks import (float_dtype, positive_int, real_array, require_finite,
+                       require_samples)
 from ..losses import loss_gradient
 from .trace import Trace
 
@@ -146,17 +147,16 @@ class Recurrence:
                  jacobian_batched: bool = False) -> None:
         if backend not in CELLS:
             raise ValueError(f"backend must be one of {tuple(CELLS)}, got {backend!r}")
-        self._dtype = np.dtype(dtype)
-        if self._dtype not in (np.float32, np.float64):
-            raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
+        self._dtype = float_dtype(dtype)
         self.step = step
         self.cell = CELLS[backend](step, parameters, jacobian, vjp, self._dtype, batched,
                                    jacobian_diagonal, jacobian_batched)
-        self.state_size, self.input_size = int(state_size), int(input_size)
+        self.state_size = positive_int(state_size, "state_size")
+        self.input_size = positive_int(input_size, "input_size")
         self.output = np.arange(self.state_size) if output is None else _rows(output,
                                                                                self.state_size)
-        self.block_size = int(block_size)
-        if self.block_size < 1 or self.state_size % self.block_size:
+        self.block_size = positive_int(block_size, "block_size")
+        if self.state_size % self.block_size:
             raise ValueError(f"block_size {block_size} must divide the state size "
                              f"{self.state_size}")
 

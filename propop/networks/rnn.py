@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from .. import backend, memory
-from .._checks import real_array, require_finite, require_samples, require_shape
+from .._checks import (float_dtype, positive_sizes, real_array, require_finite, require_samples,
+                      require_shape)
 from ..activations import Activation, get_activation
 from ..losses import loss_gradient
 from .fnn import _as_biases, _as_weight, _float_dtype, transposed
@@ -163,11 +164,9 @@ class RNN:
     def random(cls, sizes: Sequence[int], activation: str | Activation = "tanh",
                seed: int | None = 0, dtype: Any = "float64") -> RNN:
         """Weights uniform in ``(-1/sqrt(h), 1/sqrt(h))``, as ``torch.nn.RNN`` initialises them."""
-        sizes = [int(n) for n in sizes]
-        if len(sizes) < 2 or min(sizes) < 1:
-            raise ValueError(f"sizes must list at least two positive widths, got {sizes}")
+        sizes, dtype = positive_sizes(sizes), float_dtype(dtype)
         memory.require_arrays(sum((m + n) * n for m, n in zip(sizes, sizes[1:])),
-                              np.dtype(dtype).itemsize, f"RNN.random of {len(sizes) - 1} "
+                              dtype.itemsize, f"RNN.random of {len(sizes) - 1} "
                               f"layers of widths up to {max(sizes)}",
                               "use fewer or narrower layers")
         rng = np.random.default_rng(seed)

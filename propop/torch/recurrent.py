@@ -66,7 +66,9 @@ class _Parallel:
         if self.bidirectional or getattr(self, "proj_size", 0):
             raise ValueError(f"propop.torch.{type(self).__name__}: bidirectional=True and "
                              "proj_size > 0 are not supported; use torch.nn's module")
-        self.mode, self.method, self.on_failure = mode, method, on_failure
+        # forward_mode, not mode: torch.nn.RNNBase's own mode ("GRU", "RNN_TANH") drives its
+        # kernels and cuDNN's weight layout (flatten_parameters, on .to("cuda"))
+        self.forward_mode, self.method, self.on_failure = mode, method, on_failure
         self._rtol, self.maxiter, self.options = rtol, maxiter, dict(options or {})
         self.last: dict = {}
 
@@ -79,7 +81,7 @@ class _Parallel:
 
     def extra_repr(self) -> str:
         """``torch.nn``'s description and propop's choices."""
-        return (super().extra_repr() + f", mode={self.mode!r}, method={self.method!r}")
+        return (super().extra_repr() + f", mode={self.forward_mode!r}, method={self.method!r}")
 
     def recurrence(self, parameters: dict) -> Any:
         """The propop cell of this module with ``parameters`` (tensors, on their device)."""
@@ -110,7 +112,10 @@ class _Parallel:
                              f"or 3-D, got {input.dim()}-D ({tuple(input.shape)})")
         batched = input.dim() == 3
         x = input if batched else input.unsqueeze(1 if not self.batch_first else 0)
+        self.check_input(x, None)  # torch.nn's own checks: the dtype, the input size
         x = x.transpose(0, 1) if self.batch_first else x  # (tau, batch, features)
+        if 0 in x.shape[:2]:  # no steps or no samples: torch.nn's own answer (nothing to solve)
+            return super().forward(input, hx)
         initial = self._initial(hx, x)
         names = [name for name, _ in self.named_parameters()]
         states = _Passes.apply(self, names, x, initial,
@@ -188,22 +193,22 @@ class _Passes(torch.autograd.Function):
 
 def _forward(module: Any, net: Any, xs: Any) -> Any:
     """The trace of ``xs`` by the module's mode, recorded in ``module.last``."""
-    if module.mode == "sequential":
+    if module.forward_mode == "sequential":
         trace = net.forward(xs)
         module.last = {"mode": "sequential", "method": module.method}
         return trace
     try:
-        trace = newton_forward(net, xs, method=module.method, linearization=module.mode,
+        trace = newton_forward(net, xs, method=module.method, linearization=module.forward_mode,
                                rtol=module.rtol, maxiter=module.maxiter, **module.options)
     except ConvergenceError as error:
         if module.on_failure == "raise":
             raise
-        warnings.warn(f"{type(module).__name__}: the {module.mode} forward did not converge "
-                      f"({error}); ran the sequential pass instead", RuntimeWarning,
+        warnings.warn(f"{type(module).__name__}: the {module.forward_mode} forward did not "
+                      f"converge ({error}); ran the sequential pass instead", RuntimeWarning,
                       stacklevel=4)
         module.last = {"mode": "sequential", "method": module.method, "fallback": str(error)}
         return net.forward(xs)
-    module.last = {"mode": module.mode, "method": module.method,
+    module.last = {"mode": module.forward_mode, "method": module.method,
                    "iterations": trace.info["iterations"],
                    "residuals": trace.info["residuals"],
                    "converged": trace.info["converged"],
