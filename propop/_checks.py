@@ -19,7 +19,7 @@ from . import backend
 
 __all__ = ["require_finite", "require_shape", "require_density", "require_samples",
            "real_array", "canonical_matrix", "as_coupling", "worst", "positive_int",
-           "positive_sizes", "float_dtype"]
+           "positive_sizes", "float_dtype", "real_number"]
 
 
 def worst(values: Any) -> float:
@@ -133,10 +133,17 @@ def require_samples(x: Any, what: str, axis: int = -1) -> None:
 
 def require_density(density: float) -> float:
     """``density`` as a float, or ``ValueError`` unless it lies in ``(0, 1]``."""
-    if isinstance(density, bool) or not isinstance(density, numbers.Real) or \
-            not 0 < density <= 1:
+    if not 0 < real_number(density, "density") <= 1:
         raise ValueError(f"density must lie in (0, 1], got {density!r}")
     return float(density)
+
+
+def real_number(value: Any, what: str) -> float:
+    """``value`` as a float, or ``TypeError`` naming ``what`` unless a real number (no bool)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{what} must be a real number, got {value!r} "
+                        f"({type(value).__name__})")
+    return float(value)
 
 
 def positive_int(value: Any, what: str) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import backend
-from ._checks import real_array, require_finite
+from ._checks import real_array, real_number, require_finite
 from .losses import loss_value
 from .networks.fnn import FNN
 from .networks.graph import Graph
@@ -98,11 +98,16 @@ class _Optimizer:
     def __init__(self, name: str, lr: float, momentum: float, betas: tuple, eps: float) -> None:
         if name not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {name!r}; choose one of {OPTIMIZERS}")
+        lr, momentum, eps = (real_number(v, k) for k, v in
+                             (("lr", lr), ("momentum", momentum), ("eps", eps)))
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
+        betas = tuple(real_number(b, "each of betas") for b in betas)
         if not 0 < lr < np.inf:
             raise ValueError(f"lr must be a finite number > 0, got {lr}")
         if not 0 <= momentum < np.inf:
             raise ValueError(f"momentum must be a finite number >= 0, got {momentum}")
-        if len(betas) != 2 or not all(0 <= beta < 1 for beta in betas):
+        if not all(0 <= beta < 1 for beta in betas):
             raise ValueError(f"betas must be two numbers in [0, 1), got {betas}")
         if not 0 < eps < np.inf:
             raise ValueError(f"eps must be a finite number > 0, got {eps}")
