@@ -29,6 +29,7 @@ __all__ = [
     "get_activation",
     "available_activations",
     "LINEARIZATIONS",
+    "FAMILIES",
 ]
 
 LINEARIZATIONS = ("secant", "newton")
@@ -158,22 +159,63 @@ def register_activation(activation: Activation) -> Activation:
     return activation
 
 
-def get_activation(spec: str | Activation) -> Activation:
+def get_activation(spec: str | Activation, **settings: float) -> Activation:
     """Return the activation named ``spec`` (or ``spec`` itself if it is one).
+
+    ``settings`` are a family's own, with PyTorch's names and defaults
+    (:data:`FAMILIES`): ``get_activation("leaky_relu", negative_slope=0.2)`` is
+    ``nn.LeakyReLU(0.2)``, ``get_activation("elu", alpha=0.5)``,
+    ``get_activation("softplus", beta=2)``, ``get_activation("hardtanh", min_val=0)``;
+    at the defaults it is the registered activation itself.
 
     Raises
     ------
     KeyError
         For an unknown name; the message lists the known ones.
+    TypeError
+        For a setting the family does not have, or settings of a name that has none.
     """
-    if isinstance(spec, Activation):
+    if isinstance(spec, Activation) and not settings:
         return spec
+    if settings:
+        return _member(spec, settings)
     try:
         return _REGISTRY[spec]
     except (KeyError, TypeError):
         raise KeyError(
             f"unknown activation {spec!r}; known: {', '.join(sorted(_REGISTRY))}"
         ) from None
+
+
+def _member(name: Any, settings: dict) -> Activation:
+    """The member of family ``name`` at ``settings`` (the defaults elsewhere), made once."""
+    if name not in FAMILIES:
+        families = "; ".join(f"{k} ({', '.join(v[1])})" for k, v in FAMILIES.items())
+        raise TypeError(f"activation {name!r} takes no settings; those that do: {families}")
+    make, defaults = FAMILIES[name]
+    unknown = sorted(set(settings) - set(defaults))
+    if unknown:
+        raise TypeError(f"activation {name!r} has no setting {unknown[0]!r}; its settings "
+                        f"are {', '.join(f'{k}={v!r}' for k, v in defaults.items())}")
+    values = {k: _real(settings.get(k, v), k) for k, v in defaults.items()}
+    if values == defaults:
+        return _REGISTRY[name]
+    key = (name, tuple(values.values()))
+    if key not in _MEMBERS:
+        changed = ", ".join(f"{k}={v!r}" for k, v in values.items() if v != defaults[k])
+        _MEMBERS[key] = make(f"{name}({changed})", **values)
+    return _MEMBERS[key]
+
+
+def _real(value: Any, what: str) -> float:
+    """A setting as a finite float, or ``ValueError``/``TypeError`` naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(
+            value, "__float__"):
+        raise TypeError(f"activation setting {what} must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"activation setting {what} must be finite, got {value}")
+    return value
 
 
 def available_activations() -> list[str]:
@@ -200,10 +242,11 @@ def _sigmoid(y: Any) -> Any:
     return xp.where(y >= 0, 1 / (1 + e), e / (1 + e))
 
 
-_LEAKY_SLOPE = 0.01
 # Above this, softplus is y itself: PyTorch's F.softplus (threshold=20 at beta=1), where
 # log(1 + exp(y)) is y + 2e-9 or less
 SOFTPLUS_THRESHOLD = 20.0
+# nn.SELU's constants (Klambauer et al. 2017), as PyTorch writes them
+_SELU_ALPHA, _SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
 _GELU_C = math.sqrt(2 / math.pi)
 _GELU_K = 0.044715
 
@@ -236,16 +279,106 @@ def _silu_df(y: Any) -> Any:
     return s * (1 + y * _sigmoid(-y))
 
 
-def _softplus(y: Any) -> Any:
-    """``log(1 + exp(y))``, and ``y`` itself above PyTorch's threshold (``F.softplus``'s)."""
+def _log1p_exp(y: Any) -> Any:
+    """``log(1 + exp(y))`` without overflow (no threshold)."""
     xp = _xp(y)
-    return xp.where(y > SOFTPLUS_THRESHOLD, y, xp.log1p(xp.exp(-abs(y))) + xp.maximum(y, 0))
+    return xp.log1p(xp.exp(-abs(y))) + xp.maximum(y, 0)
 
 
-def _softplus_df(y: Any) -> Any:
-    """``sigmoid(y)``, and one above the threshold (where ``f`` is ``y``), as PyTorch's."""
-    return _xp(y).where(y > SOFTPLUS_THRESHOLD, 1.0, _sigmoid(y))
+def leaky_relu(name: str, negative_slope: float) -> Activation:
+    """``y if y > 0 else negative_slope y``, as ``nn.LeakyReLU`` (slope ``negative_slope`` at 0)."""
+    s = negative_slope
+    return Activation(name, lambda y: _xp(y).where(y > 0, y, s * y),
+                      lambda y: _xp(y).where(y > 0, 1.0, s * _xp(y).ones_like(y)),
+                      math.sqrt(2 / (1 + s**2)), f"y if y > 0 else {s:g} y")
 
+
+def elu(name: str, alpha: float, scale: float = 1.0, input_scale: float = 1.0) -> Activation:
+    """PyTorch's ELU kernel: ``scale y`` above 0, ``alpha scale (exp(input_scale y) - 1)`` below.
+
+    ``nn.ELU(alpha)`` is ``scale = input_scale = 1``, ``nn.CELU(alpha)`` ``input_scale =
+    1 / alpha``, ``nn.SELU`` its fixed ``alpha`` and ``scale``; the slope at 0 is the left one,
+    as PyTorch's backward takes it.
+    """
+    neg, k = alpha * scale, input_scale
+
+    def f(y: Any) -> Any:
+        xp = _xp(y)
+        return xp.where(y > 0, scale * y, neg * xp.expm1(k * xp.minimum(y, 0)))
+
+    def df(y: Any) -> Any:
+        xp = _xp(y)
+        return xp.where(y > 0, scale * xp.ones_like(y), neg * k * xp.exp(k * xp.minimum(y, 0)))
+
+    inner = "y" if k == 1 else f"{k:g} y"
+    return Activation(name, f, df, 0.75 if name == "selu" else 1.0,
+                      ("y" if scale == 1 else f"{scale:g} y") + f" if y > 0 else {neg:g} "
+                      f"(exp({inner}) - 1)")
+
+
+def _celu(name: str, alpha: float) -> Activation:
+    if alpha == 0:
+        raise ValueError("celu: alpha must be non-zero (CELU divides by it)")
+    return elu(name, alpha, input_scale=1 / alpha)
+
+
+def softplus(name: str, beta: float, threshold: float) -> Activation:
+    """``log(1 + exp(beta y)) / beta``, and ``y`` itself where ``beta y > threshold``.
+
+    As ``F.softplus(y, beta, threshold)``: value and slope (``sigmoid(beta y)``, one
+    above the threshold).
+    """
+    if beta == 0:
+        raise ValueError("softplus: beta must be non-zero (it divides by beta)")
+
+    def f(y: Any) -> Any:
+        return _xp(y).where(beta * y > threshold, y, _log1p_exp(beta * y) / beta)
+
+    def df(y: Any) -> Any:
+        return _xp(y).where(beta * y > threshold, 1.0, _sigmoid(beta * y))
+
+    return Activation(name, f, df, 1.0, f"log(1 + exp({beta:g} y)) / {beta:g}; y above "
+                      f"{threshold:g} / {beta:g}, as PyTorch's")
+
+
+def hardtanh(name: str, min_val: float, max_val: float) -> Activation:
+    """``y`` clipped to ``[min_val, max_val]``; slope 1 strictly inside, 0 at and beyond the ends.
+
+    As ``nn.Hardtanh``; ``nn.ReLU6`` is ``hardtanh(0, 6)``.
+    """
+    if not min_val < max_val:
+        raise ValueError(f"hardtanh: min_val {min_val} must be below max_val {max_val}")
+
+    def f(y: Any) -> Any:
+        xp = _xp(y)
+        return xp.minimum(xp.maximum(y, min_val), max_val)
+
+    return Activation(name, f, lambda y: backend.astype((y > min_val) & (y < max_val),
+                                                        y.dtype),
+                      1.0, f"y clipped to [{min_val:g}, {max_val:g}]")
+
+
+def _mish_df(y: Any) -> Any:
+    """``t + y sigmoid(y) (1 - t^2)``, ``t = tanh(softplus(y))``."""
+    t = _xp(y).tanh(_log1p_exp(y))
+    return t + y * _sigmoid(y) * _one_minus_square(t)
+
+
+def _hardswish_df(y: Any) -> Any:
+    """0 up to -3, ``y / 3 + 1/2`` strictly between, 1 from 3 on: PyTorch's at the kinks."""
+    xp = _xp(y)
+    return xp.where(y <= -3, 0.0, xp.where(y < 3, y / 3 + 0.5, 1.0))
+
+
+# the families whose members have settings: name -> (make, PyTorch's defaults)
+FAMILIES: dict[str, tuple[Callable[..., Activation], dict[str, float]]] = {
+    "leaky_relu": (leaky_relu, {"negative_slope": 0.01}),
+    "elu": (elu, {"alpha": 1.0}),
+    "celu": (_celu, {"alpha": 1.0}),
+    "softplus": (softplus, {"beta": 1.0, "threshold": SOFTPLUS_THRESHOLD}),
+    "hardtanh": (hardtanh, {"min_val": -1.0, "max_val": 1.0}),
+}
+_MEMBERS: dict[tuple, Activation] = {}  # (family, settings) -> its member, made once
 
 for _activation in (
     Activation("identity", lambda y: y, lambda y: _xp(y).ones_like(y), 1.0, "f(y) = y"),
@@ -256,26 +389,10 @@ for _activation in (
         math.sqrt(2),
         "max(y, 0); f'(0) = 0 as in PyTorch",
     ),
-    Activation(
-        "leaky_relu",
-        lambda y: _xp(y).where(y > 0, y, _LEAKY_SLOPE * y),
-        lambda y: _xp(y).where(y > 0, 1.0, _LEAKY_SLOPE * _xp(y).ones_like(y)),
-        math.sqrt(2 / (1 + _LEAKY_SLOPE**2)),
-        f"y if y > 0 else {_LEAKY_SLOPE} y",
-    ),
     Activation("tanh", lambda y: _xp(y).tanh(y), lambda y: _one_minus_square(_xp(y).tanh(y)),
                1.0, "tanh(y)", df_of_output=lambda z: _one_minus_square(z), elementwise="tanh"),
     Activation("sigmoid", _sigmoid, lambda y: _sigmoid(y) * _sigmoid(-y), 1.0,
                "1 / (1 + exp(-y))"),
-    Activation("softplus", _softplus, _softplus_df, 1.0,
-               f"log(1 + exp(y)); y above {SOFTPLUS_THRESHOLD:g}, as PyTorch's"),
-    Activation(
-        "elu",
-        lambda y: _xp(y).where(y > 0, y, _xp(y).expm1(_xp(y).minimum(y, 0))),
-        lambda y: _xp(y).where(y > 0, 1.0, _xp(y).exp(_xp(y).minimum(y, 0))),
-        1.0,
-        "y if y > 0 else exp(y) - 1",
-    ),
     Activation("gelu", _gelu, _gelu_df, 1.0,
                "GELU, tanh approximation (PyTorch approximate='tanh')"),
     Activation("gelu_erf", _gelu_erf, _gelu_erf_df, 1.0,
@@ -284,5 +401,22 @@ for _activation in (
     Activation("exp", lambda y: _xp(y).exp(y), lambda y: _xp(y).exp(y), 1.0,
                "exp(y) (a softmax's last step)", df_of_output=lambda z: z * 1,
                elementwise="exp"),
+    *(make(name, **defaults) for name, (make, defaults) in FAMILIES.items()),
+    elu("selu", _SELU_ALPHA, _SELU_SCALE),
+    hardtanh("relu6", 0.0, 6.0),
+    Activation("mish", lambda y: y * _xp(y).tanh(_log1p_exp(y)), _mish_df, 1.0,
+               "y tanh(softplus(y))"),
+    Activation("softsign", lambda y: y / (1 + abs(y)), lambda y: 1 / (1 + abs(y)) ** 2, 1.0,
+               "y / (1 + |y|)"),
+    Activation("hardsigmoid", lambda y: _xp(y).minimum(_xp(y).maximum(y / 6 + 0.5, 0.0), 1.0),
+               lambda y: backend.astype((y > -3) & (y < 3), y.dtype) / 6, 1.0,
+               "relu6(y + 3) / 6; slope 1/6 strictly inside (-3, 3) (PyTorch's backward "
+               "takes float32's 1/6, 3e-8 from it, in float64 too)"),
+    Activation("hardswish", lambda y: y * _xp(y).minimum(_xp(y).maximum(y + 3, 0.0), 6.0) / 6,
+               _hardswish_df, 1.0, "y relu6(y + 3) / 6"),
+    Activation("tanhshrink", lambda y: y - _xp(y).tanh(y),
+               lambda y: _xp(y).tanh(y) ** 2, 1.0, "y - tanh(y)"),
+    Activation("logsigmoid", lambda y: -_log1p_exp(-y), lambda y: _sigmoid(-y), 1.0,
+               "log(sigmoid(y)) = -softplus(-y)"),
 ):
     register_activation(_activation)

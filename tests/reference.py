@@ -20,6 +20,18 @@ TORCH_ACTIVATIONS = {
     "gelu_erf": F.gelu,
     "silu": F.silu,
     "exp": torch.exp,
+    "celu": F.celu,
+    "selu": F.selu,
+    "hardtanh": F.hardtanh,
+    "relu6": F.relu6,
+    "mish": F.mish,
+    "softsign": F.softsign,
+    # F.hardsigmoid's backward takes 1/6 in float32 (0.16666667163, in float64 too): the
+    # same function, differentiated by autograd in the tensors' own precision
+    "hardsigmoid": lambda y: F.relu6(y + 3) / 6,
+    "hardswish": F.hardswish,
+    "tanhshrink": F.tanhshrink,
+    "logsigmoid": F.logsigmoid,
 }
 
 

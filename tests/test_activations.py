@@ -7,19 +7,79 @@ import propop as pp
 from cases import ACTIVATIONS as HIDDEN
 from reference import TORCH_ACTIVATIONS, torch
 
-ACTIVATIONS = HIDDEN + ("exp",)
-Y = np.concatenate([np.linspace(-6, 6, 241), [-1e-300, 1e-300, 1e-310, -3e2, 3e2]])
+F = torch.nn.functional
+
+MORE = ("celu", "selu", "hardtanh", "relu6", "mish", "softsign", "hardsigmoid", "hardswish",
+        "tanhshrink", "logsigmoid")
+ACTIVATIONS = HIDDEN + ("exp",) + MORE
+# the kinks of the piecewise ones (0, +-1, +-3, 6) and both sides of softplus's threshold
+Y = np.concatenate([np.linspace(-6, 6, 241), [-1e-300, 1e-300, 1e-310, -3e2, 3e2, 6.0, 19.99,
+                                               20.0, 20.01, 2.5, 2.501, 10.0, 10.01]])
+# members of the families at settings other than PyTorch's defaults
+MEMBERS = [("leaky_relu", {"negative_slope": 0.2}, lambda y: F.leaky_relu(y, 0.2)),
+           ("leaky_relu", {"negative_slope": -0.5}, lambda y: F.leaky_relu(y, -0.5)),
+           ("elu", {"alpha": 0.5}, lambda y: F.elu(y, 0.5)),
+           ("celu", {"alpha": 2.5}, lambda y: F.celu(y, 2.5)),
+           ("softplus", {"beta": 2.0}, lambda y: F.softplus(y, 2.0)),
+           ("softplus", {"beta": 0.5, "threshold": 5}, lambda y: F.softplus(y, 0.5, 5.0)),
+           ("softplus", {"beta": -1.0}, lambda y: F.softplus(y, -1.0)),
+           ("hardtanh", {"min_val": 0.0, "max_val": 2.5}, lambda y: F.hardtanh(y, 0.0, 2.5))]
+
+
+def _against_torch(act, reference):
+    y = torch.tensor(Y, requires_grad=True)
+    fy = reference(y)
+    fy.sum().backward()
+    slope = y.grad.numpy()
+    # PyTorch loses relative accuracy in some tails (1 + tanh): compare absolutely there
+    np.testing.assert_allclose(act.f(Y), fy.detach().numpy(), rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(act.df(Y), slope, rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.parametrize("name", ACTIVATIONS)
 def test_f_and_derivative_match_torch(name):
-    act = pp.get_activation(name)
+    _against_torch(pp.get_activation(name), TORCH_ACTIVATIONS[name])
+
+
+@pytest.mark.parametrize(("name", "settings", "reference"), MEMBERS)
+def test_a_familys_member_matches_torch_at_its_settings(name, settings, reference):
+    act = pp.get_activation(name, **settings)
+    assert act is pp.get_activation(name, **settings)  # made once
+    assert act.name.startswith(f"{name}(") and act.name != name
+    _against_torch(act, reference)
+    for kind in ("secant", "newton"):  # exact at the point, to the rounding of a y + beta
+        a, beta = act.linearize(Y, kind)
+        f = act.f(Y)
+        assert (np.abs(a * Y + beta - f) <= 1e-14 * np.maximum(abs(f), abs(a * Y))).all()
+
+
+def test_hardsigmoid_is_pytorchs_but_for_its_float32_slope():
     y = torch.tensor(Y, requires_grad=True)
-    fy = TORCH_ACTIVATIONS[name](y)
-    fy.sum().backward()
-    # PyTorch loses relative accuracy in some tails (1 + tanh): compare absolutely there
-    np.testing.assert_allclose(act.f(Y), fy.detach().numpy(), rtol=1e-13, atol=1e-15)
-    np.testing.assert_allclose(act.df(Y), y.grad.numpy(), rtol=1e-12, atol=1e-14)
+    F.hardsigmoid(y).sum().backward()
+    act = pp.get_activation("hardsigmoid")
+    np.testing.assert_allclose(act.f(Y), F.hardsigmoid(y).detach().numpy(), rtol=1e-15,
+                               atol=1e-16)
+    slope = y.grad.numpy()  # 0 and float32's 1/6: propop's is float64's
+    assert set(np.unique(slope)) == {0.0, float(np.float32(1 / 6))}
+    np.testing.assert_array_equal(act.df(Y), np.where(slope == 0, 0.0, 1 / 6))
+
+
+def test_family_settings_are_checked():
+    assert pp.get_activation("elu", alpha=1) is pp.get_activation("elu")  # the defaults
+    with pytest.raises(TypeError, match=r"'leaky_relu' has no setting 'slope'; its settings "
+                                        r"are negative_slope=0.01"):
+        pp.get_activation("leaky_relu", slope=0.2)
+    with pytest.raises(TypeError, match=r"activation 'tanh' takes no settings; those that do: "
+                                        r"leaky_relu \(negative_slope\)"):
+        pp.get_activation("tanh", alpha=2)
+    with pytest.raises(TypeError, match="alpha must be a number, got '2'"):
+        pp.get_activation("elu", alpha="2")
+    with pytest.raises(ValueError, match="min_val 2.0 must be below max_val 1.0"):
+        pp.get_activation("hardtanh", min_val=2)
+    with pytest.raises(ValueError, match="celu: alpha must be non-zero"):
+        pp.get_activation("celu", alpha=0)
+    with pytest.raises(ValueError, match="threshold must be finite"):
+        pp.get_activation("softplus", threshold=np.inf)
 
 
 @pytest.mark.parametrize("name", ACTIVATIONS)

@@ -158,8 +158,8 @@ def torch_loop() -> None:
     torch.manual_seed(0)
     plain = torch.nn.GRU(3, 8, num_layers=2, dtype=torch.float64)
     ours = ptorch.from_module(plain, mode="newton", method="cyclic-reduction")
-    mlp = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(),
-                              torch.nn.Linear(16, 3)).double()
+    mlp = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.LeakyReLU(0.2),
+                              torch.nn.Linear(16, 3)).double()  # any activation's settings
     reference = copy.deepcopy(mlp)
     parallel = ptorch.parallelize(mlp, method="cyclic-reduction")
     xs, x = torch.randn(40, 4, 3, dtype=torch.float64), torch.randn(32, 6, dtype=torch.float64)
@@ -168,7 +168,8 @@ def torch_loop() -> None:
     print("| model | forward | backward | max parameter difference after 3 Adam steps |\n"
           "|---|---|---|---:|")
     for name, a, b, data, how in (("2-layer GRU, 40 steps", ours, plain, xs, "newton (DEER)"),
-                                  ("MLP 6-16-3", parallel, reference, x, "sequential")):
+                                  ("MLP 6-16-3, LeakyReLU(0.2)", parallel, reference, x,
+                                   "sequential")):
         for module in (a, b):
             optimiser = torch.optim.Adam(module.parameters(), lr=0.01)
             for _ in range(3):

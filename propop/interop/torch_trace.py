@@ -20,8 +20,11 @@ Each operation becomes zero or more :mod:`~propop.layers` nodes of a
   ``squeeze``/``unsqueeze``/``contiguous`` (keeping the batch dimension), ``F.linear``
   with the module's own parameters, ``F.dropout`` in evaluation mode,
   ``F.avg_pool2d``/``F.max_pool2d``;
-- activations: ReLU, LeakyReLU (slope 0.01), Tanh, Sigmoid, ELU (alpha 1), SiLU,
-  Softplus (beta 1, threshold 20), GELU (exact, and ``approximate="tanh"``), ``exp``,
+- activations, as modules or functions, at their settings: ReLU, LeakyReLU
+  (``negative_slope``), Tanh, Sigmoid, ELU and CELU (``alpha``), SELU, SiLU, Mish,
+  Softplus (``beta``, ``threshold``), Hardtanh (``min_val``, ``max_val``), ReLU6,
+  Hardsigmoid, Hardswish, Softsign, Tanhshrink, LogSigmoid, GELU (exact, and
+  ``approximate="tanh"``), ``exp`` (:data:`propop.activations.FAMILIES`),
   Softmax and LogSoftmax over any dimension (:func:`~propop.layers.softmax_over`).
 
 Values are flat per sample in PyTorch's C order, samples as columns, so a
@@ -48,22 +51,28 @@ from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from .. import layers as L
-from ..activations import SOFTPLUS_THRESHOLD
+from ..activations import FAMILIES, get_activation
 from ..networks.graph import INPUT, Graph
 
 __all__ = ["trace", "to_numpy", "ACTIVATIONS"]
 
 ACTIVATIONS = {nn.ReLU: "relu", nn.Tanh: "tanh", nn.Sigmoid: "sigmoid", nn.SiLU: "silu",
-               nn.ELU: "elu", nn.LeakyReLU: "leaky_relu", nn.GELU: "gelu_erf",
-               nn.Softplus: "softplus"}
+               nn.ELU: "elu", nn.CELU: "celu", nn.SELU: "selu", nn.LeakyReLU: "leaky_relu",
+               nn.GELU: "gelu_erf", nn.Softplus: "softplus", nn.Hardtanh: "hardtanh",
+               nn.ReLU6: "relu6", nn.Mish: "mish", nn.Softsign: "softsign",
+               nn.Hardsigmoid: "hardsigmoid", nn.Hardswish: "hardswish",
+               nn.Tanhshrink: "tanhshrink", nn.LogSigmoid: "logsigmoid"}
 _FUNCTIONS = {torch.relu: "relu", F.relu: "relu", torch.tanh: "tanh", F.tanh: "tanh",
               torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid", F.silu: "silu", F.elu: "elu",
+              F.celu: "celu", F.selu: "selu", torch.selu: "selu",
               F.leaky_relu: "leaky_relu", F.gelu: "gelu_erf", torch.exp: "exp",
-              F.softplus: "softplus"}
+              F.softplus: "softplus", F.hardtanh: "hardtanh", F.relu6: "relu6",
+              F.mish: "mish", F.softsign: "softsign", F.hardsigmoid: "hardsigmoid",
+              F.hardswish: "hardswish", F.tanhshrink: "tanhshrink", F.logsigmoid: "logsigmoid"}
 _METHODS = {"relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "exp": "exp"}
-# the settings propop's activations have, by name, in the function's positional order
-_SETTINGS = {"elu": (("alpha", 1.0),), "leaky_relu": (("negative_slope", 0.01),),
-             "softplus": (("beta", 1.0), ("threshold", SOFTPLUS_THRESHOLD))}
+# the settings of propop's activation families (PyTorch's names and defaults), in the
+# functions' positional order after the input
+_SETTINGS = {name: tuple(defaults) for name, (_, defaults) in FAMILIES.items()}
 _RESHAPES = {"view", "reshape", "flatten", "squeeze", "unsqueeze", "contiguous", "unflatten"}
 _IDENTITY_MODULES = (nn.Identity, nn.Flatten, nn.Unflatten)
 
@@ -226,12 +235,11 @@ class _Translator:
             name = "gelu"
         elif name == "gelu_erf" and options.get("approximate", "none") != "none":
             raise _UnsupportedError(f"GELU approximate={options['approximate']!r}")
-        for position, (key, default) in enumerate(_SETTINGS.get(name, ()), start=1):
-            given = node.args[position] if len(node.args) > position else options.get(key,
-                                                                                     default)
-            if given != default:
-                raise _UnsupportedError(f"{name} needs {key}={default!r}, got {given!r}")
-        return self._add(self._name(node.name, node), L.Activation(name), [x], x.shape)
+        settings = {key: node.args[position] for position, key in
+                    enumerate(_SETTINGS.get(name, ()), start=1) if len(node.args) > position}
+        settings |= {key: options[key] for key in _SETTINGS.get(name, ()) if key in options}
+        return self._add(self._name(node.name, node), L.Activation(_member(name, settings)),
+                         [x], x.shape)
 
     def _reshape(self, node: fx.Node) -> Value:
         (x,) = self._tensors(node.args[:1])
@@ -492,13 +500,18 @@ def _identity(self: _Translator, module: Any, x: Value, name: str, node: fx.Node
 def _activation_module(self: _Translator, module: Any, x: Value, name: str, node: fx.Node
                        ) -> Value:
     kind = ACTIVATIONS[type(module)]
-    for key, default in _SETTINGS.get(kind, ()):
-        if getattr(module, key) != default:
-            raise _UnsupportedError(f"{type(module).__name__} needs {key}={default!r}, got "
-                                    f"{getattr(module, key)!r}")
     if kind == "gelu_erf" and module.approximate == "tanh":
         kind = "gelu"
-    return self._add(name, L.Activation(kind), [x], x.shape)
+    settings = {key: getattr(module, key) for key in _SETTINGS.get(kind, ())}
+    return self._add(name, L.Activation(_member(kind, settings)), [x], x.shape)
+
+
+def _member(kind: str, settings: dict) -> Any:
+    """The activation ``kind`` at a module's or call's ``settings``, or the refusal naming one."""
+    try:
+        return get_activation(kind, **settings)
+    except (TypeError, ValueError) as error:
+        raise _UnsupportedError(str(error)) from None
 
 
 def _softmax_module(self: _Translator, module: Any, x: Value, name: str, node: fx.Node
