@@ -425,8 +425,28 @@ class TokenNorm(nn.Module):
         return self.head(torch.flatten(self.both(h), 1))
 
 
+class RMSNormed(nn.Module):
+    """Llama's norm: ``nn.RMSNorm`` and ``F.rms_norm``.
+
+    The module with the dtype's eps, over two dimensions without an affine part, and the
+    function with a module's weight and an eps of its own.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.norm = nn.Linear(6, 6), nn.RMSNorm(6)
+        self.tokens = nn.RMSNorm((2, 3), eps=1e-3, elementwise_affine=False)
+        self.final_norm, self.head = nn.RMSNorm(6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = x + F.silu(self.fc(self.norm(x)))
+        h = torch.flatten(self.tokens(h.reshape(-1, 2, 3)), 1) * h
+        return self.head(F.rms_norm(h, (6,), self.final_norm.weight, 1e-4))
+
+
 @pytest.mark.parametrize(("make", "shape"), [(PreNormSwiGLU, (6,)), (HandWritten, (5,)),
-                                             (TokenNorm, (4, 6))], ids=lambda v: str(v))
+                                             (TokenNorm, (4, 6)), (RMSNormed, (6,))],
+                         ids=lambda v: str(v))
 def test_transformer_pieces_match_torch_node_by_node(make, shape):
     """LayerNorm, products of two tensors, powers, feature means: exact, node by node."""
     torch.manual_seed(1)
@@ -439,6 +459,49 @@ def test_transformer_pieces_match_torch_node_by_node(make, shape):
     graph, compared = check_node_by_node(module, x, shape if len(shape) > 1 else None)
     assert compared >= 6
     assert any(isinstance(graph.layers[n], pp.layers.Multiply) for n in graph.order[1:])
+
+
+def test_rms_norm_without_eps_takes_the_modules_dtypes():
+    """``nn.RMSNorm(eps=None)`` adds ``finfo(x.dtype).eps``: a float32 module's, imported."""
+    norm = nn.RMSNorm(3)  # float32
+    x = 1e-4 * np.random.default_rng(0).standard_normal((3, 2))  # mean(x^2) ~ eps
+    graph = pp.from_torch(norm, input_shape=(3,))
+    expected = F.rms_norm(torch.tensor(x.T), (3,), eps=float(np.finfo(np.float32).eps))
+    assert relative_error(graph.forward(x).output, expected.numpy().T) < 1e-13
+    assert relative_error(graph.forward(x).output, F.rms_norm(torch.tensor(x.T), (3,)).numpy().T
+                          ) > 1e-3  # float64's eps would be another function here
+
+
+@pytest.mark.parametrize("norm", [nn.LayerNorm((4, 5)), nn.RMSNorm((4, 5))],
+                         ids=["LayerNorm", "RMSNorm"])
+def test_a_norm_over_two_dimensions_keeps_its_parameters_shapes(norm):
+    # the weight of nn.LayerNorm((4, 5)) is (4, 5): its gradient was (20,), so state_dict
+    # could not be loaded back and a parallelized module's backward raised PyTorch's error
+    import copy
+
+    import propop.torch as ptorch
+
+    torch.manual_seed(2)
+    module = nn.Sequential(nn.Conv1d(2, 4, 2), norm, nn.Flatten(), nn.Linear(20, 3)).double()
+    with torch.no_grad():
+        module[1].weight.uniform_(0.5, 2.0)
+    x = torch.randn(3, 2, 6, dtype=torch.float64)
+    graph = pp.from_torch(module, input_shape=(2, 6))
+    g = pp.backprop(graph, x.numpy().reshape(3, -1).T, np.ones((3, 3)), loss="mse")
+    shapes = {name: tuple(p.shape) for name, p in module.named_parameters()}
+    assert {name: np.shape(v) for name, v in g.named_parameters()} == shapes
+    copy.deepcopy(module).load_state_dict({k: torch.as_tensor(v)
+                                           for k, v in pp.state_dict(graph).items()})
+    reference = copy.deepcopy(module)
+    parallel = ptorch.parallelize(module, method="substitution", example_input=x)
+    for m in (parallel, reference):
+        optimiser = torch.optim.Adam(m.parameters(), lr=0.01)
+        for _ in range(3):
+            optimiser.zero_grad()
+            (m(x) ** 2).sum().backward()
+            optimiser.step()
+    assert max(float((p - q).detach().abs().max())
+               for p, q in zip(parallel.parameters(), reference.parameters())) < 1e-12
 
 
 def test_newton_forward_through_layer_norm_and_products():

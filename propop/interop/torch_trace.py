@@ -8,14 +8,14 @@ Each operation becomes zero or more :mod:`~propop.layers` nodes of a
 - modules: ``Linear``; ``Conv1d``/``Conv2d`` (stride, padding, dilation, groups);
   ``AvgPool1d/2d``, ``MaxPool1d/2d`` (overlapping windows too, :func:`~propop.layers.max_pool`),
   ``AdaptiveAvgPool2d`` (output sizes dividing the input); ``BatchNorm1d/2d`` in
-  evaluation mode (an affine map); ``LayerNorm``
+  evaluation mode (an affine map); ``LayerNorm`` and ``RMSNorm``
   (:func:`~propop.layers.layer_norm_over`: exact, its Jacobian per sample built from
   products); ``Dropout`` in evaluation mode, ``Identity``,
   ``Flatten``, ``Unflatten`` (nothing to compute); the activations below, as modules;
 - functions and methods: ``+``, ``-``, ``*``, ``/`` of two tensors (broadcast as
   PyTorch does; a product is a :class:`~propop.layers.Multiply`) or with a constant,
   negation, powers by a number (``**``, ``pow``, ``sqrt``, ``rsqrt``), ``sum`` and
-  ``mean`` over feature dimensions, ``F.layer_norm``, ``torch.cat``,
+  ``mean`` over feature dimensions, ``F.layer_norm``, ``F.rms_norm``, ``torch.cat``,
   ``flatten``/``reshape``/``view``/
   ``squeeze``/``unsqueeze``/``contiguous`` (keeping the batch dimension), ``F.linear``
   with the module's own parameters, ``F.dropout`` in evaluation mode,
@@ -321,17 +321,20 @@ class _Translator:
         return self._add(self._name(node.name, node), L.reduction_over(x.shape, dims, mean),
                          [x], _shape(node))
 
-    def _layer_norm(self, name: str, x: Value, shape: Sequence[int], eps: float,
-                    weight: Any, bias: Any, node: fx.Node) -> Value:
-        """``F.layer_norm`` over the last ``len(shape)`` dimensions (:func:`layer_norm_over`)."""
+    def _layer_norm(self, name: str, x: Value, shape: Sequence[int], eps: float | None,
+                    weight: Any, bias: Any, node: fx.Node, centred: bool = True) -> Value:
+        """``F.layer_norm`` over the last ``len(shape)`` dimensions (:func:`layer_norm_over`).
+
+        ``centred=False`` is ``F.rms_norm``, whose ``eps`` of ``None`` is the dtype's.
+        """
         shape = tuple(int(n) for n in shape)  # the sample's last dimensions (torch checked)
-        W = None if weight is None else self.array(weight)
-        W = W if W is None or W.ndim == 1 else W.reshape(-1)  # one array: ties stay ties
+        W = None if weight is None else self.array(weight)  # one array: ties stay ties
         b = None if bias is None else self.array(bias)
-        b = b if b is None or b.ndim == 1 else b.reshape(-1)
         if W is None and b is not None:  # a bias alone: the weight is one
             W = np.ones_like(b)
-        parts = L.layer_norm_over(x.shape, len(shape), eps, W, b)
+        if eps is None:
+            eps = float(torch.finfo(node.meta["tensor_meta"].dtype).eps)
+        parts = L.layer_norm_over(x.shape, len(shape), eps, W, b, centred)
         return self._expand(name, x, parts, x.shape)
 
     def _softmax(self, node: fx.Node, log: bool) -> Value:
@@ -523,13 +526,14 @@ def _softmax_module(self: _Translator, module: Any, x: Value, name: str, node: f
                         x.shape)
 
 
-def _layer_norm_module(self: _Translator, module: nn.LayerNorm, x: Value, name: str,
-                       node: fx.Node) -> Value:
+def _layer_norm_module(self: _Translator, module: nn.LayerNorm | nn.RMSNorm, x: Value,
+                       name: str, node: fx.Node) -> Value:
+    bias = getattr(module, "bias", None)  # an RMSNorm has none
     if module.elementwise_affine:
         self.origins[name] = (node.target, {"weight": "weight"} | (
-            {} if module.bias is None else {"bias": "bias"}))
+            {} if bias is None else {"bias": "bias"}))
     return self._layer_norm(name, x, module.normalized_shape, module.eps, module.weight,
-                            module.bias, node)
+                            bias, node, centred=isinstance(module, nn.LayerNorm))
 
 
 _MODULES: list[tuple[Any, Callable]] = [
@@ -539,14 +543,15 @@ _MODULES: list[tuple[Any, Callable]] = [
     (nn.BatchNorm1d | nn.BatchNorm2d, _batch_norm),
     (nn.Dropout | nn.Dropout1d | nn.Dropout2d, _dropout),
     (_IDENTITY_MODULES, _identity), (tuple(ACTIVATIONS), _activation_module),
-    (nn.Softmax | nn.LogSoftmax, _softmax_module), (nn.LayerNorm, _layer_norm_module),
+    (nn.Softmax | nn.LogSoftmax, _softmax_module), (nn.LayerNorm | nn.RMSNorm, _layer_norm_module),
 ]
 
 
 def _supported() -> str:
     names = ["Linear", "Conv1d", "Conv2d", "AvgPool1d", "AvgPool2d", "MaxPool1d", "MaxPool2d",
              "AdaptiveAvgPool2d", "BatchNorm1d", "BatchNorm2d (eval)", "Dropout (eval)",
-             "Identity", "Flatten", "Unflatten", "Softmax", "LogSoftmax", "LayerNorm"]
+             "Identity", "Flatten", "Unflatten", "Softmax", "LogSoftmax", "LayerNorm",
+             "RMSNorm"]
     return ", ".join(names + [k.__name__ for k in ACTIVATIONS])
 
 
@@ -598,15 +603,21 @@ def _f_pool(maximum: bool) -> Callable:
     return convert
 
 
-def _f_layer_norm(self: _Translator, node: fx.Node) -> Value:
+def _f_norm(centred: bool) -> Callable:
+    return lambda self, node: _f_layer_norm(self, node, centred)
+
+
+def _f_layer_norm(self: _Translator, node: fx.Node, centred: bool = True) -> Value:
+    """``F.layer_norm(x, shape, weight, bias, eps)``, or ``F.rms_norm(x, shape, weight, eps)``."""
     (x,) = self._tensors(node.args[:1])
-    names = ("normalized_shape", "weight", "bias", "eps")
+    names = ("normalized_shape", "weight", "bias", "eps") if centred else (
+        "normalized_shape", "weight", "eps")
     given = dict(zip(names, node.args[1:])) | dict(node.kwargs)
     tensors = [self.values.get(given.get(k)) if isinstance(given.get(k), fx.Node) else
                given.get(k) for k in ("weight", "bias")]
     if not all(t is None or isinstance(t, _Parameter) for t in tensors):
-        raise _UnsupportedError("F.layer_norm with a weight or bias that is not a module's "
-                                "parameter")
+        raise _UnsupportedError(f"F.{'layer' if centred else 'rms'}_norm with a weight or "
+                                "bias that is not a module's parameter")
     name = self._name(node.name, node)
     weight, bias = (None if t is None else t.tensor for t in tensors)
     if weight is not None:
@@ -614,8 +625,9 @@ def _f_layer_norm(self: _Translator, node: fx.Node) -> Value:
         self.origins[name] = (path, {k: t.target.rpartition(".")[2]
                                      for k, t in zip(("weight", "bias"), tensors)
                                      if t is not None})
-    return self._layer_norm(name, x, given["normalized_shape"], given.get("eps", 1e-5),
-                            weight, bias, node)
+    return self._layer_norm(name, x, given["normalized_shape"],
+                            given.get("eps", 1e-5 if centred else None), weight, bias, node,
+                            centred)
 
 
 def _softmax_function(log: bool) -> Callable:
@@ -638,7 +650,8 @@ _FUNCTION_HANDLERS: dict[Any, Callable] = {
     F.max_pool2d: _f_pool(True), F.avg_pool2d: _f_pool(False),
     F.softmax: _softmax_function(False), torch.softmax: _softmax_function(False),
     F.log_softmax: _softmax_function(True), torch.log_softmax: _softmax_function(True),
-    operator.getitem: _Translator._index, F.layer_norm: _f_layer_norm,
+    operator.getitem: _Translator._index, F.layer_norm: _f_norm(True),
+    F.rms_norm: _f_norm(False),
     torch.sum: lambda self, node: self._reduction(node, mean=False),
     torch.mean: lambda self, node: self._reduction(node, mean=True),
     operator.pow: _Translator._power, torch.pow: _Translator._power,

@@ -126,23 +126,34 @@ class ElementwiseAffine(Linear):
     """``z = weight * x + bias`` with ``weight``, ``bias`` of a sample's last dimensions.
 
     LayerNorm's affine part: the parameters (``None``: not there) repeat over the
-    sample's leading dimensions (``repeats`` copies).
+    sample's leading dimensions (``repeats`` copies). They keep their own shape
+    (``nn.LayerNorm((4, 5))``'s ``(4, 5)``: so do their gradients and the
+    ``state_dict``) and act flattened in C order.
     """
 
-    values = ("weight", "b")
+    values = ("w", "b")
 
     def __init__(self, weight: Any, bias: Any = None, repeats: int = 1) -> None:
-        self.weight = _weight(weight, "ElementwiseAffine: weight", 1)
-        self.b = None if bias is None else _weight(bias, "ElementwiseAffine: bias", 1)
+        self.w = _parameter(weight, "ElementwiseAffine: weight")
+        self.b = None if bias is None else _parameter(bias, "ElementwiseAffine: bias")
+        if self.b is not None and tuple(self.b.shape) != tuple(self.w.shape):
+            raise ValueError(f"ElementwiseAffine: bias of shape {tuple(self.b.shape)} for a "
+                             f"weight of shape {tuple(self.w.shape)}")
         self.repeats = int(repeats)
 
     def __repr__(self) -> str:
         return f"ElementwiseAffine({self.weight.shape[0]} x {self.repeats})"
 
     @property
+    def weight(self) -> Any:
+        """The scale of one repeat's entries, flat."""
+        return _flat(self.w)
+
+    @property
     def bias(self) -> Any:
         """The offset of every entry."""
-        return None if self.b is None else backend.namespace(self.b).tile(self.b, (self.repeats,))
+        return None if self.b is None else backend.namespace(self.b).tile(_flat(self.b),
+                                                                          (self.repeats,))
 
     def output_size(self, sizes: Sequence[int]) -> int:
         """The input's size; ``ValueError`` if it does not fit."""
@@ -154,25 +165,38 @@ class ElementwiseAffine(Linear):
         return [sp.diags_array(np.tile(backend.to_host(self.weight), self.repeats), format="csr")]
 
     def parameters(self) -> dict:
-        """``weight`` and ``bias`` (as PyTorch's)."""
-        return {"weight": self.weight} | ({} if self.b is None else {"bias": self.b})
+        """``weight`` and ``bias`` (as PyTorch's, in their own shape)."""
+        return {"weight": self.w} | ({} if self.b is None else {"bias": self.b})
 
     def set_parameter(self, name: str, value: Any) -> None:
-        """Replace ``weight`` or ``bias``."""
+        """Replace ``weight`` or ``bias`` (of the shape it has)."""
         if name not in self.parameters():
             super().set_parameter(name, value)
-        setattr(self, "weight" if name == "weight" else "b",
-                _weight(value, f"ElementwiseAffine: {name}", 1))
+        value = _parameter(value, f"ElementwiseAffine: {name}")
+        if tuple(value.shape) != tuple(self.w.shape):
+            raise ValueError(f"ElementwiseAffine: {name} of shape {tuple(value.shape)}, "
+                             f"expected {tuple(self.w.shape)}")
+        setattr(self, "w" if name == "weight" else "b", value)
 
     def gradients(self, inputs: Sequence[Any], grad: Any) -> dict:
         """``dE/dweight = sum grad * x``, ``dE/dbias = sum grad``, over samples and repeats."""
         x = inputs[0] if inputs[0].ndim == 2 else inputs[0][:, None]
         g = grad if grad.ndim == 2 else grad[:, None]
-        parts = (self.repeats, self.weight.shape[0], -1)
+        parts, shape = (self.repeats, self.weight.shape[0], -1), tuple(self.w.shape)
         xp = backend.namespace(g)
-        out = {"weight": xp.sum(xp.reshape(g * x, parts), axis=(0, 2))}
-        return out | ({} if self.b is None else {"bias": xp.sum(xp.reshape(g, parts),
-                                                                   axis=(0, 2))})
+        out = {"weight": xp.reshape(xp.sum(xp.reshape(g * x, parts), axis=(0, 2)), shape)}
+        return out | ({} if self.b is None else {"bias": xp.reshape(
+            xp.sum(xp.reshape(g, parts), axis=(0, 2)), shape)})
+
+
+def _parameter(a: Any, what: str) -> Any:
+    """An elementwise parameter of any shape (at least one entry's axis) as :func:`_weight`."""
+    return _weight(a, what, max(1, len(getattr(a, "shape", (len(a),)))))
+
+
+def _flat(a: Any) -> Any:
+    """``a`` flat in C order (itself when it is one-dimensional)."""
+    return a if a.ndim == 1 else backend.namespace(a).reshape(a, (-1,))
 
 
 def _groups(shape: Sequence[int], dims: Sequence[int]) -> tuple[Any, int]:
@@ -221,7 +245,7 @@ def product_of(first: str | None, second: str | None, suffix: str = ""
 
 
 def layer_norm_over(shape: Sequence[int], dims: int, eps: float, weight: Any = None,
-                    bias: Any = None) -> list[tuple[str, Any, list]]:
+                    bias: Any = None, centred: bool = True) -> list[tuple[str, Any, list]]:
     """The layers of ``F.layer_norm`` over the last ``dims`` dimensions of a sample's ``shape``.
 
     ``[(suffix, layer, reads)]`` (``None`` reads the input): ``.centred`` (``x -
@@ -229,19 +253,22 @@ def layer_norm_over(shape: Sequence[int], dims: int, eps: float, weight: Any = N
     eps)``), ``.spread`` (copied back over the normalised entries), the product
     (``.normalised``, with its ``.factors``) and, with ``weight``, the affine
     ``weight * . + bias`` (suffix ``""``; without, the product is suffix ``""``).
+    ``centred=False`` is ``F.rms_norm``: no centring, ``x rsqrt(mean(x^2) + eps)``.
     """
     shape = tuple(int(n) for n in shape)
     reduced = list(range(len(shape) - dims, len(shape)))
     S = _group_sums(shape, reduced)
     n = int(np.prod(shape[-dims:]))
+    last = "" if weight is None else ".normalised"
     centre = LinearMap([sp.eye_array(S.shape[1], format="csr") - (S.T @ S) / n],
                        name="Centre")
-    last = "" if weight is None else ".normalised"
-    layers = [(".centred", centre, [None]), (".square", Power(2.0), [".centred"]),
-              (".variance", LinearMap([S / n], name="Mean"), [".square"]),
-              (".scale", Power(-0.5, eps), [".variance"]),
-              (".spread", LinearMap([S.T.tocsr()], name="Broadcast"), [".scale"])]
-    layers += product_of(".centred", ".spread", last)
+    layers = [(".centred", centre, [None])] if centred else []
+    x = ".centred" if centred else None
+    layers += [(".square", Power(2.0), [x]),
+               (".variance", LinearMap([S / n], name="Mean"), [".square"]),
+               (".scale", Power(-0.5, eps), [".variance"]),
+               (".spread", LinearMap([S.T.tocsr()], name="Broadcast"), [".scale"])]
+    layers += product_of(x, ".spread", last)
     if weight is not None:
         layers.append(("", ElementwiseAffine(weight, bias, S.shape[0]), [last]))
     return layers
