@@ -181,6 +181,54 @@ def test_conv1d_net_with_interleaving_cat_and_channel_softmax_matches_torch():
     check_node_by_node(module, x, (2, 9), methods=["substitution"])
 
 
+def normed_nets():
+    """Group and instance norms, adaptive pools: (module, sample shape); each was refused.
+
+    A norm follows a bias-free convolution: its statistics remove a per-channel offset,
+    so the bias's gradient would be zero to rounding (nothing to compare).
+    """
+    conv1, conv2 = (lambda i, o: nn.Conv1d(i, o, 2, bias=False),
+                    lambda i, o: nn.Conv2d(i, o, 2, bias=False))
+    return [
+        (nn.Sequential(conv1(2, 6), nn.GroupNorm(3, 6), nn.Tanh(), nn.AdaptiveAvgPool1d(5),
+                       nn.Flatten(), nn.Linear(30, 3)), (2, 11)),
+        (nn.Sequential(conv2(1, 4), nn.GroupNorm(2, 4, affine=False), nn.Tanh(),
+                       nn.AdaptiveMaxPool2d((2, 1)), nn.Flatten(), nn.Linear(8, 3)), (1, 5, 4)),
+        (nn.Sequential(conv1(2, 3), nn.InstanceNorm1d(3, affine=True), nn.SiLU(),
+                       nn.AdaptiveMaxPool1d(2), nn.Flatten(), nn.Linear(6, 3)), (2, 7)),
+        (nn.Sequential(conv2(1, 3), nn.InstanceNorm2d(3), nn.Tanh(), nn.AdaptiveAvgPool2d(1),
+                       nn.Flatten(), nn.Linear(3, 2)), (1, 5, 4)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_group_and_instance_norms_and_adaptive_pools_match_torch_node_by_node(case):
+    torch.manual_seed(4)
+    module, shape = normed_nets()[case]
+    with torch.no_grad():  # a norm's weight and bias other than ones and zeros
+        for name, p in module.named_parameters():
+            if name.startswith("1."):
+                p.uniform_(0.5, 2.0)
+    x = np.random.default_rng(4).standard_normal((3,) + shape)
+    check_node_by_node(module, x, shape)
+
+
+def test_instance_norm_with_running_statistics_is_batch_norms_affine_map():
+    torch.manual_seed(5)
+    module = nn.Sequential(nn.Conv1d(2, 3, 2), nn.InstanceNorm1d(
+        3, affine=True, track_running_stats=True), nn.Flatten(), nn.Linear(15, 2)).double()
+    module(torch.randn(8, 2, 6, dtype=torch.float64))  # training: running statistics
+    check_node_by_node(module.eval(), np.random.default_rng(5).standard_normal((3, 2, 6)),
+                       (2, 6))
+    with pytest.raises(ValueError, match="AdaptiveMaxPool1d with return_indices=True"):
+        pp.from_torch(nn.Sequential(nn.Conv1d(1, 2, 3), nn.AdaptiveMaxPool1d(
+            2, return_indices=True)).double(), input_shape=(1, 8))
+    with pytest.raises(ValueError, match=r"AdaptiveAvgPool1d from \(6,\) to \(4,\): the "
+                                         "output sizes must divide the input's"):
+        pp.from_torch(nn.Sequential(nn.Conv1d(1, 2, 3), nn.AdaptiveAvgPool1d(4)).double(),
+                      input_shape=(1, 8))
+
+
 @pytest.mark.parametrize(("make", "shape", "buffers"), [
     (ConvNet, (2, 9, 9), {"bn1.running_mean", "bn1.running_var"}),
     (lambda: PreNormSwiGLU(), (6,), set())], ids=["conv", "swiglu"])

@@ -7,7 +7,8 @@ Each operation becomes zero or more :mod:`~propop.layers` nodes of a
 
 - modules: ``Linear``; ``Conv1d``/``Conv2d`` (stride, padding, dilation, groups);
   ``AvgPool1d/2d``, ``MaxPool1d/2d`` (overlapping windows too, :func:`~propop.layers.max_pool`),
-  ``AdaptiveAvgPool2d`` (output sizes dividing the input); ``BatchNorm1d/2d`` in
+  ``AdaptiveAvgPool1d/2d`` and ``AdaptiveMaxPool1d/2d`` (output sizes dividing the input);
+  ``GroupNorm`` and ``InstanceNorm1d/2d``; ``BatchNorm1d/2d`` in
   evaluation mode (an affine map); ``LayerNorm`` and ``RMSNorm``
   (:func:`~propop.layers.layer_norm_over`: exact, its Jacobian per sample built from
   products); ``Dropout`` in evaluation mode, ``Identity``,
@@ -464,16 +465,51 @@ def _pooling(self: _Translator, module: Any, x: Value, name: str, node: fx.Node)
                       options, _shape(node))
 
 
-def _adaptive_average(self: _Translator, module: nn.AdaptiveAvgPool2d, x: Value, name: str,
-                      node: fx.Node) -> Value:
+def _adaptive(self: _Translator, module: Any, x: Value, name: str, node: fx.Node) -> Value:
+    """Adaptive average and max pooling (1-D, 2-D) whose output sizes divide the input's.
+
+    Pooling with kernel and stride ``input // output``.
+    """
+    one_d = isinstance(module, nn.AdaptiveAvgPool1d | nn.AdaptiveMaxPool1d)
+    maximum = isinstance(module, nn.AdaptiveMaxPool1d | nn.AdaptiveMaxPool2d)
+    kind = type(module).__name__
+    if maximum and module.return_indices:
+        raise _UnsupportedError(f"{kind} with return_indices=True")
     out = _shape(node)[1:]
-    if len(x.shape) != 3 or any(n % o for n, o in zip(x.shape[1:], out)):
-        raise _UnsupportedError(f"AdaptiveAvgPool2d from {x.shape[1:]} to {out}: the output sizes "
-                           "must divide the input's")
+    if len(x.shape) != (2 if one_d else 3) or any(n % o for n, o in zip(x.shape[1:], out)):
+        raise _UnsupportedError(f"{kind} from {x.shape[1:]} to {out}: the output sizes "
+                                "must divide the input's")
     kernel = tuple(n // o for n, o in zip(x.shape[1:], out))
-    return self._pool(name, x, False, False, dict(kernel_size=kernel, stride=kernel, padding=0,
-                                                  ceil_mode=False, count_include_pad=True,
-                                                  divisor_override=None), _shape(node))
+    options = dict(kernel_size=kernel, stride=kernel, padding=0, ceil_mode=False) | (
+        dict(dilation=1) if maximum else dict(count_include_pad=True, divisor_override=None))
+    return self._pool(name, x, one_d, maximum, options, _shape(node))
+
+
+def _group_norm(self: _Translator, module: nn.GroupNorm | Any, x: Value, name: str,
+                node: fx.Node) -> Value:
+    """``GroupNorm``, and ``InstanceNorm1d/2d`` (a group per channel) on its own statistics.
+
+    The ``C`` channels of a ``(C, ...)`` sample in ``G`` groups are, flat in C order, a
+    ``(G, C / G * spatial)`` array normalised over its last axis (:func:`layer_norm_over`),
+    then the per-channel affine map (a :class:`~propop.layers.BatchNorm` of mean 0 and
+    variance 1: ``weight_c x + bias_c`` exactly).
+    """
+    instance = not isinstance(module, nn.GroupNorm)
+    if instance and module.track_running_stats and not module.training:
+        return _batch_norm(self, module, x, name, node)  # the running statistics: affine
+    C = x.shape[0]
+    groups = C if instance else module.num_groups
+    size = C // groups * int(np.prod(x.shape[1:]))
+    parts = L.layer_norm_over((groups, size), 1, module.eps)
+    if not module.affine:
+        return self._expand(name, x, parts, x.shape)
+    self.origins[name] = (node.target, {"weight": "weight", "bias": "bias"})
+    rename = {"": ".normalised"}
+    parts = [(rename.get(s, s), layer, [rename.get(r, r) for r in reads])
+             for s, layer, reads in parts]
+    affine = L.BatchNorm(np.zeros(C), np.ones(C), eps=0.0, input_shape=x.shape,
+                         weight=self.array(module.weight), bias=self.array(module.bias))
+    return self._expand(name, x, parts + [("", affine, [".normalised"])], x.shape)
 
 
 def _batch_norm(self: _Translator, module: Any, x: Value, name: str, node: fx.Node) -> Value:
@@ -539,7 +575,9 @@ def _layer_norm_module(self: _Translator, module: nn.LayerNorm | nn.RMSNorm, x: 
 _MODULES: list[tuple[Any, Callable]] = [
     (nn.Linear, _linear), (nn.Conv1d | nn.Conv2d, _convolution),
     (nn.AvgPool1d | nn.AvgPool2d | nn.MaxPool1d | nn.MaxPool2d, _pooling),
-    (nn.AdaptiveAvgPool2d, _adaptive_average),
+    (nn.AdaptiveAvgPool1d | nn.AdaptiveAvgPool2d | nn.AdaptiveMaxPool1d | nn.AdaptiveMaxPool2d,
+     _adaptive),
+    (nn.GroupNorm | nn.InstanceNorm1d | nn.InstanceNorm2d, _group_norm),
     (nn.BatchNorm1d | nn.BatchNorm2d, _batch_norm),
     (nn.Dropout | nn.Dropout1d | nn.Dropout2d, _dropout),
     (_IDENTITY_MODULES, _identity), (tuple(ACTIVATIONS), _activation_module),
@@ -549,7 +587,8 @@ _MODULES: list[tuple[Any, Callable]] = [
 
 def _supported() -> str:
     names = ["Linear", "Conv1d", "Conv2d", "AvgPool1d", "AvgPool2d", "MaxPool1d", "MaxPool2d",
-             "AdaptiveAvgPool2d", "BatchNorm1d", "BatchNorm2d (eval)", "Dropout (eval)",
+             "AdaptiveAvgPool1d/2d", "AdaptiveMaxPool1d/2d", "BatchNorm1d", "BatchNorm2d (eval)",
+             "GroupNorm", "InstanceNorm1d/2d", "Dropout (eval)",
              "Identity", "Flatten", "Unflatten", "Softmax", "LogSoftmax", "LayerNorm",
              "RMSNorm"]
     return ", ".join(names + [k.__name__ for k in ACTIVATIONS])
