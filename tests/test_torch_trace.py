@@ -213,6 +213,37 @@ def test_group_and_instance_norms_and_adaptive_pools_match_torch_node_by_node(ca
     check_node_by_node(module, x, shape)
 
 
+@pytest.mark.parametrize(("make", "shape"), [
+    (lambda: nn.Sequential(nn.Linear(4, 5), nn.PReLU(), nn.Linear(5, 3)), (4,)),
+    (lambda: nn.Sequential(nn.Linear(4, 5), nn.PReLU(5), nn.Linear(5, 3)), (4,)),
+    (lambda: nn.Sequential(nn.Conv1d(2, 3, 2), nn.PReLU(3), nn.Flatten(), nn.Linear(15, 2)),
+     (2, 6))], ids=["one slope", "a slope per feature", "a slope per channel"])
+def test_prelu_and_its_slopes_gradient_match_torch(make, shape):
+    # PReLU was refused: its slopes are a parameter, here a linear node's
+    import copy
+
+    import propop.torch as ptorch
+
+    torch.manual_seed(6)
+    module = make().double()
+    with torch.no_grad():
+        module[1].weight.uniform_(-0.5, 0.8)
+    x = np.random.default_rng(6).standard_normal((4,) + shape)
+    graph, _ = check_node_by_node(module, x, shape if len(shape) > 1 else None)
+    assert tuple(pp.state_dict(graph)["1.weight"].shape) == tuple(module[1].weight.shape)
+    reference = copy.deepcopy(module)
+    parallel = ptorch.parallelize(module, method="substitution", forward="newton",
+                                  example_input=torch.tensor(x))
+    for m in (parallel, reference):
+        optimiser = torch.optim.Adam(m.parameters(), lr=0.01)
+        for _ in range(3):
+            optimiser.zero_grad()
+            (m(torch.tensor(x)) ** 2).sum().backward()
+            optimiser.step()
+    assert max(float((p - q).detach().abs().max())
+               for p, q in zip(parallel.parameters(), reference.parameters())) < 1e-12
+
+
 def test_instance_norm_with_running_statistics_is_batch_norms_affine_map():
     torch.manual_seed(5)
     module = nn.Sequential(nn.Conv1d(2, 3, 2), nn.InstanceNorm1d(
@@ -374,8 +405,8 @@ def test_softplus_is_pytorchs_on_both_sides_of_its_threshold():
      r"\(call_module 1\): BatchNorm1d in training mode.*eval\(\)"),
     (nn.Sequential(nn.Linear(3, 3), nn.Dropout()), r"Dropout in training mode.*eval\(\)"),
     (nn.Sequential(nn.Linear(3, 3), nn.LSTM(3, 3)), r"unsupported module LSTM \(recurrent"),
-    (nn.Sequential(nn.Linear(3, 3), nn.GELU(approximate="none"), nn.PReLU()),
-     r"unsupported module PReLU; supported: Linear"),
+    (nn.Sequential(nn.Linear(3, 3), nn.GELU(approximate="none"), nn.RReLU()),
+     r"unsupported module RReLU; supported: Linear"),
     (nn.Sequential(nn.Linear(3, 3), nn.Softplus(beta=0)), r"softplus: beta must be non-zero"),
 ])
 def test_what_cannot_be_imported_is_named_with_its_node_and_line(module, words):

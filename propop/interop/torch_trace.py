@@ -8,7 +8,7 @@ Each operation becomes zero or more :mod:`~propop.layers` nodes of a
 - modules: ``Linear``; ``Conv1d``/``Conv2d`` (stride, padding, dilation, groups);
   ``AvgPool1d/2d``, ``MaxPool1d/2d`` (overlapping windows too, :func:`~propop.layers.max_pool`),
   ``AdaptiveAvgPool1d/2d`` and ``AdaptiveMaxPool1d/2d`` (output sizes dividing the input);
-  ``GroupNorm`` and ``InstanceNorm1d/2d``; ``BatchNorm1d/2d`` in
+  ``GroupNorm`` and ``InstanceNorm1d/2d``; ``PReLU``; ``BatchNorm1d/2d`` in
   evaluation mode (an affine map); ``LayerNorm`` and ``RMSNorm``
   (:func:`~propop.layers.layer_norm_over`: exact, its Jacobian per sample built from
   products); ``Dropout`` in evaluation mode, ``Identity``,
@@ -525,6 +525,25 @@ def _batch_norm(self: _Translator, module: Any, x: Value, name: str, node: fx.No
     return self._add(name, layer, [x], x.shape)
 
 
+def _prelu(self: _Translator, module: nn.PReLU, x: Value, name: str, node: fx.Node) -> Value:
+    """``relu(x) + a min(x, 0)``, with ``min(x, 0) = x - relu(x)``.
+
+    The slopes ``a`` (one, or one per channel of a ``(C, ...)`` sample) are a linear
+    node's parameter, their gradient ``sum grad min(x, 0)``; the slope at 0 is ``a``,
+    as PyTorch's backward takes it.
+    """
+    slopes = self.array(module.weight)
+    if slopes.shape[0] not in (1, x.shape[0]):
+        raise _UnsupportedError(f"PReLU of {slopes.shape[0]} slopes on a sample of shape "
+                                f"{x.shape}")
+    self.origins[name + ".scaled"] = (node.target, {"weight": "weight"})
+    scaled = L.ElementwiseAffine(slopes, spread=x.size // slopes.shape[0])
+    return self._expand(name, x, [(".positive", L.Activation("relu"), [None]),
+                                  (".negative", L.Add((1, -1)), [None, ".positive"]),
+                                  (".scaled", scaled, [".negative"]),
+                                  ("", L.Add(), [".positive", ".scaled"])], x.shape)
+
+
 def _dropout(self: _Translator, module: Any, x: Value, name: str, node: fx.Node) -> Value:
     if module.training:
         raise _UnsupportedError(f"{type(module).__name__} in training mode: call module.eval() "
@@ -581,6 +600,7 @@ _MODULES: list[tuple[Any, Callable]] = [
     (nn.BatchNorm1d | nn.BatchNorm2d, _batch_norm),
     (nn.Dropout | nn.Dropout1d | nn.Dropout2d, _dropout),
     (_IDENTITY_MODULES, _identity), (tuple(ACTIVATIONS), _activation_module),
+    (nn.PReLU, _prelu),
     (nn.Softmax | nn.LogSoftmax, _softmax_module), (nn.LayerNorm | nn.RMSNorm, _layer_norm_module),
 ]
 
@@ -588,7 +608,7 @@ _MODULES: list[tuple[Any, Callable]] = [
 def _supported() -> str:
     names = ["Linear", "Conv1d", "Conv2d", "AvgPool1d", "AvgPool2d", "MaxPool1d", "MaxPool2d",
              "AdaptiveAvgPool1d/2d", "AdaptiveMaxPool1d/2d", "BatchNorm1d", "BatchNorm2d (eval)",
-             "GroupNorm", "InstanceNorm1d/2d", "Dropout (eval)",
+             "GroupNorm", "InstanceNorm1d/2d", "PReLU", "Dropout (eval)",
              "Identity", "Flatten", "Unflatten", "Softmax", "LogSoftmax", "LayerNorm",
              "RMSNorm"]
     return ", ".join(names + [k.__name__ for k in ACTIVATIONS])

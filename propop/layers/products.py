@@ -128,21 +128,30 @@ class ElementwiseAffine(Linear):
     LayerNorm's affine part: the parameters (``None``: not there) repeat over the
     sample's leading dimensions (``repeats`` copies). They keep their own shape
     (``nn.LayerNorm((4, 5))``'s ``(4, 5)``: so do their gradients and the
-    ``state_dict``) and act flattened in C order.
+    ``state_dict``) and act flattened in C order. With ``spread``, each entry scales
+    that many consecutive entries: a channel's of a ``(C, ...)`` sample (PReLU's slopes).
     """
 
     values = ("w", "b")
 
-    def __init__(self, weight: Any, bias: Any = None, repeats: int = 1) -> None:
+    def __init__(self, weight: Any, bias: Any = None, repeats: int = 1,
+                 spread: int = 1) -> None:
         self.w = _parameter(weight, "ElementwiseAffine: weight")
         self.b = None if bias is None else _parameter(bias, "ElementwiseAffine: bias")
         if self.b is not None and tuple(self.b.shape) != tuple(self.w.shape):
             raise ValueError(f"ElementwiseAffine: bias of shape {tuple(self.b.shape)} for a "
                              f"weight of shape {tuple(self.w.shape)}")
-        self.repeats = int(repeats)
+        self.repeats, self.spread = int(repeats), int(spread)
 
     def __repr__(self) -> str:
-        return f"ElementwiseAffine({self.weight.shape[0]} x {self.repeats})"
+        spread = "" if self.spread == 1 else f", spread {self.spread}"
+        return f"ElementwiseAffine({self.weight.shape[0]} x {self.repeats}{spread})"
+
+    def _every(self, a: Any) -> Any:
+        """A parameter's value at every entry: each spread, then repeated."""
+        xp = backend.namespace(a)
+        a = _flat(a) if self.spread == 1 else xp.repeat(_flat(a), self.spread)
+        return a if self.repeats == 1 else xp.tile(a, (self.repeats,))
 
     @property
     def weight(self) -> Any:
@@ -152,17 +161,16 @@ class ElementwiseAffine(Linear):
     @property
     def bias(self) -> Any:
         """The offset of every entry."""
-        return None if self.b is None else backend.namespace(self.b).tile(_flat(self.b),
-                                                                          (self.repeats,))
+        return None if self.b is None else self._every(self.b)
 
     def output_size(self, sizes: Sequence[int]) -> int:
         """The input's size; ``ValueError`` if it does not fit."""
-        _one_input(self, sizes, self.weight.shape[0] * self.repeats)
+        _one_input(self, sizes, self.weight.shape[0] * self.spread * self.repeats)
         return sizes[0]
 
     def jacobians(self, sizes: Sequence[int]) -> list:
-        """``diag(weight)``, repeated."""
-        return [sp.diags_array(np.tile(backend.to_host(self.weight), self.repeats), format="csr")]
+        """``diag(weight)``, spread and repeated."""
+        return [sp.diags_array(backend.to_host(self._every(self.w)), format="csr")]
 
     def parameters(self) -> dict:
         """``weight`` and ``bias`` (as PyTorch's, in their own shape)."""
@@ -179,7 +187,11 @@ class ElementwiseAffine(Linear):
         setattr(self, "w" if name == "weight" else "b", value)
 
     def gradients(self, inputs: Sequence[Any], grad: Any) -> dict:
-        """``dE/dweight = sum grad * x``, ``dE/dbias = sum grad``, over samples and repeats."""
+        """``dE/dweight = sum grad * x``, ``dE/dbias = sum grad``, over samples and repeats.
+
+        An entry's spread and the samples are consecutive in ``(N, r)`` C order, so one
+        axis holds both.
+        """
         x = inputs[0] if inputs[0].ndim == 2 else inputs[0][:, None]
         g = grad if grad.ndim == 2 else grad[:, None]
         parts, shape = (self.repeats, self.weight.shape[0], -1), tuple(self.w.shape)
