@@ -208,13 +208,13 @@ def _member(name: Any, settings: dict) -> Activation:
 
 
 def _real(value: Any, what: str) -> float:
-    """A setting as a finite float, or ``ValueError``/``TypeError`` naming it."""
+    """A setting as a float (infinite ones too: a clamp's open side), never NaN."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(
             value, "__float__"):
         raise TypeError(f"activation setting {what} must be a number, got {value!r}")
     value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"activation setting {what} must be finite, got {value}")
+    if value != value:
+        raise ValueError(f"activation setting {what} must be a number, got NaN")
     return value
 
 
@@ -358,6 +358,24 @@ def hardtanh(name: str, min_val: float, max_val: float) -> Activation:
                       1.0, f"y clipped to [{min_val:g}, {max_val:g}]")
 
 
+def clamp(name: str, min: float, max: float) -> Activation:  # noqa: A002 (PyTorch's names)
+    """``torch.clamp(y, min, max)``, an infinite side open.
+
+    Slope 1 from ``min`` to ``max``, both included, as PyTorch's backward
+    (``hardtanh``'s excludes them).
+    """
+    if not min <= max:
+        raise ValueError(f"clamp: min {min} must not exceed max {max}")
+
+    def f(y: Any) -> Any:
+        xp = _xp(y)
+        y = y if min == -math.inf else xp.maximum(y, min)
+        return y if max == math.inf else xp.minimum(y, max)
+
+    return Activation(name, f, lambda y: backend.astype((y >= min) & (y <= max), y.dtype),
+                      1.0, f"y clamped to [{min:g}, {max:g}], slope 1 at both ends")
+
+
 def _mish_df(y: Any) -> Any:
     """``t + y sigmoid(y) (1 - t^2)``, ``t = tanh(softplus(y))``."""
     t = _xp(y).tanh(_log1p_exp(y))
@@ -377,6 +395,7 @@ FAMILIES: dict[str, tuple[Callable[..., Activation], dict[str, float]]] = {
     "celu": (_celu, {"alpha": 1.0}),
     "softplus": (softplus, {"beta": 1.0, "threshold": SOFTPLUS_THRESHOLD}),
     "hardtanh": (hardtanh, {"min_val": -1.0, "max_val": 1.0}),
+    "clamp": (clamp, {"min": -math.inf, "max": math.inf}),
 }
 _MEMBERS: dict[tuple, Activation] = {}  # (family, settings) -> its member, made once
 
@@ -418,5 +437,11 @@ for _activation in (
                lambda y: _xp(y).tanh(y) ** 2, 1.0, "y - tanh(y)"),
     Activation("logsigmoid", lambda y: -_log1p_exp(-y), lambda y: _sigmoid(-y), 1.0,
                "log(sigmoid(y)) = -softplus(-y)"),
+    Activation("sin", lambda y: _xp(y).sin(y), lambda y: _xp(y).cos(y), 1.0,
+               "sin(y) (SIREN's)", elementwise="sin"),
+    Activation("cos", lambda y: _xp(y).cos(y), lambda y: -_xp(y).sin(y), 1.0, "cos(y)",
+               elementwise="cos"),
+    Activation("abs", lambda y: abs(y), lambda y: _xp(y).sign(y), 1.0,
+               "|y|; slope 0 at 0, as PyTorch's", elementwise="abs"),
 ):
     register_activation(_activation)

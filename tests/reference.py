@@ -32,6 +32,10 @@ TORCH_ACTIVATIONS = {
     "hardswish": F.hardswish,
     "tanhshrink": F.tanhshrink,
     "logsigmoid": F.logsigmoid,
+    "sin": torch.sin,
+    "cos": torch.cos,
+    "abs": torch.abs,
+    "clamp": lambda y: y * 1,  # clamp's defaults: both sides open
 }
 
 

@@ -10,7 +10,7 @@ from reference import TORCH_ACTIVATIONS, torch
 F = torch.nn.functional
 
 MORE = ("celu", "selu", "hardtanh", "relu6", "mish", "softsign", "hardsigmoid", "hardswish",
-        "tanhshrink", "logsigmoid")
+        "tanhshrink", "logsigmoid", "sin", "cos", "abs", "clamp")
 ACTIVATIONS = HIDDEN + ("exp",) + MORE
 # the kinks of the piecewise ones (0, +-1, +-3, 6) and both sides of softplus's threshold
 Y = np.concatenate([np.linspace(-6, 6, 241), [-1e-300, 1e-300, 1e-310, -3e2, 3e2, 6.0, 19.99,
@@ -23,7 +23,10 @@ MEMBERS = [("leaky_relu", {"negative_slope": 0.2}, lambda y: F.leaky_relu(y, 0.2
            ("softplus", {"beta": 2.0}, lambda y: F.softplus(y, 2.0)),
            ("softplus", {"beta": 0.5, "threshold": 5}, lambda y: F.softplus(y, 0.5, 5.0)),
            ("softplus", {"beta": -1.0}, lambda y: F.softplus(y, -1.0)),
-           ("hardtanh", {"min_val": 0.0, "max_val": 2.5}, lambda y: F.hardtanh(y, 0.0, 2.5))]
+           ("hardtanh", {"min_val": 0.0, "max_val": 2.5}, lambda y: F.hardtanh(y, 0.0, 2.5)),
+           ("clamp", {"min": -1.0, "max": 3.0}, lambda y: torch.clamp(y, -1.0, 3.0)),
+           ("clamp", {"min": 0.0}, lambda y: torch.clamp(y, min=0.0)),  # relu but at 0
+           ("clamp", {"max": 2.5}, lambda y: torch.clamp(y, max=2.5))]
 
 
 def _against_torch(act, reference):
@@ -78,8 +81,10 @@ def test_family_settings_are_checked():
         pp.get_activation("hardtanh", min_val=2)
     with pytest.raises(ValueError, match="celu: alpha must be non-zero"):
         pp.get_activation("celu", alpha=0)
-    with pytest.raises(ValueError, match="threshold must be finite"):
-        pp.get_activation("softplus", threshold=np.inf)
+    with pytest.raises(ValueError, match="threshold must be a number, got NaN"):
+        pp.get_activation("softplus", threshold=np.nan)
+    with pytest.raises(ValueError, match="clamp: min 2.0 must not exceed max 1.0"):
+        pp.get_activation("clamp", min=2, max=1)
 
 
 @pytest.mark.parametrize("name", ACTIVATIONS)

@@ -317,9 +317,9 @@ class Squares(nn.Module):
         return h * self.p  # a parameter used as a tensor, not through a module
 
 
-class Sines(nn.Module):
+class Tangents(nn.Module):
     def forward(self, x):
-        return torch.sin(x)
+        return torch.tan(x)
 
 
 class BatchMixer(nn.Module):
@@ -374,6 +374,27 @@ def test_activations_at_their_settings_match_torch_node_by_node():
     check_node_by_node(Activations(), x)
 
 
+class Elementwise(nn.Module):
+    """sin, cos, abs and clamp as functions and methods (clamp's sides open or closed)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.ModuleList(nn.Linear(5, 5) for _ in range(9))
+
+    def forward(self, x):
+        f = self.fc
+        x = f[1](torch.sin(3 * f[0](x))).cos()
+        x = f[3](torch.abs(f[2](x))).abs()
+        x = f[5](torch.clamp(f[4](x), -0.5, 0.5)).clamp(min=0)
+        x = f[7](torch.clip(f[6](x), max=0.2)).clamp(None, 1.0)
+        return f[8](x).sin()
+
+
+def test_sin_cos_abs_and_clamp_match_torch_node_by_node():
+    torch.manual_seed(7)
+    check_node_by_node(Elementwise(), 2 * np.random.default_rng(7).standard_normal((6, 5)))
+
+
 def test_softplus_is_pytorchs_on_both_sides_of_its_threshold():
     """Above ``threshold=20`` PyTorch's softplus is ``y`` itself, and its slope one."""
     torch.manual_seed(0)
@@ -397,8 +418,8 @@ def test_softplus_is_pytorchs_on_both_sides_of_its_threshold():
 @pytest.mark.parametrize(("module", "words"), [
     (Squares(), r"node 'mul' \(call_function _operator.mul\) at .*test_torch_trace.py:\d+: "
                     r"return h \* self.p.*: mul of 1 tensors and 0 constants"),
-    (Sines(), r"node 'sin' .*test_torch_trace.py:\d+: return torch.sin\(x\): unsupported "
-              r"function torch.sin"),
+    (Tangents(), r"node 'tan' .*test_torch_trace.py:\d+: return torch.tan\(x\): unsupported "
+                 r"function torch.tan"),
     (BatchMixer(), r"node 'reshape' .*reshapes the batch dimension"),
     (Softmax0(), r"dim=0 for a batch of shape"),
     (nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)),

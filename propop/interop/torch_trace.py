@@ -25,7 +25,8 @@ Each operation becomes zero or more :mod:`~propop.layers` nodes of a
   (``negative_slope``), Tanh, Sigmoid, ELU and CELU (``alpha``), SELU, SiLU, Mish,
   Softplus (``beta``, ``threshold``), Hardtanh (``min_val``, ``max_val``), ReLU6,
   Hardsigmoid, Hardswish, Softsign, Tanhshrink, LogSigmoid, GELU (exact, and
-  ``approximate="tanh"``), ``exp`` (:data:`propop.activations.FAMILIES`),
+  ``approximate="tanh"``), ``exp``, ``sin``, ``cos``, ``abs``, ``clamp``/``clip``
+  with constant bounds (:data:`propop.activations.FAMILIES`),
   Softmax and LogSoftmax over any dimension (:func:`~propop.layers.softmax_over`).
 
 Values are flat per sample in PyTorch's C order, samples as columns, so a
@@ -69,8 +70,11 @@ _FUNCTIONS = {torch.relu: "relu", F.relu: "relu", torch.tanh: "tanh", F.tanh: "t
               F.leaky_relu: "leaky_relu", F.gelu: "gelu_erf", torch.exp: "exp",
               F.softplus: "softplus", F.hardtanh: "hardtanh", F.relu6: "relu6",
               F.mish: "mish", F.softsign: "softsign", F.hardsigmoid: "hardsigmoid",
-              F.hardswish: "hardswish", F.tanhshrink: "tanhshrink", F.logsigmoid: "logsigmoid"}
-_METHODS = {"relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "exp": "exp"}
+              F.hardswish: "hardswish", F.tanhshrink: "tanhshrink", F.logsigmoid: "logsigmoid",
+              torch.sin: "sin", torch.cos: "cos", torch.abs: "abs", torch.clamp: "clamp",
+              torch.clip: "clamp"}
+_METHODS = {name: name for name in ("relu", "tanh", "sigmoid", "exp", "sin", "cos", "abs",
+                                    "clamp")} | {"clip": "clamp"}
 # the settings of propop's activation families (PyTorch's names and defaults), in the
 # functions' positional order after the input
 _SETTINGS = {name: tuple(defaults) for name, (_, defaults) in FAMILIES.items()}
@@ -239,6 +243,10 @@ class _Translator:
         settings = {key: node.args[position] for position, key in
                     enumerate(_SETTINGS.get(name, ()), start=1) if len(node.args) > position}
         settings |= {key: options[key] for key in _SETTINGS.get(name, ()) if key in options}
+        if name == "clamp":  # None is an open side; a tensor bound is no constant
+            if any(isinstance(v, fx.Node) for v in settings.values()):
+                raise _UnsupportedError("clamp with a tensor as a bound")
+            settings = {k: v for k, v in settings.items() if v is not None}
         return self._add(self._name(node.name, node), L.Activation(_member(name, settings)),
                          [x], x.shape)
 
