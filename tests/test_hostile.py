@@ -370,6 +370,11 @@ class OddLinear(torch.nn.Linear):
         return super().forward(x).clamp(max=0.1)
 
 
+class OddLinearTan(torch.nn.Linear):
+    def forward(self, x):
+        return super().forward(x).tan()
+
+
 class PlainSequential(torch.nn.Sequential):
     """A subclass that keeps Sequential's forward: imported as one."""
 
@@ -385,15 +390,16 @@ def test_from_torch_traces_what_subclasses_compute_and_names_what_it_cannot():
     x = np.random.default_rng(0).standard_normal((3, 2))
     for module in (OddSequential(torch.nn.Linear(3, 2)),
                    torch.nn.Sequential(OddResidual(torch.nn.Linear(3, 3))),
-                   PlainSequential(torch.nn.Linear(3, 2), torch.nn.Tanh())):
+                   PlainSequential(torch.nn.Linear(3, 2), torch.nn.Tanh()),
+                   torch.nn.Sequential(OddLinear(3, 2))):  # its clamp, not Linear's output
         module = module.double()
         graph = pp.from_torch(module)
         expected = module(torch.tensor(x.T)).detach().numpy().T
         np.testing.assert_allclose(graph.output_values(graph.forward(x))[0], expected,
                                    rtol=1e-14, atol=1e-14)
-    with pytest.raises(ValueError, match=r"node 'clamp' .*test_hostile.py:\d+: return super"
-                                         r"\(\).forward\(x\).clamp\(max=0.1\): unsupported method"):
-        pp.from_torch(torch.nn.Sequential(OddLinear(3, 2)).double())
+    with pytest.raises(ValueError, match=r"node 'tan' .*test_hostile.py:\d+: return super"
+                                         r"\(\).forward\(x\).tan\(\): unsupported method"):
+        pp.from_torch(torch.nn.Sequential(OddLinearTan(3, 2)).double())
     hooked = torch.nn.Sequential(torch.nn.Linear(3, 2))
     hooked[0].register_forward_hook(lambda module, inputs, output: output * 2)
     with pytest.raises(ValueError, match="Linear at 0 has forward hooks") as raised:

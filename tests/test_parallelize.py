@@ -130,6 +130,36 @@ def test_five_adam_steps_of_a_pre_norm_swiglu_block_equal_plain_autograds():
         torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12, msg=name)
 
 
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_a_transformer_block_trains_as_autograd_with_its_output_shape(backend):
+    """Attention (a pre-norm block with F.scaled_dot_product_attention) through propop.
+
+    The output keeps the module's shape, (N, T, d) here: it came back flat, (N, T d).
+    """
+    from test_torch_trace import PreNormBlock
+
+    torch.manual_seed(9)
+    module = PreNormBlock().double()
+    plain = copy.deepcopy(module)
+    x = torch.randn(3, 5, 8, dtype=torch.float64)
+    ours = ptorch.parallelize(module, method="substitution", example_input=x, backend=backend)
+    for m in (ours, plain):
+        optimiser = torch.optim.Adam(m.parameters(), lr=0.01)
+        for _ in range(3):
+            optimiser.zero_grad()
+            out = m(x)
+            (out.sin() * torch.arange(8.0, dtype=torch.float64)).sum().backward()
+            optimiser.step()
+    for (name, p), (_, q) in zip(module.named_parameters(), plain.named_parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12, msg=name)
+    other = torch.randn(2, 5, 8, dtype=torch.float64)  # another batch size
+    assert ours(other).shape == plain(other).shape == (2, 5, 8)
+    torch.testing.assert_close(ours(other), plain(other), rtol=1e-12, atol=1e-12)
+    conv = torch.nn.Sequential(torch.nn.Conv1d(2, 3, 2)).double()  # (C, L) per sample
+    assert ptorch.parallelize(conv, input_shape=(2, 6))(torch.randn(
+        4, 2, 6, dtype=torch.float64)).shape == (4, 3, 5)
+
+
 def test_float32_modules_stay_float32():
     module = mlp(torch.float32)
     reference = copy.deepcopy(module)

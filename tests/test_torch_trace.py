@@ -1,5 +1,7 @@
 """from_torch by tracing: every node's value and gradient against PyTorch's, node by node."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -559,6 +561,94 @@ def test_transformer_pieces_match_torch_node_by_node(make, shape):
     graph, compared = check_node_by_node(module, x, shape if len(shape) > 1 else None)
     assert compared >= 6
     assert any(isinstance(graph.layers[n], pp.layers.Multiply) for n in graph.order[1:])
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention as it is written by hand.
+
+    Per-token Linear layers, heads by view and transpose from ``x.shape``,
+    ``q @ k^T / sqrt(d)``, a softmax over the keys.
+    """
+
+    def __init__(self, d=6, heads=2):
+        super().__init__()
+        self.q, self.v, self.o = (nn.Linear(d, d) for _ in range(3))
+        self.k = nn.Linear(d, d, bias=False)  # its bias moves a score row by a constant
+        self.heads, self.norm, self.ff = heads, nn.LayerNorm(d), nn.Linear(d, d)
+
+    def forward(self, x):
+        B, T, d = x.shape
+        y = self.norm(x)
+        q, k, v = (f(y).view(B, T, self.heads, d // self.heads).transpose(1, 2)
+                   for f in (self.q, self.k, self.v))
+        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d // self.heads), dim=-1)
+        x = x + self.o((weights @ v).transpose(1, 2).reshape(B, T, d))
+        return x + self.ff(F.gelu(x))
+
+
+class PreNormBlock(nn.Module):
+    """A pre-norm transformer block.
+
+    RMSNorm, a fused qkv projection sliced apart, ``F.scaled_dot_product_attention``
+    over two heads, a residual, a SwiGLU MLP.
+    """
+
+    def __init__(self, d=8, heads=2):
+        super().__init__()
+        self.qkv, self.o, self.heads = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d), heads
+        self.n1, self.n2 = nn.RMSNorm(d), nn.LayerNorm(d)
+        self.up, self.gate, self.down = nn.Linear(d, 16), nn.Linear(d, 16), nn.Linear(16, d)
+
+    def forward(self, x):
+        B, T, d = x.shape
+        h = self.qkv(self.n1(x))
+        q, k, v = (t.reshape(B, T, self.heads, d // self.heads).permute(0, 2, 1, 3)
+                   for t in (h[:, :, :d], h[:, :, d:2 * d], h[:, :, 2 * d:]))
+        a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, T, d)
+        x = x + self.o(a)
+        y = self.n2(x)
+        return x + self.down(F.silu(self.gate(y)) * self.up(y))
+
+
+@pytest.mark.parametrize(("make", "shape"), [(SelfAttention, (4, 6)), (PreNormBlock, (5, 8))],
+                         ids=["attention", "block"])
+def test_attention_matches_torch_node_by_node(make, shape):
+    # Linear on tokens, transpose/permute, matrix products of two tensors, shapes read from
+    # x.shape and F.scaled_dot_product_attention were each refused
+    torch.manual_seed(8)
+    x = np.random.default_rng(8).standard_normal((3,) + shape)
+    graph, compared = check_node_by_node(make(), x, shape)
+    assert compared >= 15
+    assert any(isinstance(graph.layers[n], pp.layers.TokenDense) for n in graph.order[1:])
+
+
+def test_what_attention_cannot_import_is_named():
+    class Masked(nn.Module):
+        def forward(self, x):
+            return F.scaled_dot_product_attention(x, x, x, is_causal=True)
+
+    class ByParameter(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.W = nn.Parameter(torch.ones(3, 3))
+
+        def forward(self, x):
+            return x @ self.W
+
+    class BatchScaled(nn.Module):
+        def forward(self, x):
+            return x / x.shape[0]
+
+    class Swapped(nn.Module):
+        def forward(self, x):
+            return x.transpose(0, 1)
+
+    for module, words in [(Masked(), r"scaled_dot_product_attention with is_causal=True"),
+                          (ByParameter(), r"a matrix product with a parameter"),
+                          (BatchScaled(), r"div with the batch size"),
+                          (Swapped(), r"moves the batch dimension")]:
+        with pytest.raises(ValueError, match=words):
+            pp.from_torch(module.double(), input_shape=(2, 3))
 
 
 def test_rms_norm_without_eps_takes_the_modules_dtypes():

@@ -18,9 +18,14 @@ Each operation becomes zero or more :mod:`~propop.layers` nodes of a
   negation, powers by a number (``**``, ``pow``, ``sqrt``, ``rsqrt``), ``sum`` and
   ``mean`` over feature dimensions, ``F.layer_norm``, ``F.rms_norm``, ``torch.cat``,
   ``flatten``/``reshape``/``view``/
-  ``squeeze``/``unsqueeze``/``contiguous`` (keeping the batch dimension), ``F.linear``
-  with the module's own parameters, ``F.dropout`` in evaluation mode,
-  ``F.avg_pool2d``/``F.max_pool2d``;
+  ``squeeze``/``unsqueeze``/``contiguous`` (keeping the batch dimension), ``transpose``,
+  ``permute``, ``swapaxes`` of a sample's axes, matrix products of two tensors (``@``,
+  ``matmul``, ``bmm``: :func:`~propop.layers.matmul_of`),
+  ``F.scaled_dot_product_attention`` without mask or dropout, ``F.linear``
+  with the module's own parameters (``Linear`` on tokens ``(..., d)``:
+  :class:`~propop.layers.TokenDense`), ``F.dropout`` in evaluation mode,
+  ``F.avg_pool2d``/``F.max_pool2d``; ``x.shape``, ``x.size()`` and the numbers computed
+  from them (the batch size stays unknown: arithmetic with it is refused);
 - activations, as modules or functions, at their settings: ReLU, LeakyReLU
   (``negative_slope``), Tanh, Sigmoid, ELU and CELU (``alpha``), SELU, SiLU, Mish,
   Softplus (``beta``, ``threshold``), Hardtanh (``min_val``, ``max_val``), ReLU6,
@@ -39,6 +44,7 @@ naming the traced node and the line of ``forward()`` it comes from.
 
 from __future__ import annotations
 
+import math
 import operator
 import os
 from collections.abc import Callable, Sequence
@@ -145,6 +151,7 @@ class _Translator:
                 raise ValueError(f"from_torch: {_where(node)}: {why}") from None
         assert self.graph is not None
         self.graph._outputs = tuple(outputs)
+        self.graph.output_shapes = self.output_shapes  # a sample's, as the module returns it
         return self.graph, self.origins
 
     # -- the kinds of traced node -----------------------------------------------------
@@ -176,6 +183,12 @@ class _Translator:
 
     def _call_function(self, node: fx.Node) -> Any:
         target = node.target
+        if target is getattr and node.args[1] == "shape":
+            return self._shape_of(node.args[0])
+        if target in _NUMBER_FUNCTIONS and not any(
+                isinstance(self.values.get(a), Value) for a in node.args if isinstance(a, fx.Node)):
+            return _number(target, [self.values.get(a, a) if isinstance(a, fx.Node) else a
+                                    for a in node.args])
         if target in _FUNCTIONS:
             return self._activation(_FUNCTIONS[target], node, node.kwargs)
         handler = _FUNCTION_HANDLERS.get(target)
@@ -183,10 +196,17 @@ class _Translator:
             raise _UnsupportedError(f"unsupported function {_callable_name(target)}")
         return handler(self, node)
 
+    def _shape_of(self, source: Any) -> tuple:
+        """A traced tensor's shape, its batch size :data:`BATCH` (any batch may come)."""
+        (x,) = self._tensors([source])
+        return (BATCH, *x.shape)
+
     def _call_method(self, node: fx.Node) -> Any:
         name = node.target
-        if name in ("size", "dim"):
-            return None  # a shape: read by reshapes, which take theirs from the trace
+        if name in ("size", "dim"):  # numbers: reshapes take their shapes from the trace
+            shape = self._shape_of(node.args[0])
+            return len(shape) if name == "dim" else (
+                shape[node.args[1]] if len(node.args) > 1 else shape)
         if name in _RESHAPES:
             return self._reshape(node)
         if name in _METHODS:
@@ -199,12 +219,18 @@ class _Translator:
             return self._reduction(node, mean=name == "mean")
         if name in _POWERS:
             return self._power(node, _POWERS[name])
+        if name in ("transpose", "permute", "swapaxes"):
+            return self._permute(node)
+        if name in ("matmul", "bmm"):
+            return self._matmul(node)
         raise _UnsupportedError(f"unsupported method .{name}()")
 
     def _outputs(self, node: fx.Node) -> list[str]:
+        """The returned tensors' nodes; their per-sample shapes kept as ``output_shapes``."""
         returned = node.args[0]
-        values = returned if isinstance(returned, (tuple, list)) else [returned]
-        return [v.node for v in self._tensors(values)]
+        values = self._tensors(returned if isinstance(returned, (tuple, list)) else [returned])
+        self.output_shapes = tuple(v.shape for v in values)
+        return [v.node for v in values]
 
     # -- adding nodes -----------------------------------------------------------------
     def array(self, tensor: torch.Tensor | None) -> Any:
@@ -250,6 +276,47 @@ class _Translator:
         return self._add(self._name(node.name, node), L.Activation(_member(name, settings)),
                          [x], x.shape)
 
+    def _permute(self, node: fx.Node) -> Value:
+        """``x.transpose(d0, d1)``, ``x.permute(*dims)`` of a sample's axes (dim 0 stays)."""
+        (x,) = self._tensors(node.args[:1])
+        rank = len(x.shape) + 1  # with the batch
+        given = [a for a in node.args[1:]] or list(node.kwargs.values())
+        if node.target in ("transpose", torch.transpose, "swapaxes", torch.swapaxes):
+            d0, d1 = (d % rank for d in given[:2])
+            order = list(range(rank))
+            order[d0], order[d1] = order[d1], order[d0]
+        else:
+            dims = given[0] if len(given) == 1 and isinstance(given[0], (tuple, list)) else given
+            order = [d % rank for d in dims]
+        if order[0] != 0:
+            raise _UnsupportedError(f"moves the batch dimension (order {order}); propop keeps "
+                                    "samples apart")
+        return self._permuted(self._name(node.name, node), x, [d - 1 for d in order[1:]])
+
+    def _permuted(self, name: str, x: Value, order: Sequence[int]) -> Value:
+        """``x`` with a sample's axes in ``order`` (:func:`~propop.layers.permutation`)."""
+        return self._add(name, L.permutation(x.shape, order), [x],
+                         tuple(x.shape[d] for d in order))
+
+    def _matmul(self, node: fx.Node) -> Value:
+        """``a @ b`` of two traced tensors, each a matrix (or a stack of them) per sample."""
+        args = [self.values.get(a) if isinstance(a, fx.Node) else a for a in node.args[:2]]
+        if not all(isinstance(a, Value) for a in args):
+            raise _UnsupportedError("a matrix product with a parameter or a constant: write "
+                                    "it as nn.Linear (or F.linear with a module's weight)")
+        return self._product(self._name(node.name, node), *args)
+
+    def _product(self, name: str, a: Value, b: Value) -> Value:
+        """The nodes of ``a @ b`` (:func:`~propop.layers.matmul_of`)."""
+        if len(a.shape) < 2 or len(b.shape) < 2:
+            raise _UnsupportedError(f"a matrix product of per-sample shapes {a.shape} and "
+                                    f"{b.shape}: each factor needs two dimensions")
+        shape, parts = L.matmul_of(a.shape, b.shape)
+        made = {"a": a, "b": b}
+        for suffix, layer, reads in parts:
+            made[suffix] = self._add(name + suffix, layer, [made[r] for r in reads], ())
+        return Value(name, tuple(shape))
+
     def _reshape(self, node: fx.Node) -> Value:
         (x,) = self._tensors(node.args[:1])
         meta = node.meta["tensor_meta"]
@@ -268,6 +335,9 @@ class _Translator:
         args = [self.values.get(a, a) if isinstance(a, fx.Node) else a for a in node.args]
         alpha = node.kwargs.get("alpha", 1)
         tensors = [a for a in args if isinstance(a, Value)]
+        if any(a is BATCH for a in args):
+            raise _UnsupportedError(f"{op} with the batch size (x.shape[0]): a propop graph "
+                                    "computes each sample alone, for any batch")
         numbers = [a for a in args if isinstance(a, (int, float))]
         name = self._name(node.name, node)
         shape = _shape(node)
@@ -357,20 +427,33 @@ class _Translator:
     def _index(self, node: fx.Node) -> Value | None:
         """``x[:, ...]`` keeping the batch: a selection (:class:`~propop.layers.Windows`).
 
-        Indexing a shape (``x.size()[0]``) gives no tensor.
+        Indexing a shape (``x.size()[0]``) gives its number; slices may be bounded by
+        numbers computed from shapes (``h[..., :d]``).
         """
         source, index = node.args
         x = self.values.get(source) if isinstance(source, fx.Node) else None
+        if isinstance(x, tuple):  # a shape
+            return x[index]
         if not isinstance(x, Value):
             return None
-        index = index if isinstance(index, tuple) else (index,)
+        index = tuple(self._number_of(i) for i in (index if isinstance(index, tuple) else
+                                                   (index,)))
+        bounds = [e for i in index for e in ((i.start, i.stop, i.step) if isinstance(
+            i, slice) else (i,))]
         if not index or index[0] != slice(None) or any(
-                isinstance(i, fx.Node) or hasattr(i, "shape") for i in index):
+                isinstance(e, (fx.Node, _Batch)) or hasattr(e, "shape") for e in bounds):
             raise _UnsupportedError("indexing that does not keep the batch dimension whole "
                                     "(x[:, ...] with slices and integers is supported)")
         chosen = np.arange(x.size).reshape(x.shape)[index[1:]]
         return self._add(self._name(node.name, node), L.Windows(chosen, x.size), [x],
                          _shape(node))
+
+    def _number_of(self, i: Any) -> Any:
+        """An index with the numbers its traced nodes hold (slices' bounds too)."""
+        if isinstance(i, slice):
+            return slice(*(self._number_of(e) for e in (i.start, i.stop, i.step)))
+        value = self.values.get(i, i) if isinstance(i, fx.Node) else i
+        return i if isinstance(value, Value) else value
 
     def _expand(self, name: str, x: Value, parts: list, shape: tuple) -> Value:
         """Add the nodes ``[(suffix, layer, reads)]`` that one operation becomes."""
@@ -421,12 +504,19 @@ def to_numpy(t: torch.Tensor | None) -> Any:
 
 
 def _linear(self: _Translator, module: nn.Linear, x: Value, name: str, node: fx.Node) -> Value:
-    if len(x.shape) != 1:
-        raise _UnsupportedError(f"Linear on an input of shape {x.shape}: propop applies Linear to "
-                           "(batch, features) inputs")
     self.origins[name] = (node.target, _names(module, W="weight", b="bias"))
-    return self._add(name, L.Dense(self.array(module.weight), self.array(module.bias)), [x],
-                     (module.out_features,))
+    return self._add(name, _dense(x, self.array(module.weight), self.array(module.bias)), [x],
+                     _shape(node))
+
+
+def _dense(x: Value, W: Any, b: Any) -> Any:
+    """``nn.Linear``'s layer: a :class:`~propop.layers.Dense` on features.
+
+    On each token of a ``(..., features)`` sample, a :class:`~propop.layers.TokenDense`.
+    """
+    if len(x.shape) == 1:
+        return L.Dense(W, b)
+    return L.TokenDense(W, b, tokens=int(np.prod(x.shape[:-1])))
 
 
 def _convolution(self: _Translator, module: Any, x: Value, name: str, node: fx.Node) -> Value:
@@ -626,6 +716,24 @@ def _supported() -> str:
 _OPERATORS = {"add": "add", "sub": "sub", "mul": "mul", "div": "div"}
 
 
+class _Batch:
+    """The batch size in a traced shape: any batch may come, so no number."""
+
+    def __repr__(self) -> str:
+        return "batch"
+
+
+BATCH = _Batch()
+_NUMBER_FUNCTIONS = {operator.add: operator.add, operator.sub: operator.sub,
+                     operator.mul: operator.mul, operator.floordiv: operator.floordiv,
+                     operator.truediv: operator.truediv, math.sqrt: math.sqrt}
+
+
+def _number(f: Callable, args: list) -> Any:
+    """Shape arithmetic (``d // heads``, ``math.sqrt(d)``); with the batch size, :data:`BATCH`."""
+    return BATCH if any(a is BATCH for a in args) else _NUMBER_FUNCTIONS[f](*args)
+
+
 def _f_linear(self: _Translator, node: fx.Node) -> Value:
     x, weight = self._tensors(node.args[:1])[0], node.args[1]
     bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
@@ -636,8 +744,36 @@ def _f_linear(self: _Translator, node: fx.Node) -> Value:
     name = self._name(path or node.name, node)
     self.origins[name] = (path, {"W": W.target.rpartition(".")[2]} | (
         {} if b is None else {"b": b.target.rpartition(".")[2]}))
-    layer = L.Dense(self.array(W.tensor), None if b is None else self.array(b.tensor))
+    layer = _dense(x, self.array(W.tensor), None if b is None else self.array(b.tensor))
     return self._add(name, layer, [x], _shape(node))
+
+
+def _attention(self: _Translator, node: fx.Node) -> Value:
+    """``F.scaled_dot_product_attention(q, k, v, scale=...)``: ``softmax(q k^T scale) v``.
+
+    Built from its pieces (:meth:`_Translator._product`, a softmax over the keys), every
+    one exact; a mask, causal or given, dropout and grouped heads are refused by name.
+    """
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
+             "enable_gqa")
+    given = dict(zip(names, node.args)) | dict(node.kwargs)
+    for key, default in (("attn_mask", None), ("dropout_p", 0.0), ("is_causal", False),
+                         ("enable_gqa", False)):
+        if given.get(key, default) != default:
+            raise _UnsupportedError(f"scaled_dot_product_attention with {key}="
+                                    f"{given[key]!r} (only {key}={default!r})")
+    q, k, v = self._tensors([given["query"], given["key"], given["value"]])
+    name = self._name(node.name, node)
+    scale = given.get("scale") or 1 / math.sqrt(q.shape[-1])
+    keys = self._permuted(f"{name}.keys", k, [*range(len(k.shape) - 2), len(k.shape) - 1,
+                                              len(k.shape) - 2])
+    scores = self._product(f"{name}.scores", q, keys)
+    scaled = self._add(f"{name}.scaled", L.LinearMap(
+        [float(scale) * sp.eye_array(scores.size, format="csr")], name="ConstantMul"),
+        [scores], scores.shape)
+    weights = self._expand(f"{name}.weights", scaled, L.softmax_over(
+        scaled.shape, len(scaled.shape) - 1), scaled.shape)
+    return self._product(name, weights, v)
 
 
 def _f_dropout(self: _Translator, node: fx.Node) -> Value:
@@ -724,6 +860,10 @@ _FUNCTION_HANDLERS: dict[Any, Callable] = {
     operator.pow: _Translator._power, torch.pow: _Translator._power,
     torch.sqrt: lambda self, node: self._power(node, 0.5),
     torch.rsqrt: lambda self, node: self._power(node, -0.5),
+    torch.transpose: _Translator._permute, torch.permute: _Translator._permute,
+    torch.swapaxes: _Translator._permute,
+    operator.matmul: _Translator._matmul, torch.matmul: _Translator._matmul,
+    torch.bmm: _Translator._matmul, F.scaled_dot_product_attention: _attention,
 }
 _POWERS = {"pow": None, "sqrt": 0.5, "rsqrt": -0.5}
 

@@ -5,7 +5,7 @@ Every layer maps flat inputs (``(n,)`` or ``(n, r)``, features in PyTorch's C or
 one of two kinds, which decide how it enters a triangular system:
 
 - **linear** (:class:`Linear`): ``z = sum_i J_i x_i + bias`` with Jacobians ``J_i``
-  shared by all samples: :class:`Dense`, :class:`Conv1d`, :class:`Conv2d`,
+  shared by all samples: :class:`Dense`, :class:`TokenDense`, :class:`Conv1d`, :class:`Conv2d`,
   :class:`AvgPool2d`, :class:`Add`, :class:`Concat`, :class:`LinearMap`,
   :class:`BatchNorm` (evaluation mode), :class:`Windows`. Their blocks hold the
   gradient with respect to their output, and they give parameter gradients.
@@ -25,13 +25,14 @@ Jacobians once, from index arrays.
 """
 
 from .base import Diagonal, Layer, Linear
-from .dense import Activation, Add, BatchNorm, Concat, Dense, LinearMap, LogSumExp, softmax_over
+from .dense import (Activation, Add, BatchNorm, Concat, Dense, LinearMap, LogSumExp,
+                    TokenDense, softmax_over)
 from .products import (ElementwiseAffine, Multiply, Power, broadcast_to, layer_norm_over,
-                       product_of, reduction_over)
+                       matmul_of, permutation, product_of, reduction_over)
 from .spatial import AvgPool2d, Conv1d, Conv2d, MaxPool2d, WindowMaximum, Windows, max_pool
 
 __all__ = ["Layer", "Linear", "Diagonal", "Dense", "Conv1d", "Conv2d", "AvgPool2d",
            "MaxPool2d", "WindowMaximum", "Windows", "max_pool", "Add", "Concat", "LinearMap",
            "BatchNorm", "LogSumExp", "softmax_over", "Activation", "Multiply", "Power",
            "ElementwiseAffine", "reduction_over", "broadcast_to", "layer_norm_over",
-           "product_of"]
+           "product_of", "TokenDense", "permutation", "matmul_of"]

@@ -14,8 +14,8 @@ from ..activations import Activation as _Function
 from ..activations import get_activation
 from .base import Diagonal, Linear, _one_input, _weight, scaled_identity
 
-__all__ = ["Activation", "Dense", "Add", "Concat", "LinearMap", "BatchNorm", "LogSumExp",
-           "softmax_over"]
+__all__ = ["Activation", "Dense", "TokenDense", "Add", "Concat", "LinearMap", "BatchNorm",
+           "LogSumExp", "softmax_over"]
 
 
 class Activation(Diagonal):
@@ -92,6 +92,61 @@ class Dense(Linear):
         if self.bias is not None:
             out["b"] = grad if grad.ndim == 1 else backend.namespace(grad).sum(grad, axis=1)
         return out
+
+
+class TokenDense(Linear):
+    """``nn.Linear`` on each of a sample's ``tokens`` rows: ``z_t = W x_t + b``.
+
+    A sample ``(..., in)`` flat in C order is ``tokens`` consecutive inputs of ``in``
+    features (a sequence's positions, a transformer's). Its Jacobian is
+    ``kron(I_tokens, W)``, made from the current ``W`` each time; ``dW`` sums
+    ``grad_t x_t^T`` over tokens and samples.
+    """
+
+    values = ("W", "b")
+
+    def __init__(self, W: Any, b: Any = None, tokens: int = 1) -> None:
+        self.W, self.tokens = _weight(W, "TokenDense: W"), int(tokens)
+        if sp.issparse(self.W):
+            raise ValueError("TokenDense: W must be dense (an imported nn.Linear's)")
+        self.b = None if b is None else _weight(b, "TokenDense: b", ndim=1)
+
+    def __repr__(self) -> str:
+        return f"TokenDense({self.tokens} x {self.W.shape[1]} -> {self.W.shape[0]})"
+
+    @property
+    def bias(self) -> Any:
+        """Every token's bias."""
+        return None if self.b is None else backend.namespace(self.b).tile(self.b, (self.tokens,))
+
+    def output_size(self, sizes: Sequence[int]) -> int:
+        """The output size; ``ValueError`` if the inputs do not fit."""
+        _one_input(self, sizes, self.tokens * self.W.shape[1])
+        return self.tokens * self.W.shape[0]
+
+    def jacobians(self, sizes: Sequence[int]) -> list:
+        """``kron(I_tokens, W)``."""
+        return [sp.kron(sp.eye_array(self.tokens), backend.to_host(self.W), format="csr")]
+
+    def parameters(self) -> dict:
+        """``W`` and ``b`` (as PyTorch's ``weight`` and ``bias``)."""
+        return {"W": self.W} if self.b is None else {"W": self.W, "b": self.b}
+
+    def set_parameter(self, name: str, value: Any) -> None:
+        """Replace ``W`` or ``b``."""
+        if name not in self.parameters():
+            super().set_parameter(name, value)
+        setattr(self, name, _weight(value, f"TokenDense: {name}", 2 if name == "W" else 1))
+
+    def gradients(self, inputs: Sequence[Any], grad: Any) -> dict:
+        """``dW = sum grad_t x_t^T`` and ``db = sum grad_t``, over tokens and samples."""
+        xp = backend.namespace(grad)
+        x = inputs[0] if inputs[0].ndim == 2 else inputs[0][:, None]
+        g = grad if grad.ndim == 2 else grad[:, None]
+        g = xp.reshape(g, (self.tokens, self.W.shape[0], -1))
+        x = xp.reshape(x, (self.tokens, self.W.shape[1], -1))
+        out = {"W": xp.tensordot(g, x, axes=([0, 2], [0, 2]))}
+        return out | ({} if self.b is None else {"b": xp.sum(g, axis=(0, 2))})
 
 
 class Add(Linear):

@@ -31,7 +31,7 @@ from .base import Diagonal, Linear, _one_input, _weight
 from .dense import Concat, LinearMap
 
 __all__ = ["Multiply", "Power", "ElementwiseAffine", "reduction_over", "broadcast_to",
-           "layer_norm_over", "product_of"]
+           "layer_norm_over", "product_of", "permutation", "matmul_of"]
 
 
 class Multiply(Diagonal):
@@ -243,6 +243,32 @@ def broadcast_to(shape: Sequence[int], out: Sequence[int]) -> LinearMap:
     P = sp.csr_array((np.ones(source.size), (np.arange(source.size), source)),
                      shape=(source.size, int(np.prod(shape))))
     return LinearMap([P], name="Broadcast")
+
+
+def permutation(shape: Sequence[int], order: Sequence[int]) -> LinearMap:
+    """A sample of ``shape`` with its axes in ``order`` (``x.permute``, ``transpose``)."""
+    source = np.arange(int(np.prod(shape))).reshape(tuple(shape)).transpose(order).reshape(-1)
+    P = sp.csr_array((np.ones(source.size), (np.arange(source.size), source)),
+                     shape=(source.size, source.size))
+    return LinearMap([P], name="Permute")
+
+
+def matmul_of(a: Sequence[int], b: Sequence[int]) -> tuple[tuple, list]:
+    """The nodes of ``a @ b`` for samples of shapes ``(..., n, k)`` and ``(..., k, m)``.
+
+    ``(shape, [(suffix, layer, reads)])`` with reads ``"a"`` and ``"b"``: each factor
+    copied to ``(..., n, k, m)`` (:func:`broadcast_to`, leading axes broadcast as
+    PyTorch's), their elementwise product (:class:`Multiply`) and its sum over ``k``:
+    every step exact, the Jacobian's per-sample part a row scaling, as a product's.
+    """
+    *lead_a, n, k = a
+    *lead_b, _, m = b
+    full = (*np.broadcast_shapes(tuple(lead_a), tuple(lead_b)), n, k, m)
+    parts = [(".a", broadcast_to((*lead_a, n, k, 1), full), ["a"]),
+             (".b", broadcast_to((*lead_b, 1, k, m), full), ["b"])]
+    parts += product_of(".a", ".b", ".products")
+    return full[:-3] + (n, m), parts + [("", reduction_over(full, [len(full) - 2], False),
+                                         [".products"])]
 
 
 def product_of(first: str | None, second: str | None, suffix: str = ""

@@ -230,8 +230,9 @@ class Graph:
             except TypeError as error:
                 raise TypeError(f"node {name!r}: {error}") from None
             moved.add(name, layer, self.inputs[name])
-        if hasattr(self, "origins"):
-            moved.origins = self.origins
+        for imported in ("origins", "output_shapes"):  # from_torch's: names, module shapes
+            if hasattr(self, imported):
+                setattr(moved, imported, getattr(self, imported))
         moved._like = backend.convert(self._like, kind, device)
         return moved
 

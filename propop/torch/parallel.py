@@ -197,7 +197,8 @@ class _Graph(torch.autograd.Function):
             state.last["forward"] = trace.info
         ctx.state, ctx.names, ctx.trace, ctx.x = state, names, trace, (x.shape, x.dtype,
                                                                       x.device)
-        return _rows(net.output_values(trace)[0], x.dtype, x.device)
+        out = _rows(net.output_values(trace)[0], x.dtype, x.device)
+        return out.reshape((x.shape[0], *state.graph.output_shapes[0]))  # the module's shape
 
     @staticmethod
     def backward(ctx: Any, grad_output: Any) -> tuple:
