@@ -105,6 +105,10 @@ def test_demo_announces_each_section_and_reads_each_table():
     assert "pre-norm SwiGLU unit (LayerNorm, a product of two tensors)" in own
     differences = own.split("largest difference: ")[1].rstrip(".").split(", ")
     assert len(differences) == 2 and max(float(d.split()[1]) for d in differences) < 1e-12
+    attention = out.split("Self-attention over 6 tokens")[1].split("\n")[0]
+    assert "F.scaled_dot_product_attention" in attention
+    assert float(attention.split("every gradient ")[1].split()[0]) < 1e-12
+    assert float(attention.split("iterations, ")[1].split()[0]) < 1e-12
     cell = out.split("Your own cell, written for one sample")[1].split("\n")[0]
     assert "512 steps of 8 samples" in cell  # against the user's loop, computed apart
     assert float(cell.split("largest difference ")[1].rstrip(".")) < 1e-12
