@@ -47,3 +47,10 @@ def test_readme_pytorch_example_trains_as_torch_nn_alone(capsys):
     exec(compile(plain.rsplit("print(rnn.last", 1)[0], "README.md", "exec"), {})
     theirs = capsys.readouterr().out.splitlines()
     assert abs(float(ours[0]) - float(theirs[0])) <= 1e-10 * abs(float(theirs[0]))
+
+
+def test_readme_counts_the_activations_there_are():
+    import propop as pp
+
+    count = len(pp.available_activations())
+    assert f"{count} activations" in " ".join(README.read_text().split())
