@@ -21,7 +21,8 @@ Each operation becomes zero or more :mod:`~propop.layers` nodes of a
   ``squeeze``/``unsqueeze``/``contiguous`` (keeping the batch dimension), ``transpose``,
   ``permute``, ``swapaxes`` of a sample's axes, matrix products of two tensors (``@``,
   ``matmul``, ``bmm``: :func:`~propop.layers.matmul_of`),
-  ``F.scaled_dot_product_attention`` without mask or dropout, ``F.linear``
+  ``F.scaled_dot_product_attention`` (``is_causal`` too; no given mask, no dropout),
+  ``F.linear``
   with the module's own parameters (``Linear`` on tokens ``(..., d)``:
   :class:`~propop.layers.TokenDense`), ``F.dropout`` in evaluation mode,
   ``F.avg_pool2d``/``F.max_pool2d``; ``x.shape``, ``x.size()`` and the numbers computed
@@ -752,13 +753,13 @@ def _attention(self: _Translator, node: fx.Node) -> Value:
     """``F.scaled_dot_product_attention(q, k, v, scale=...)``: ``softmax(q k^T scale) v``.
 
     Built from its pieces (:meth:`_Translator._product`, a softmax over the keys), every
-    one exact; a mask, causal or given, dropout and grouped heads are refused by name.
+    one exact; ``is_causal`` softmaxes each query's keys up to its own (the masked
+    weights exact zeros); a given mask, dropout and grouped heads are refused by name.
     """
     names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
              "enable_gqa")
     given = dict(zip(names, node.args)) | dict(node.kwargs)
-    for key, default in (("attn_mask", None), ("dropout_p", 0.0), ("is_causal", False),
-                         ("enable_gqa", False)):
+    for key, default in (("attn_mask", None), ("dropout_p", 0.0), ("enable_gqa", False)):
         if given.get(key, default) != default:
             raise _UnsupportedError(f"scaled_dot_product_attention with {key}="
                                     f"{given[key]!r} (only {key}={default!r})")
@@ -771,8 +772,10 @@ def _attention(self: _Translator, node: fx.Node) -> Value:
     scaled = self._add(f"{name}.scaled", L.LinearMap(
         [float(scale) * sp.eye_array(scores.size, format="csr")], name="ConstantMul"),
         [scores], scores.shape)
+    queries, keys_ = scaled.shape[-2:]  # is_causal: query i sees keys j <= i (tril)
+    keep = np.tril(np.ones((queries, keys_), dtype=bool)) if given.get("is_causal") else None
     weights = self._expand(f"{name}.weights", scaled, L.softmax_over(
-        scaled.shape, len(scaled.shape) - 1), scaled.shape)
+        scaled.shape, len(scaled.shape) - 1, keep=keep), scaled.shape)
     return self._product(name, weights, v)
 
 

@@ -413,22 +413,36 @@ class LogSumExp(Diagonal):
         return (a, beta) if x.ndim == 2 else (a[:, 0], beta[:, 0])
 
 
-def softmax_over(shape: Sequence[int], dim: int, log: bool = False) -> list[tuple[str, Any]]:
+def softmax_over(shape: Sequence[int], dim: int, log: bool = False, keep: Any = None
+                 ) -> list[tuple[str, Any]]:
     """The layers of ``torch.softmax`` (``log``: ``log_softmax``) over ``dim`` of ``shape``.
 
     ``shape`` is one sample's, ``dim`` an index into it. Returns ``[(suffix,
     layer, reads)]`` with ``reads`` the inputs by suffix (``None``: the node's input):
     ``.lse`` (:class:`LogSumExp`), ``.log`` (``x - lse``) and, for the softmax,
-    the ``exp`` activation (suffix ``""``).
+    the ``exp`` activation (suffix ``""``). ``keep``, a boolean array of ``shape``
+    (a causal mask), softmaxes the kept entries of each group alone, as a ``-inf``
+    score would: they are gathered first (``.kept``), and the weights scattered back
+    among exact zeros (``.exp``, then ``""``); every group keeps an entry.
     """
     shape = tuple(int(n) for n in shape)
     index = np.indices(shape).reshape(len(shape), -1)
     rest = [n for i, n in enumerate(shape) if i != dim]
     groups = np.ravel_multi_index(tuple(np.delete(index, dim, axis=0)), rest) if rest \
         else np.zeros(index.shape[1], dtype=np.int64)
-    lse = LogSumExp(groups)
-    n = groups.size
+    kept = None if keep is None else np.flatnonzero(np.broadcast_to(keep, shape))
+    if kept is not None and (log or np.unique(groups[kept]).size != np.unique(groups).size):
+        raise ValueError("softmax_over: keep must leave every group an entry, and a "
+                         "log-softmax none out (its -inf is no number)")
+    x = None if kept is None else ".kept"
+    lse = LogSumExp(groups if kept is None else groups[kept])
+    n = lse.groups.size
     center = LinearMap([sp.eye_array(n, format="csr"), -lse.selection(n).T.tocsr()],
                        name="LogSoftmax")
-    layers = [(".lse", lse, [None]), ("" if log else ".log", center, [None, ".lse"])]
-    return layers if log else layers + [("", Activation("exp"), [".log"])]
+    layers = [(".lse", lse, [x]), ("" if log else ".log", center, [x, ".lse"])]
+    if kept is None:
+        return layers if log else layers + [("", Activation("exp"), [".log"])]
+    gather = sp.csr_array((np.ones(n), (np.arange(n), kept)), shape=(n, groups.size))
+    return [(".kept", LinearMap([gather], name="Keep"), [None]), *layers,
+            (".exp", Activation("exp"), [".log"]),
+            ("", LinearMap([gather.T.tocsr()], name="Scatter"), [".exp"])]
