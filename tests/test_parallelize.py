@@ -160,6 +160,30 @@ def test_a_transformer_block_trains_as_autograd_with_its_output_shape(backend):
         4, 2, 6, dtype=torch.float64)).shape == (4, 3, 5)
 
 
+def test_multihead_attention_trains_as_autograd():
+    """``nn.MultiheadAttention`` (self-attention, batch_first) inside a user's module.
+
+    SGD, not Adam: the key's part of ``in_proj_bias`` has an exactly zero gradient (a
+    softmax is blind to a shift shared by a query's scores), which Adam would divide by
+    its own rounding noise.
+    """
+    from test_torch_trace import TorchAttention
+
+    torch.manual_seed(4)
+    module = TorchAttention(8, need_weights=True).double()
+    plain = copy.deepcopy(module)
+    x = torch.randn(3, 5, 8, dtype=torch.float64)
+    ours = ptorch.parallelize(module, method="substitution", example_input=x)
+    for m in (ours, plain):
+        optimiser = torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
+        for _ in range(3):
+            optimiser.zero_grad()
+            (m(x).sin() * torch.arange(8.0, dtype=torch.float64)).sum().backward()
+            optimiser.step()
+    for (name, p), (_, q) in zip(module.named_parameters(), plain.named_parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12, msg=name)
+
+
 def test_float32_modules_stay_float32():
     module = mlp(torch.float32)
     reference = copy.deepcopy(module)

@@ -14,7 +14,6 @@ F = torch.nn.functional
 fx = torch.fx
 
 METHODS = ["substitution", "level-scheduled", "batched-gmres"]
-TORCH_NAMES = {"W": "weight", "b": "bias", "weight": "weight", "bias": "bias"}
 
 
 def recorded(module, x):
@@ -76,8 +75,7 @@ def check_node_by_node(module, x, input_shape=None, methods=METHODS, tol=1e-12):
                     (method, name)
         g = pp.backprop(graph, flat, target, method=method)
         assert relative_error(g.x, dx.reshape(r, -1).T) < 1e-10, method
-        ours = {f"{graph.origins[node][0]}.{TORCH_NAMES[k]}".lstrip("."): v
-                for node, grads in g.parameters.items() for k, v in grads.items()}
+        ours = dict(g.named_parameters())  # PyTorch's names (pp.state_dict's)
         assert set(ours) == set(params), method
         for name, value in params.items():
             assert relative_error(ours[name], value) < 1e-10, (method, name)
@@ -643,6 +641,75 @@ def test_attention_matches_torch_node_by_node(make, shape):
         w = trace.z[graph.order.index(causal[0])].T.reshape(3, 2, 5, 5)
         assert (w[..., np.triu_indices(5, 1)[0], np.triu_indices(5, 1)[1]] == 0).all()
         np.testing.assert_allclose(w.sum(axis=-1), 1, rtol=1e-15)
+
+
+class TorchAttention(nn.Module):
+    """A pre-norm block with ``nn.MultiheadAttention`` (its weights read, or not)."""
+
+    def __init__(self, d=8, need_weights=False, average=True, heads=2, bias=True):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(d, heads, bias=bias, batch_first=True)
+        self.norm, self.ff = nn.LayerNorm(d), nn.Linear(d, d)
+        self.need_weights, self.average = need_weights, average
+
+    def forward(self, x):
+        y = self.norm(x)
+        a, w = self.attn(y, y, y, need_weights=self.need_weights,
+                         average_attn_weights=self.average)
+        x = x + a
+        x = x + self.ff(F.gelu(x))
+        if not self.need_weights:
+            return x
+        # (N, T, T) averaged over the heads, or (N, H, T, T): one number per token
+        return x + (w.sum(dim=-1, keepdim=True) if self.average else w[:, :, :, :1].sum(dim=1))
+
+
+@pytest.mark.parametrize(("need_weights", "average", "heads", "bias"),
+                         [(False, True, 2, True), (True, True, 2, True),
+                          (True, False, 2, True), (False, True, 4, False)],
+                         ids=["output", "averaged-weights", "weights-per-head", "no-bias"])
+def test_multihead_attention_matches_torch_node_by_node(need_weights, average, heads, bias):
+    torch.manual_seed(10)
+    x = np.random.default_rng(10).standard_normal((3, 5, 8))
+    module = TorchAttention(8, need_weights, average, heads, bias)
+    graph, compared = check_node_by_node(module, x, (5, 8))
+    assert compared >= 5 + 2 * need_weights
+    assert "attn.in_proj_weight" in dict(pp.state_dict(graph))
+    # the attention's own output and weights (fx sees one call, PyTorch's tuple)
+    seen = []
+    module.attn.register_forward_hook(lambda m, args, out: seen.append(out))
+    module(torch.from_numpy(x))
+    trace = graph.forward(x.reshape(3, -1).T)
+    output, weights = seen[0]
+    z = dict(zip(graph.order, trace.z))
+    assert relative_error(z["attn"], output.detach().numpy().reshape(3, -1).T) < 1e-12
+    assert ("attn.weights" in z) == (need_weights and average)  # the average: a node
+    if need_weights:
+        name = "attn.weights" if average else "attn.attention.weights"
+        assert relative_error(z[name], weights.detach().numpy().reshape(3, -1).T) < 1e-12
+
+
+def test_what_multihead_attention_cannot_import_is_named():
+    class Calls(nn.Module):
+        def __init__(self, attention, **call):
+            super().__init__()
+            self.attn, self.call = attention, call
+
+        def forward(self, x):
+            call = dict(self.call)
+            return self.attn(x, call.pop("key", lambda x: x)(x), x, **call)[0]
+
+    mha = nn.MultiheadAttention
+    mask = torch.zeros(5, 5, dtype=torch.bool)
+    for module, words in [
+            (Calls(mha(8, 2)), r"batch_first=False"),
+            (Calls(mha(8, 2, batch_first=True, add_bias_kv=True)), r"add_bias_kv=True"),
+            (Calls(mha(8, 2, batch_first=True, add_zero_attn=True)), r"add_zero_attn=True"),
+            (Calls(mha(8, 2, batch_first=True, dropout=0.1)).train(), r"dropout in training"),
+            (Calls(mha(8, 2, batch_first=True), attn_mask=mask), r"attn_mask"),
+            (Calls(mha(8, 2, batch_first=True), key=lambda x: 2 * x), r"cross-attention")]:
+        with pytest.raises(ValueError, match=words):
+            pp.from_torch(module.double(), input_shape=(5, 8))
 
 
 def test_a_softmax_over_kept_entries_is_torchs_with_minus_infinity():

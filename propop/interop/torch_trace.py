@@ -8,7 +8,9 @@ Each operation becomes zero or more :mod:`~propop.layers` nodes of a
 - modules: ``Linear``; ``Conv1d``/``Conv2d`` (stride, padding, dilation, groups);
   ``AvgPool1d/2d``, ``MaxPool1d/2d`` (overlapping windows too, :func:`~propop.layers.max_pool`),
   ``AdaptiveAvgPool1d/2d`` and ``AdaptiveMaxPool1d/2d`` (output sizes dividing the input);
-  ``GroupNorm`` and ``InstanceNorm1d/2d``; ``PReLU``; ``BatchNorm1d/2d`` in
+  ``GroupNorm`` and ``InstanceNorm1d/2d``; ``PReLU``; ``MultiheadAttention`` as
+  self-attention with ``batch_first=True`` (its averaged or per-head weights too; no
+  mask, bias_kv, zero_attn or training dropout); ``BatchNorm1d/2d`` in
   evaluation mode (an affine map); ``LayerNorm`` and ``RMSNorm``
   (:func:`~propop.layers.layer_norm_over`: exact, its Jacobian per sample built from
   products); ``Dropout`` in evaluation mode, ``Identity``,
@@ -690,6 +692,59 @@ def _layer_norm_module(self: _Translator, module: nn.LayerNorm | nn.RMSNorm, x: 
                             bias, node, centred=isinstance(module, nn.LayerNorm))
 
 
+def _multihead(self: _Translator, module: nn.MultiheadAttention, x: Value, name: str,
+               node: fx.Node) -> tuple:
+    """``nn.MultiheadAttention`` as self-attention (``batch_first``): ``(output, weights)``.
+
+    The packed ``in_proj_weight`` is one per-token projection to ``[q; k; v]``, sliced
+    apart, the heads a view and a permutation, :func:`_attend`, ``out_proj``; the
+    weights (averaged over heads unless ``average_attn_weights=False``) are built only
+    where the module's second output is read.
+    """
+    names = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask",
+             "average_attn_weights", "is_causal")
+    given = dict(zip(names, node.args)) | dict(node.kwargs)
+    refused = {"batch_first=False (the batch would not come first)": not module.batch_first,
+               "add_bias_kv=True": module.bias_k is not None,
+               "add_zero_attn=True": module.add_zero_attn,
+               "dropout in training mode": module.dropout > 0 and module.training,
+               "a key_padding_mask or an attn_mask": given.get("key_padding_mask") is not None
+               or given.get("attn_mask") is not None, "is_causal=True": given.get("is_causal"),
+               "cross-attention (query, key and value differ)": not (
+                   given["query"] is given.get("key") is given.get("value"))}
+    for what, why in refused.items():
+        if why:
+            raise _UnsupportedError(f"MultiheadAttention with {what}: self-attention with "
+                                    "batch_first=True is supported")
+    E, H = module.embed_dim, module.num_heads
+    T = x.shape[0]
+    self.origins[f"{name}.in_proj"] = (node.target, _names(module, W="in_proj_weight",
+                                                           b="in_proj_bias"))
+    qkv = self._add(f"{name}.in_proj", L.TokenDense(self.array(module.in_proj_weight),
+                                                    self.array(module.in_proj_bias), T),
+                    [x], (T, 3 * E))
+    heads = []
+    for part, start in zip("qkv", (0, E, 2 * E)):
+        index = np.arange(qkv.size).reshape(T, 3 * E)[:, start:start + E]
+        sliced = self._add(f"{name}.{part}", L.Windows(index, qkv.size), [qkv], (T, E))
+        heads.append(self._permuted(f"{name}.{part}.heads", Value(sliced.node, (T, H, E // H)),
+                                    [1, 0, 2]))
+    attended, weights = _attend(self, f"{name}.attention", *heads, None, False)
+    merged = self._permuted(f"{name}.merged", attended, [1, 0, 2])
+    self.origins[name] = (f"{node.target}.out_proj", _names(module.out_proj, W="weight",
+                                                            b="bias"))
+    out = self._add(name, L.TokenDense(self.array(module.out_proj.weight),
+                                       self.array(module.out_proj.bias), T),
+                    [Value(merged.node, (T, E))], (T, E))
+    read = any(u.target is operator.getitem and u.args[1] == 1 for u in node.users)
+    if not (read and given.get("need_weights", True)):
+        return out, None
+    if not given.get("average_attn_weights", True):
+        return out, weights
+    return out, self._add(f"{name}.weights", L.reduction_over(weights.shape, [0], True),
+                          [weights], weights.shape[1:])
+
+
 _MODULES: list[tuple[Any, Callable]] = [
     (nn.Linear, _linear), (nn.Conv1d | nn.Conv2d, _convolution),
     (nn.AvgPool1d | nn.AvgPool2d | nn.MaxPool1d | nn.MaxPool2d, _pooling),
@@ -699,7 +754,7 @@ _MODULES: list[tuple[Any, Callable]] = [
     (nn.BatchNorm1d | nn.BatchNorm2d, _batch_norm),
     (nn.Dropout | nn.Dropout1d | nn.Dropout2d, _dropout),
     (_IDENTITY_MODULES, _identity), (tuple(ACTIVATIONS), _activation_module),
-    (nn.PReLU, _prelu),
+    (nn.PReLU, _prelu), (nn.MultiheadAttention, _multihead),
     (nn.Softmax | nn.LogSoftmax, _softmax_module), (nn.LayerNorm | nn.RMSNorm, _layer_norm_module),
 ]
 
@@ -707,7 +762,8 @@ _MODULES: list[tuple[Any, Callable]] = [
 def _supported() -> str:
     names = ["Linear", "Conv1d", "Conv2d", "AvgPool1d", "AvgPool2d", "MaxPool1d", "MaxPool2d",
              "AdaptiveAvgPool1d/2d", "AdaptiveMaxPool1d/2d", "BatchNorm1d", "BatchNorm2d (eval)",
-             "GroupNorm", "InstanceNorm1d/2d", "PReLU", "Dropout (eval)",
+             "GroupNorm", "InstanceNorm1d/2d", "PReLU", "MultiheadAttention (self-attention)",
+             "Dropout (eval)",
              "Identity", "Flatten", "Unflatten", "Softmax", "LogSoftmax", "LayerNorm",
              "RMSNorm"]
     return ", ".join(names + [k.__name__ for k in ACTIVATIONS])
@@ -764,19 +820,25 @@ def _attention(self: _Translator, node: fx.Node) -> Value:
             raise _UnsupportedError(f"scaled_dot_product_attention with {key}="
                                     f"{given[key]!r} (only {key}={default!r})")
     q, k, v = self._tensors([given["query"], given["key"], given["value"]])
-    name = self._name(node.name, node)
-    scale = given.get("scale") or 1 / math.sqrt(q.shape[-1])
+    return _attend(self, self._name(node.name, node), q, k, v, given.get("scale"),
+                   bool(given.get("is_causal")))[0]
+
+
+def _attend(self: _Translator, name: str, q: Value, k: Value, v: Value, scale: Any,
+            causal: bool) -> tuple[Value, Value]:
+    """``softmax(q k^T scale) v`` over a sample's heads, and the weights (the softmax)."""
+    scale = scale or 1 / math.sqrt(q.shape[-1])
     keys = self._permuted(f"{name}.keys", k, [*range(len(k.shape) - 2), len(k.shape) - 1,
                                               len(k.shape) - 2])
     scores = self._product(f"{name}.scores", q, keys)
     scaled = self._add(f"{name}.scaled", L.LinearMap(
         [float(scale) * sp.eye_array(scores.size, format="csr")], name="ConstantMul"),
         [scores], scores.shape)
-    queries, keys_ = scaled.shape[-2:]  # is_causal: query i sees keys j <= i (tril)
-    keep = np.tril(np.ones((queries, keys_), dtype=bool)) if given.get("is_causal") else None
+    queries, keys_ = scaled.shape[-2:]  # causal: query i sees keys j <= i (tril)
+    keep = np.tril(np.ones((queries, keys_), dtype=bool)) if causal else None
     weights = self._expand(f"{name}.weights", scaled, L.softmax_over(
         scaled.shape, len(scaled.shape) - 1, keep=keep), scaled.shape)
-    return self._product(name, weights, v)
+    return self._product(name, weights, v), weights
 
 
 def _f_dropout(self: _Translator, node: fx.Node) -> Value:
