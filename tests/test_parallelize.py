@@ -160,20 +160,25 @@ def test_a_transformer_block_trains_as_autograd_with_its_output_shape(backend):
         4, 2, 6, dtype=torch.float64)).shape == (4, 3, 5)
 
 
-def test_multihead_attention_trains_as_autograd():
-    """``nn.MultiheadAttention`` (self-attention, batch_first) inside a user's module.
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("make", ["multihead", "masked"])
+def test_attention_modules_train_as_autograd(make, backend):
+    """``nn.MultiheadAttention`` (its weights read), and attention as nanoGPT writes it.
 
-    SGD, not Adam: the key's part of ``in_proj_bias`` has an exactly zero gradient (a
-    softmax is blind to a shift shared by a query's scores), which Adam would divide by
-    its own rounding noise.
+    The latter: a causal mask made in forward, ``masked_fill(-inf)``, a softmax, qkv
+    chunked apart, position and scale buffers (constants, moved with the graph). SGD,
+    not Adam: the key's part of ``in_proj_bias`` has an exactly zero gradient (a softmax
+    is blind to a shift shared by a query's scores), which Adam would divide by its own
+    rounding noise.
     """
-    from test_torch_trace import TorchAttention
+    from test_torch_trace import MaskedScores, TorchAttention
 
     torch.manual_seed(4)
-    module = TorchAttention(8, need_weights=True).double()
+    module = (TorchAttention(8, need_weights=True) if make == "multihead"
+              else MaskedScores("made")).double()
     plain = copy.deepcopy(module)
     x = torch.randn(3, 5, 8, dtype=torch.float64)
-    ours = ptorch.parallelize(module, method="substitution", example_input=x)
+    ours = ptorch.parallelize(module, method="substitution", example_input=x, backend=backend)
     for m in (ours, plain):
         optimiser = torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
         for _ in range(3):

@@ -417,7 +417,7 @@ def test_softplus_is_pytorchs_on_both_sides_of_its_threshold():
 
 @pytest.mark.parametrize(("module", "words"), [
     (Squares(), r"node 'mul' \(call_function _operator.mul\) at .*test_torch_trace.py:\d+: "
-                    r"return h \* self.p.*: mul of 1 tensors and 0 constants"),
+                    r"return h \* self.p.*: mul's constant is the trainable parameter 'p'"),
     (Tangents(), r"node 'tan' .*test_torch_trace.py:\d+: return torch.tan\(x\): unsupported "
                  r"function torch.tan"),
     (BatchMixer(), r"node 'reshape' .*reshapes the batch dimension"),
@@ -433,6 +433,22 @@ def test_softplus_is_pytorchs_on_both_sides_of_its_threshold():
 def test_what_cannot_be_imported_is_named_with_its_node_and_line(module, words):
     with pytest.raises(ValueError, match=words):
         pp.from_torch(module.double(), input_shape=(3,))
+
+
+def test_importing_leaves_the_modules_buffers_as_they_were():
+    """from_torch runs the module once for the shapes, and puts its buffers back.
+
+    A training-mode BatchNorm would update its running statistics (before its
+    refusal), as PyTorch's own call does.
+    """
+    module = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)).double()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    with pytest.raises(ValueError, match="BatchNorm1d in training mode"):
+        pp.from_torch(module, input_shape=(3,))
+    for k, v in module.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    module(torch.randn(4, 3, dtype=torch.float64))  # PyTorch's call changes them
+    assert not torch.equal(module[1].running_mean, before["1.running_mean"])
 
 
 def test_hooks_and_missing_input_shapes_are_named():
@@ -700,16 +716,170 @@ def test_what_multihead_attention_cannot_import_is_named():
             return self.attn(x, call.pop("key", lambda x: x)(x), x, **call)[0]
 
     mha = nn.MultiheadAttention
-    mask = torch.zeros(5, 5, dtype=torch.bool)
     for module, words in [
             (Calls(mha(8, 2)), r"batch_first=False"),
             (Calls(mha(8, 2, batch_first=True, add_bias_kv=True)), r"add_bias_kv=True"),
             (Calls(mha(8, 2, batch_first=True, add_zero_attn=True)), r"add_zero_attn=True"),
             (Calls(mha(8, 2, batch_first=True, dropout=0.1)).train(), r"dropout in training"),
-            (Calls(mha(8, 2, batch_first=True), attn_mask=mask), r"attn_mask"),
             (Calls(mha(8, 2, batch_first=True), key=lambda x: 2 * x), r"cross-attention")]:
         with pytest.raises(ValueError, match=words):
             pp.from_torch(module.double(), input_shape=(5, 8))
+
+
+class MaskedScores(nn.Module):
+    """Attention written as users write it (nanoGPT's): scores masked before a softmax.
+
+    ``how``: ``"buffer"`` (a causal buffer, ``masked_fill(mask == 0, -inf)``,
+    ``F.softmax``), ``"made"`` (the mask made in ``forward`` from ``x.size(1)``, on
+    ``x.device``), ``"finite"`` (``-1e9`` and ``nn.Softmax``); qkv split apart
+    (``split``, or ``chunk`` for ``"made"``), a sinusoidal position buffer added and a
+    buffer of scales multiplied.
+    """
+
+    def __init__(self, how, d=8, heads=2, T=5):
+        super().__init__()
+        self.qkv, self.o, self.heads, self.how = nn.Linear(d, 3 * d), nn.Linear(d, d), heads, how
+        self.register_buffer("mask", torch.tril(torch.ones(T, T)).view(1, 1, T, T))
+        position = torch.arange(T)[:, None] / 10 ** (torch.arange(d)[None] / d)
+        self.register_buffer("pe", torch.where(torch.arange(d) % 2 == 0, position.sin(),
+                                               position.cos()))
+        self.register_buffer("scales", torch.linspace(0.5, 1.5, d))
+        self.softmax = nn.Softmax(dim=-1)
+
+    def forward(self, x):
+        B, T, C = x.size()
+        x = x * self.scales + self.pe
+        h = self.qkv(x)
+        q, k, v = h.chunk(3, dim=-1) if self.how == "made" else h.split(C, dim=2)
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        if self.how == "made":
+            mask = torch.tril(torch.ones((T, T), device=x.device, dtype=torch.bool))
+            att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        elif self.how == "buffer":
+            att = F.softmax(att.masked_fill(self.mask == 0, float("-inf")), dim=-1)
+        else:
+            att = self.softmax(att.masked_fill(self.mask == 0, -1e9))
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        return x + self.o(y)
+
+
+@pytest.mark.parametrize("how", ["buffer", "made", "finite"])
+def test_masked_scores_match_torch_node_by_node(how):
+    # buffers, constants made in forward, masked_fill, split and chunk were each refused
+    torch.manual_seed(11)
+    x = np.random.default_rng(11).standard_normal((3, 5, 8))
+    graph, compared = check_node_by_node(MaskedScores(how), x, (5, 8))
+    assert compared >= 10
+    weights = [n for n in graph.order if n.endswith(".exp")] if how != "finite" else []
+    assert len(weights) == (0 if how == "finite" else 1)  # -inf: the kept entries alone
+
+
+class MaskedSDPA(nn.Module):
+    """``F.scaled_dot_product_attention`` with a constant ``attn_mask`` (bool or float)."""
+
+    def __init__(self, mask):
+        super().__init__()
+        self.qkv = nn.Linear(6, 18)
+        self.register_buffer("attn_mask", mask)
+
+    def forward(self, x):
+        B, T, d = x.shape
+        q, k, v = self.qkv(x).split(d, -1)
+        q, k, v = (t.reshape(B, T, 2, 3).transpose(1, 2) for t in (q, k, v))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.attn_mask).sum(dim=1)
+
+
+class MaskedMHA(nn.Module):
+    """``nn.MultiheadAttention`` with a constant 2-D ``attn_mask`` (True: blocked)."""
+
+    def __init__(self, mask):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(6, 2, batch_first=True)
+        self.register_buffer("attn_mask", mask)
+
+    def forward(self, x):
+        return self.attn(x, x, x, attn_mask=self.attn_mask)[0]
+
+
+@pytest.mark.parametrize("make", [MaskedSDPA, MaskedMHA], ids=["sdpa", "mha"])
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_attention_masks_match_torch_node_by_node(make, kind):
+    torch.manual_seed(12)
+    rng = np.random.default_rng(12)
+    allowed = torch.from_numpy(rng.random((4, 4)) < 0.6) | torch.eye(4, dtype=torch.bool)
+    if make is MaskedMHA:
+        mask = ~allowed if kind == "bool" else nn.Transformer.generate_square_subsequent_mask(4)
+    else:  # SDPA's boolean mask keeps where true; a float one adds, -inf drops
+        mask = allowed if kind == "bool" else torch.where(
+            allowed, torch.from_numpy(rng.standard_normal((4, 4))), -math.inf)
+    x = rng.standard_normal((3, 4, 6))
+    check_node_by_node(make(mask.double() if mask.is_floating_point() else mask), x, (4, 6))
+
+
+def test_what_constants_and_masks_cannot_import_is_named():
+    class Uses(nn.Module):
+        def __init__(self, forward, **buffers):
+            super().__init__()
+            self.f, self.p = forward, nn.Parameter(torch.ones(4))
+            for name, value in buffers.items():
+                self.register_buffer(name, value)
+
+        def forward(self, x):
+            return self.f(self, x)
+
+    tril = torch.tril(torch.ones(4, 4, dtype=torch.bool))
+    for f, buffers, words in [
+            (lambda m, x: x.masked_fill(~m.tril, -math.inf).exp(), {"tril": tril},
+             r"only a softmax may read"),
+            (lambda m, x: x.masked_fill(~m.tril, -math.inf).log_softmax(-1), {"tril": tril},
+             r"only a softmax may read"),
+            (lambda m, x: x.masked_fill(m.none, -math.inf).softmax(-1),
+             {"none": torch.ones(4, 4, dtype=torch.bool)}, r"leaves a group no entry"),
+            (lambda m, x: x.masked_fill(m.two, 0.0),  # from_torch's example: 2 samples
+             {"two": torch.zeros(2, 4, 4, dtype=torch.bool)}, r"differs between the samples"),
+            (lambda m, x: x.masked_fill(~m.tril, math.inf), {"tril": tril}, r"the value inf"),
+            (lambda m, x: x + torch.randn(x.shape[1:]), {}, r"random numbers"),
+            (lambda m, x: x * m.p.exp(), {}, r"parameter 'p' outside"),
+            (lambda m, x: x / m.zero, {"zero": torch.zeros(4)}, r"division by a tensor or by "
+                                                                  r"zero"),
+            (lambda m, x: m.scale / x, {"scale": torch.ones(4)}, r"division by a tensor"),
+            (lambda m, x: x.unbind(0)[0], {}, r"dim=0 for a batch")]:
+        with pytest.raises(ValueError, match=words):
+            pp.from_torch(Uses(f, **buffers).double(), input_shape=(4, 4))
+    mha = nn.MultiheadAttention(4, 2, batch_first=True).double()
+
+    class Padded(nn.Module):
+        def __init__(self, **call):
+            super().__init__()
+            self.attn, self.call = mha, call
+
+        def forward(self, x):
+            return self.attn(x, x, x, **self.call)[0]
+
+    for call, words in [({"key_padding_mask": torch.zeros(2, 4, dtype=torch.bool)},
+                         r"key_padding_mask \(one per sample\)"),
+                        ({"attn_mask": torch.zeros(4, 4, 4, dtype=torch.bool)},
+                         r"attn_mask per sample and head")]:
+        with pytest.raises(ValueError, match=words):
+            pp.from_torch(Padded(**call), input_shape=(4, 4))
+
+
+def test_constant_arithmetic_matches_torch():
+    class Shifted(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.register_buffer("a", torch.tensor([1.0, -2.0, 0.5, 3.0]))
+            self.register_buffer("b", torch.arange(8.0).view(2, 4))
+
+        def forward(self, x):
+            h = self.fc(x).unsqueeze(1) * self.a - self.b  # (N, 1, 4) broadcast to (N, 2, 4)
+            h = self.b - h / self.a + torch.full((2, 1), 0.25)
+            return torch.tanh(h).unbind(dim=1)[1] * torch.tensor(2.0)
+
+    torch.manual_seed(13)
+    check_node_by_node(Shifted(), np.random.default_rng(13).standard_normal((3, 4)), (4,))
 
 
 def test_a_softmax_over_kept_entries_is_torchs_with_minus_infinity():
@@ -729,13 +899,9 @@ def test_a_softmax_over_kept_entries_is_torchs_with_minus_infinity():
 
 
 def test_what_attention_cannot_import_is_named():
-    class Masked(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.register_buffer("mask", torch.ones(2, 2, dtype=torch.bool))
-
+    class Dropped(nn.Module):
         def forward(self, x):
-            return F.scaled_dot_product_attention(x, x, x, attn_mask=self.mask)
+            return F.scaled_dot_product_attention(x, x, x, dropout_p=0.1)
 
     class ByParameter(nn.Module):
         def __init__(self):
@@ -753,7 +919,7 @@ def test_what_attention_cannot_import_is_named():
         def forward(self, x):
             return x.transpose(0, 1)
 
-    for module, words in [(Masked(), r"scaled_dot_product_attention with attn_mask="),
+    for module, words in [(Dropped(), r"scaled_dot_product_attention with dropout_p=0.1"),
                           (ByParameter(), r"a matrix product with a parameter"),
                           (BatchScaled(), r"div with the batch size"),
                           (Swapped(), r"moves the batch dimension")]:

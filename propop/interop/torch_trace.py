@@ -23,7 +23,10 @@ Each operation becomes zero or more :mod:`~propop.layers` nodes of a
   ``squeeze``/``unsqueeze``/``contiguous`` (keeping the batch dimension), ``transpose``,
   ``permute``, ``swapaxes`` of a sample's axes, matrix products of two tensors (``@``,
   ``matmul``, ``bmm``: :func:`~propop.layers.matmul_of`),
-  ``F.scaled_dot_product_attention`` (``is_causal`` too; no given mask, no dropout),
+  ``F.scaled_dot_product_attention`` (``is_causal`` or a constant ``attn_mask``; no
+  dropout), ``masked_fill`` with a constant mask (``-inf`` read by a softmax: its kept
+  entries), ``split``/``chunk``/``unbind`` of a feature dimension, arithmetic with
+  constants (buffers and tensors made from shapes and numbers, computed once by PyTorch),
   ``F.linear``
   with the module's own parameters (``Linear`` on tokens ``(..., d)``:
   :class:`~propop.layers.TokenDense`), ``F.dropout`` in evaluation mode,
@@ -110,6 +113,24 @@ class _Parameter:
         self.target, self.tensor = target, tensor
 
 
+class _Constant:
+    """A tensor computed from constants alone (buffers, shapes, numbers).
+
+    The same for every sample and call: ``torch.tril(torch.ones((T, T)))``, ``mask == 0``.
+    """
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
+@dataclass(frozen=True)
+class _Masked:
+    """``scores.masked_fill(mask, -inf)``: only a softmax may read it, as ``keep = ~mask``."""
+
+    scores: Value
+    keep: Any  # a boolean array of a sample's shape
+
+
 def trace(module: nn.Module, example: torch.Tensor) -> tuple[Graph, dict]:
     """The graph of ``module`` traced on ``example`` (a batch), and where its weights came from.
 
@@ -125,8 +146,20 @@ def trace(module: nn.Module, example: torch.Tensor) -> tuple[Graph, dict]:
                          "flow (an if, a loop or a bool() on a tensor's values) cannot be "
                          "traced: propop imports one fixed graph; write it with tensor "
                          f"operations (torch.where) instead ({error})") from None
+    except Exception as error:  # torch.fx's proxies where real values were needed
+        raise ValueError(f"from_torch: {_traced_frame(module, error)}: torch.fx cannot trace "
+                         f"this line ({type(error).__name__}: {error}); numbers read from "
+                         "x.shape are traced: a factory takes them as one tuple "
+                         "(torch.ones((T, T))), and a buffer cannot be sliced by them (slice "
+                         "it to its size in __init__)") from error
     graph_module = fx.GraphModule(module, graph)
-    ShapeProp(graph_module).propagate(example)
+    saved = [(b, b.detach().clone()) for b in module.buffers()]
+    try:  # one run for the shapes, which must leave the module as it was
+        ShapeProp(graph_module).propagate(example)
+    finally:  # a BatchNorm in training mode updates its running statistics
+        with torch.no_grad():
+            for b, before in saved:
+                b.copy_(before)
     return _Translator(graph_module, module).run()
 
 
@@ -173,7 +206,7 @@ class _Translator:
         if module._forward_hooks or module._forward_pre_hooks:
             raise _UnsupportedError(f"{type(module).__name__} has forward hooks, which may change "
                                "what it computes: remove them before from_torch")
-        (x,) = self._tensors(node.args[:1])
+        (x,) = self._tensors(node.args[:1], masked=isinstance(module, nn.Softmax))
         name = self._name(node.target, node)
         for kind, convert in _MODULES:
             if isinstance(module, kind):
@@ -186,18 +219,76 @@ class _Translator:
 
     def _call_function(self, node: fx.Node) -> Any:
         target = node.target
-        if target is getattr and node.args[1] == "shape":
-            return self._shape_of(node.args[0])
+        if target is getattr and node.args[1] in ("shape", "dtype", "device"):
+            return self._attribute_of(node)
         if target in _NUMBER_FUNCTIONS and not any(
                 isinstance(self.values.get(a), Value) for a in node.args if isinstance(a, fx.Node)):
             return _number(target, [self.values.get(a, a) if isinstance(a, fx.Node) else a
                                     for a in node.args])
+        folded = self._folded(node)
+        if folded is not None:
+            return folded
         if target in _FUNCTIONS:
             return self._activation(_FUNCTIONS[target], node, node.kwargs)
         handler = _FUNCTION_HANDLERS.get(target)
         if handler is None:
             raise _UnsupportedError(f"unsupported function {_callable_name(target)}")
         return handler(self, node)
+
+    def _attribute_of(self, node: fx.Node) -> Any:
+        """``x.shape``, ``x.dtype``, ``x.device`` of a traced tensor (or of a constant).
+
+        Constants are made alike: ``torch.ones((T, T), device=x.device)``.
+        """
+        source, what = node.args
+        if isinstance(self.values.get(source), (_Parameter, _Constant)):
+            return getattr(self.values[source].tensor, what)
+        if what == "shape":
+            return self._shape_of(source)
+        meta = source.meta["tensor_meta"]
+        return meta.dtype if what == "dtype" else self._device
+
+    @property
+    def _device(self) -> torch.device:
+        """Where the module's tensors are (a constant made there is read as an array)."""
+        tensors = [*self.module.parameters(), *self.module.buffers()]
+        return tensors[0].device if tensors else torch.device("cpu")
+
+    def _folded(self, node: fx.Node) -> Any:
+        """The value of a node that reads no traced tensor: computed now, by PyTorch.
+
+        Buffers, shapes, numbers and tensors made from them are the same for every
+        sample and call, so ``torch.tril(torch.ones(T, T))`` or ``self.mask[:T, :T] == 0``
+        is one constant. ``None`` where the node reads a traced tensor or the batch size;
+        refused where it reads a trainable parameter (its gradient would be lost) or
+        draws random numbers (a constant would draw them once).
+        """
+        read: list = []
+
+        def value(a: Any) -> Any:
+            if not isinstance(a, fx.Node):
+                return a
+            read.append(self.values.get(a))
+            v = read[-1]
+            return v.tensor if isinstance(v, (_Parameter, _Constant)) else v
+
+        args, kwargs = fx.node.map_aggregate((node.args, dict(node.kwargs)), value)
+        if not all(isinstance(v, (_Parameter, _Constant, int, float, bool, torch.device,
+                                  torch.dtype))
+                   or isinstance(v, tuple) and all(isinstance(e, int) for e in v)
+                   for v in read) or None in read:
+            return None
+        trained = [v.target for v in read if isinstance(v, _Parameter) and v.tensor.requires_grad]
+        if trained:
+            raise _UnsupportedError(f"computes with the parameter {trained[0]!r} outside the "
+                                    "operations propop imports: its gradient would be lost")
+        if node.target in _RANDOM or node.target in ("random_", "normal_", "uniform_",
+                                                     "bernoulli", "bernoulli_"):
+            raise _UnsupportedError("random numbers (a constant would draw them once)")
+        with torch.no_grad():
+            out = node.target(*args, **kwargs) if node.op == "call_function" else \
+                getattr(args[0], node.target)(*args[1:], **kwargs)
+        return _Constant(out) if isinstance(out, torch.Tensor) else out
 
     def _shape_of(self, source: Any) -> tuple:
         """A traced tensor's shape, its batch size :data:`BATCH` (any batch may come)."""
@@ -210,8 +301,15 @@ class _Translator:
             shape = self._shape_of(node.args[0])
             return len(shape) if name == "dim" else (
                 shape[node.args[1]] if len(node.args) > 1 else shape)
+        folded = self._folded(node)
+        if folded is not None:
+            return folded
         if name in _RESHAPES:
             return self._reshape(node)
+        if name == "masked_fill":
+            return self._masked_fill(node)
+        if name in ("split", "chunk", "unbind"):
+            return self._pieces(node)
         if name in _METHODS:
             return self._activation(_METHODS[name], node, node.kwargs)
         if name in ("softmax", "log_softmax"):
@@ -254,11 +352,18 @@ class _Translator:
         self.graph.add(name, layer, [v.node for v in inputs])
         return Value(name, tuple(shape))
 
-    def _tensors(self, args: Sequence[Any]) -> list[Value]:
+    def _tensors(self, args: Sequence[Any], masked: bool = False) -> list[Value]:
+        """The traced tensors ``args`` are (a softmax's input may be ``_Masked``)."""
         out = []
         for a in args:
             value = self.values.get(a) if isinstance(a, fx.Node) else a
-            if not isinstance(value, Value):
+            if isinstance(value, _Masked) and not masked:
+                raise _UnsupportedError(f"{a!r} is a masked_fill with -inf, which only a "
+                                        "softmax may read (its -inf is no number)")
+            if isinstance(value, (_Parameter, _Constant)):
+                raise _UnsupportedError(f"{a!r} is a constant (a buffer, or made from "
+                                        "constants) where a traced tensor is needed")
+            if not isinstance(value, (Value, _Masked)):
                 raise _UnsupportedError(f"expected a tensor, got {a!r}")
             out.append(value)
         return out
@@ -341,25 +446,32 @@ class _Translator:
         if any(a is BATCH for a in args):
             raise _UnsupportedError(f"{op} with the batch size (x.shape[0]): a propop graph "
                                     "computes each sample alone, for any batch")
-        numbers = [a for a in args if isinstance(a, (int, float))]
+        constants = [a for a in args if isinstance(a, (int, float, _Parameter, _Constant))]
         name = self._name(node.name, node)
         shape = _shape(node)
         if len(tensors) == 2 and len(args) == 2:
             return self._of_two(name, op, alpha, tensors, shape)
-        if len(tensors) != 1 or len(numbers) != len(args) - 1:
-            raise _UnsupportedError(f"{op} of {len(tensors)} tensors and {len(numbers)} constants; "
-                               "supported: +, -, *, / of two tensors (broadcast as PyTorch "
-                               "does), or one tensor with constants")
-        (x,), c = tensors, (numbers[0] if numbers else 0.0)
+        if len(tensors) != 1 or len(constants) != len(args) - 1:
+            raise _UnsupportedError(f"{op} of {len(tensors)} tensors and {len(constants)} "
+                                    "constants; supported: +, -, *, / of two tensors "
+                                    "(broadcast as PyTorch does), or one tensor with a "
+                                    "constant (a number, a buffer, a tensor made from them)")
+        c = self._sample_constant(constants[0], shape, f"{op}'s constant") if constants and \
+            not isinstance(constants[0], (int, float)) else float(constants[0] if constants else 0)
+        x = self._broadcast(f"{name}.x", tensors[0], shape)
         first = isinstance(args[0], Value)
         slope, shift = {"add": (1.0, alpha * c), "sub": ((1.0, -alpha * c) if first else
                                                         (-alpha, c)),
-                        "mul": (c, 0.0), "div": (1.0 / c if first and c else None, 0.0),
-                        "neg": (-1.0, 0.0)}[op]
-        if slope is None or op == "div" and c == 0:
-            raise _UnsupportedError("a division by a tensor or by zero")
-        bias = None if shift == 0 else np.full(x.size, float(shift))
-        layer = L.LinearMap([float(slope) * sp.eye_array(x.size, format="csr")], bias,
+                        "mul": (c, 0.0), "div": (None, 0.0), "neg": (-1.0, 0.0)}[op]
+        if op == "div":
+            if not first or np.any(c == 0):
+                raise _UnsupportedError("a division by a tensor or by zero")
+            slope = 1.0 / c
+        size = int(np.prod(shape))
+        slope, shift = (np.broadcast_to(np.asarray(a, dtype=float), shape).reshape(size)
+                        for a in (slope, shift))
+        layer = L.LinearMap([sp.diags_array(slope, format="csr")],
+                            None if not shift.any() else shift.copy(),
                             name=f"Constant{op.title()}")
         return self._add(name, layer, [x], shape)
 
@@ -420,12 +532,89 @@ class _Translator:
         return self._expand(name, x, parts, x.shape)
 
     def _softmax(self, node: fx.Node, log: bool) -> Value:
-        (x,) = self._tensors(node.args[:1])
+        (x,) = self._tensors(node.args[:1], masked=not log)
         dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
         if dim is None:
             raise _UnsupportedError("softmax needs dim")
-        return self._expand(self._name(node.name, node), x,
-                            L.softmax_over(x.shape, _feature_dim(dim, x), log), x.shape)
+        return self._softmax_of(self._name(node.name, node), x, dim, log)
+
+    def _softmax_of(self, name: str, x: Value | _Masked, dim: int, log: bool = False,
+                    keep: Any = None) -> Value:
+        """The softmax nodes over ``dim`` (a torch dim) of ``x``.
+
+        Of its kept entries alone where ``x`` is masked with ``-inf`` or ``keep`` is given.
+        """
+        if isinstance(x, _Masked):
+            x, keep = x.scores, x.keep
+        d = _feature_dim(dim, x)
+        if keep is not None and not np.broadcast_to(keep, x.shape).any(axis=d).all():
+            raise _UnsupportedError("a softmax whose mask leaves a group no entry (PyTorch's "
+                                    "softmax of -inf alone is NaN)")
+        return self._expand(name, x, L.softmax_over(x.shape, d, log, keep=keep), x.shape)
+
+    def _masked_fill(self, node: fx.Node) -> Value | _Masked:
+        """``x.masked_fill(mask, value)`` with a constant ``mask``: ``x`` where it is false.
+
+        A number is an affine node (the masked entries that constant); ``-inf`` is
+        :class:`_Masked`, which a softmax reads as its kept entries (:meth:`_softmax_of`).
+        """
+        given = dict(zip(("input", "mask", "value"), node.args)) | dict(node.kwargs)
+        (x,) = self._tensors([given["input"]])
+        mask = self._sample_constant(given["mask"], x.shape, "masked_fill's mask")
+        value = self.values.get(given["value"], given["value"]) if isinstance(
+            given["value"], fx.Node) else given["value"]
+        if isinstance(value, _Constant) and value.tensor.numel() == 1:
+            value = value.tensor.item()
+        if not isinstance(value, (int, float)) or math.isnan(value) or value == math.inf:
+            raise _UnsupportedError(f"masked_fill with the value {value!r} (a number, or "
+                                    "-inf read by a softmax)")
+        if value == -math.inf:
+            return _Masked(x, ~mask)
+        flat = mask.reshape(-1)
+        layer = L.LinearMap([sp.diags_array((~flat).astype(float), format="csr")],
+                            np.where(flat, float(value), 0.0), name="MaskedFill")
+        return self._add(self._name(node.name, node), layer, [x], x.shape)
+
+    def _sample_constant(self, arg: Any, shape: tuple, what: str) -> Any:
+        """A constant tensor as one sample's array of ``shape`` (broadcast as PyTorch does).
+
+        Refused where it is a traced tensor or differs between samples (a leading
+        dimension over the batch that is not 1).
+        """
+        value = self.values.get(arg) if isinstance(arg, fx.Node) else arg
+        if isinstance(value, _Parameter) and value.tensor.requires_grad:
+            raise _UnsupportedError(f"{what} is the trainable parameter {value.target!r}")
+        if not isinstance(value, (_Parameter, _Constant)):
+            raise _UnsupportedError(f"{what} is computed from the input: a propop graph "
+                                    "takes masks that are constants (a buffer, torch.tril...)")
+        a = value.tensor.detach().cpu().numpy()
+        if a.ndim > len(shape) and (a.ndim > len(shape) + 1 or a.shape[0] != 1):
+            raise _UnsupportedError(f"{what} of shape {tuple(a.shape)} differs between the "
+                                    f"samples of a batch (a sample's shape {shape})")
+        a = a.reshape(a.shape[1:]) if a.ndim > len(shape) else a
+        try:
+            return np.broadcast_to(a, shape)
+        except ValueError:
+            raise _UnsupportedError(f"{what} of shape {tuple(a.shape)} does not broadcast to a "
+                                    f"sample's shape {shape}") from None
+
+    def _pieces(self, node: fx.Node) -> tuple[Value, ...]:
+        """``split``, ``chunk``, ``unbind`` along a feature dimension: one selection each."""
+        (x,) = self._tensors(node.args[:1])
+        names = {"split": ("split_size", "dim"), "chunk": ("chunks", "dim"),
+                 "unbind": ("dim",)}[getattr(node.target, "__name__", node.target)]
+        given = dict(zip(names, node.args[1:])) | dict(node.kwargs)
+        d = _feature_dim(given.get("dim", 0), x)
+        index = np.arange(x.size).reshape(x.shape)
+        pieces, start = [], 0
+        for i, meta in enumerate(node.meta["tensor_meta"]):
+            piece = tuple(int(n) for n in meta.shape[1:])
+            width = 1 if len(piece) < len(x.shape) else piece[d]
+            chosen = np.take(index, np.arange(start, start + width), axis=d)
+            pieces.append(self._add(self._name(f"{node.name}.{i}", node),
+                                    L.Windows(chosen, x.size), [x], piece))
+            start += width
+        return tuple(pieces)
 
     def _index(self, node: fx.Node) -> Value | None:
         """``x[:, ...]`` keeping the batch: a selection (:class:`~propop.layers.Windows`).
@@ -673,13 +862,11 @@ def _member(kind: str, settings: dict) -> Any:
         raise _UnsupportedError(str(error)) from None
 
 
-def _softmax_module(self: _Translator, module: Any, x: Value, name: str, node: fx.Node
-                    ) -> Value:
+def _softmax_module(self: _Translator, module: Any, x: Value | _Masked, name: str,
+                    node: fx.Node) -> Value:
     if module.dim is None:
         raise _UnsupportedError(f"{type(module).__name__} needs dim")
-    log = isinstance(module, nn.LogSoftmax)
-    return self._expand(name, x, L.softmax_over(x.shape, _feature_dim(module.dim, x), log),
-                        x.shape)
+    return self._softmax_of(name, x, module.dim, isinstance(module, nn.LogSoftmax))
 
 
 def _layer_norm_module(self: _Translator, module: nn.LayerNorm | nn.RMSNorm, x: Value,
@@ -708,8 +895,10 @@ def _multihead(self: _Translator, module: nn.MultiheadAttention, x: Value, name:
                "add_bias_kv=True": module.bias_k is not None,
                "add_zero_attn=True": module.add_zero_attn,
                "dropout in training mode": module.dropout > 0 and module.training,
-               "a key_padding_mask or an attn_mask": given.get("key_padding_mask") is not None
-               or given.get("attn_mask") is not None, "is_causal=True": given.get("is_causal"),
+               "a key_padding_mask (one per sample)": given.get("key_padding_mask")
+               is not None, "an attn_mask per sample and head (N * heads, T, S)":
+               getattr(self.values.get(given.get("attn_mask")), "tensor", np.empty(0)
+                       ).ndim == 3,
                "cross-attention (query, key and value differ)": not (
                    given["query"] is given.get("key") is given.get("value"))}
     for what, why in refused.items():
@@ -729,7 +918,8 @@ def _multihead(self: _Translator, module: nn.MultiheadAttention, x: Value, name:
         sliced = self._add(f"{name}.{part}", L.Windows(index, qkv.size), [qkv], (T, E))
         heads.append(self._permuted(f"{name}.{part}.heads", Value(sliced.node, (T, H, E // H)),
                                     [1, 0, 2]))
-    attended, weights = _attend(self, f"{name}.attention", *heads, None, False)
+    attended, weights = _attend(self, f"{name}.attention", *heads, None,
+                                given.get("attn_mask"), blocked=True)
     merged = self._permuted(f"{name}.merged", attended, [1, 0, 2])
     self.origins[name] = (f"{node.target}.out_proj", _names(module.out_proj, W="weight",
                                                             b="bias"))
@@ -815,29 +1005,48 @@ def _attention(self: _Translator, node: fx.Node) -> Value:
     names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
              "enable_gqa")
     given = dict(zip(names, node.args)) | dict(node.kwargs)
-    for key, default in (("attn_mask", None), ("dropout_p", 0.0), ("enable_gqa", False)):
+    for key, default in (("dropout_p", 0.0), ("enable_gqa", False)):
         if given.get(key, default) != default:
             raise _UnsupportedError(f"scaled_dot_product_attention with {key}="
                                     f"{given[key]!r} (only {key}={default!r})")
     q, k, v = self._tensors([given["query"], given["key"], given["value"]])
+    mask = given.get("attn_mask")
+    if given.get("is_causal"):  # query i sees keys j <= i (PyTorch refuses a mask too)
+        mask = np.tril(np.ones((q.shape[-2], k.shape[-2]), dtype=bool))
     return _attend(self, self._name(node.name, node), q, k, v, given.get("scale"),
-                   bool(given.get("is_causal")))[0]
+                   mask, blocked=False)[0]
 
 
 def _attend(self: _Translator, name: str, q: Value, k: Value, v: Value, scale: Any,
-            causal: bool) -> tuple[Value, Value]:
-    """``softmax(q k^T scale) v`` over a sample's heads, and the weights (the softmax)."""
+            mask: Any = None, blocked: bool = False) -> tuple[Value, Value]:
+    """``softmax(q k^T scale + mask) v`` over a sample's heads, and the weights.
+
+    A boolean ``mask`` (an array, or a traced constant) keeps the entries where it is
+    true (``blocked``: where it is false, as ``nn.MultiheadAttention`` reads it); a float
+    one is added, its ``-inf`` entries dropped from the softmax (their weights exact
+    zeros: :func:`~propop.layers.softmax_over`'s ``keep``).
+    """
     scale = scale or 1 / math.sqrt(q.shape[-1])
     keys = self._permuted(f"{name}.keys", k, [*range(len(k.shape) - 2), len(k.shape) - 1,
                                               len(k.shape) - 2])
     scores = self._product(f"{name}.scores", q, keys)
+    keep, shift = None, None
+    if mask is not None:
+        m = mask if isinstance(mask, np.ndarray) else self._sample_constant(
+            mask, scores.shape, "attn_mask")
+        if m.dtype == bool:
+            keep = ~m if blocked else m
+        elif np.isnan(m).any() or (m == np.inf).any():
+            raise _UnsupportedError("an attn_mask with NaN or +inf entries")
+        else:
+            finite = np.isfinite(m)
+            keep = None if finite.all() else finite
+            shift = np.broadcast_to(np.where(finite, m, 0.0), scores.shape).reshape(-1)
     scaled = self._add(f"{name}.scaled", L.LinearMap(
-        [float(scale) * sp.eye_array(scores.size, format="csr")], name="ConstantMul"),
+        [float(scale) * sp.eye_array(scores.size, format="csr")],
+        None if shift is None else np.array(shift, dtype=float), name="ConstantMul"),
         [scores], scores.shape)
-    queries, keys_ = scaled.shape[-2:]  # causal: query i sees keys j <= i (tril)
-    keep = np.tril(np.ones((queries, keys_), dtype=bool)) if causal else None
-    weights = self._expand(f"{name}.weights", scaled, L.softmax_over(
-        scaled.shape, len(scaled.shape) - 1, keep=keep), scaled.shape)
+    weights = self._softmax_of(f"{name}.weights", scaled, -1, keep=keep)
     return self._product(name, weights, v), weights
 
 
@@ -929,7 +1138,12 @@ _FUNCTION_HANDLERS: dict[Any, Callable] = {
     torch.swapaxes: _Translator._permute,
     operator.matmul: _Translator._matmul, torch.matmul: _Translator._matmul,
     torch.bmm: _Translator._matmul, F.scaled_dot_product_attention: _attention,
+    torch.masked_fill: _Translator._masked_fill, torch.split: _Translator._pieces,
+    torch.chunk: _Translator._pieces, torch.unbind: _Translator._pieces,
 }
+_RANDOM = {torch.rand, torch.randn, torch.randint, torch.rand_like, torch.randn_like,
+           torch.randint_like, torch.randperm, torch.bernoulli, torch.normal,
+           torch.multinomial, torch.poisson}
 _POWERS = {"pow": None, "sqrt": 0.5, "rsqrt": -0.5}
 
 
