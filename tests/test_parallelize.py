@@ -161,29 +161,31 @@ def test_a_transformer_block_trains_as_autograd_with_its_output_shape(backend):
 
 
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
-@pytest.mark.parametrize("make", ["multihead", "masked"])
+@pytest.mark.parametrize("make", ["multihead", "masked", "learned"])
 def test_attention_modules_train_as_autograd(make, backend):
-    """``nn.MultiheadAttention`` (its weights read), and attention as nanoGPT writes it.
+    """Attention modules and parameters used as tensors train as autograd.
 
-    The latter: a causal mask made in forward, ``masked_fill(-inf)``, a softmax, qkv
-    chunked apart, position and scale buffers (constants, moved with the graph). SGD,
-    not Adam: the key's part of ``in_proj_bias`` has an exactly zero gradient (a softmax
-    is blind to a shift shared by a query's scores), which Adam would divide by its own
-    rounding noise.
+    ``nn.MultiheadAttention`` (its weights read); attention as nanoGPT writes it (a
+    causal mask made in forward, ``masked_fill(-inf)``, a softmax, qkv chunked apart,
+    position and scale buffers: constants, moved with the graph); a learned position
+    embedding and a layer scale. SGD, not Adam: the key's part of ``in_proj_bias`` has
+    an exactly zero gradient (a softmax is blind to a shift shared by a query's scores),
+    which Adam would divide by its own rounding noise.
     """
-    from test_torch_trace import MaskedScores, TorchAttention
+    from test_torch_trace import Learned, MaskedScores, TorchAttention
 
     torch.manual_seed(4)
-    module = (TorchAttention(8, need_weights=True) if make == "multihead"
-              else MaskedScores("made")).double()
+    module = {"multihead": lambda: TorchAttention(8, need_weights=True),
+              "masked": lambda: MaskedScores("made"), "learned": Learned}[make]().double()
     plain = copy.deepcopy(module)
-    x = torch.randn(3, 5, 8, dtype=torch.float64)
+    x = torch.randn(3, *((4, 6) if make == "learned" else (5, 8)), dtype=torch.float64)
     ours = ptorch.parallelize(module, method="substitution", example_input=x, backend=backend)
     for m in (ours, plain):
         optimiser = torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
         for _ in range(3):
             optimiser.zero_grad()
-            (m(x).sin() * torch.arange(8.0, dtype=torch.float64)).sum().backward()
+            out = m(x)
+            (out.sin() * torch.arange(float(out.shape[-1]), dtype=torch.float64)).sum().backward()
             optimiser.step()
     for (name, p), (_, q) in zip(module.named_parameters(), plain.named_parameters()):
         torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12, msg=name)

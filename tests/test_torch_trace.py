@@ -314,7 +314,7 @@ class Squares(nn.Module):
 
     def forward(self, x):
         h = self.fc(x)
-        return h * self.p  # a parameter used as a tensor, not through a module
+        return h - self.p  # a parameter used as a tensor, not through a module
 
 
 class Tangents(nn.Module):
@@ -416,8 +416,9 @@ def test_softplus_is_pytorchs_on_both_sides_of_its_threshold():
     assert relative_error(-g.x, X.grad.numpy().T) < 1e-12
 
 @pytest.mark.parametrize(("module", "words"), [
-    (Squares(), r"node 'mul' \(call_function _operator.mul\) at .*test_torch_trace.py:\d+: "
-                    r"return h \* self.p.*: mul's constant is the trainable parameter 'p'"),
+    (Squares(), r"node 'sub' \(call_function _operator.sub\) at .*test_torch_trace.py:\d+: "
+                r"return h - self.p.*: sub with the trainable parameter 'p': x \+ p and "
+                r"x \* p"),
     (Tangents(), r"node 'tan' .*test_torch_trace.py:\d+: return torch.tan\(x\): unsupported "
                  r"function torch.tan"),
     (BatchMixer(), r"node 'reshape' .*reshapes the batch dimension"),
@@ -882,6 +883,37 @@ def test_constant_arithmetic_matches_torch():
     check_node_by_node(Shifted(), np.random.default_rng(13).standard_normal((3, 4)), (4,))
 
 
+class Learned(nn.Module):
+    """Parameters used as tensors, not through a module.
+
+    A learned position embedding added, a layer scale multiplied, a per-token shift,
+    the same embedding twice, a bias-only layer norm.
+    """
+
+    def __init__(self, T=4, d=6):
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+        self.pos = nn.Parameter(torch.randn(1, T, d))
+        self.gamma = nn.Parameter(torch.randn(d))
+        self.shift = nn.Parameter(torch.randn(T, 1))
+        self.beta = nn.Parameter(torch.randn(d))
+
+    def forward(self, x):
+        h = self.fc(x + self.pos)
+        h = torch.tanh(self.gamma * torch.tanh(h) + self.shift)  # (T, 1): over features
+        return F.layer_norm(h + self.pos, (6,), None, self.beta)
+
+
+def test_parameters_used_as_tensors_match_torch_node_by_node():
+    # x + p, x * p were refused, and F.layer_norm with a bias alone lost the bias
+    torch.manual_seed(14)
+    graph, _ = check_node_by_node(Learned(), np.random.default_rng(14).standard_normal(
+        (3, 4, 6)), (4, 6))
+    names = dict(pp.state_dict(graph))
+    assert {"pos", "gamma", "shift", "beta"} <= set(names)
+    assert names["pos"].shape == (1, 4, 6) and names["shift"].shape == (4, 1)
+
+
 def test_a_softmax_over_kept_entries_is_torchs_with_minus_infinity():
     L = pp.layers
     keep = np.array([[True, False, True], [False, True, True]])
@@ -989,14 +1021,15 @@ def test_newton_forward_through_layer_norm_and_products():
         assert relative_error(cold.z[k], exact.z[k]) < 1e-9, name
 
 
-@pytest.mark.parametrize("layer", ["multiply", "power", "rsqrt", "affine"])
+@pytest.mark.parametrize("layer", ["multiply", "power", "rsqrt", "affine", "shift"])
 def test_product_layers_jacobians_against_finite_differences(layer):
     from propop import layers as L
 
     rng = np.random.default_rng(4)
     x = rng.standard_normal(6) + (3.0 if layer == "rsqrt" else 0.0)
     made = {"multiply": L.Multiply(), "power": L.Power(3.0), "rsqrt": L.Power(-0.5, 1e-3),
-            "affine": L.ElementwiseAffine(rng.standard_normal(3), rng.standard_normal(3), 2)}
+            "affine": L.ElementwiseAffine(rng.standard_normal(3), rng.standard_normal(3), 2),
+            "shift": L.ElementwiseAffine(None, rng.standard_normal((3, 1)), 2)}
     f = made[layer]
     J = f.jacobian([x])[0].toarray()
     h = 1e-6
@@ -1017,6 +1050,8 @@ def test_products_and_reductions_name_what_they_cannot_do():
 
     with pytest.raises(ValueError, match="takes the concatenation of two factors"):
         pp.Graph(3).add("m", L.Multiply())
+    with pytest.raises(ValueError, match="needs a weight, a bias, or both"):
+        L.ElementwiseAffine(None)
     assert np.isnan(L.Power(-0.5).forward([np.array([1.0, -2.0])])[1])  # as torch.rsqrt
     with pytest.raises(ValueError, match=r"node 'root' \(Power\(0.5\)\) gives non-finite "
                                          r"values from finite inputs \(1 of 4 entries, first "

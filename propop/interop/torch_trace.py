@@ -27,6 +27,8 @@ Each operation becomes zero or more :mod:`~propop.layers` nodes of a
   dropout), ``masked_fill`` with a constant mask (``-inf`` read by a softmax: its kept
   entries), ``split``/``chunk``/``unbind`` of a feature dimension, arithmetic with
   constants (buffers and tensors made from shapes and numbers, computed once by PyTorch),
+  ``x + p`` and ``x * p`` with a trainable parameter ``p`` (an
+  :class:`~propop.layers.ElementwiseAffine` of ``p``'s shape),
   ``F.linear``
   with the module's own parameters (``Linear`` on tokens ``(..., d)``:
   :class:`~propop.layers.TokenDense`), ``F.dropout`` in evaluation mode,
@@ -456,6 +458,13 @@ class _Translator:
                                     "constants; supported: +, -, *, / of two tensors "
                                     "(broadcast as PyTorch does), or one tensor with a "
                                     "constant (a number, a buffer, a tensor made from them)")
+        if constants and isinstance(constants[0], _Parameter) and \
+                constants[0].tensor.requires_grad:
+            if op not in ("add", "mul") or alpha != 1:
+                raise _UnsupportedError(f"{op} with the trainable parameter "
+                                        f"{constants[0].target!r}: x + p and x * p are "
+                                        "supported")
+            return self._with_parameter(name, op, tensors[0], constants[0], shape)
         c = self._sample_constant(constants[0], shape, f"{op}'s constant") if constants and \
             not isinstance(constants[0], (int, float)) else float(constants[0] if constants else 0)
         x = self._broadcast(f"{name}.x", tensors[0], shape)
@@ -473,6 +482,33 @@ class _Translator:
         layer = L.LinearMap([sp.diags_array(slope, format="csr")],
                             None if not shift.any() else shift.copy(),
                             name=f"Constant{op.title()}")
+        return self._add(name, layer, [x], shape)
+
+    def _with_parameter(self, name: str, op: str, x: Value, p: _Parameter, shape: tuple
+                        ) -> Value:
+        """``x * p`` or ``x + p`` with a trainable ``p``: an :class:`ElementwiseAffine`.
+
+        ``p`` broadcasts over a sample's leading dimensions (``repeats``) and its
+        trailing ones (``spread``) and keeps its own shape (a ``(1, T, d)`` position
+        embedding, a ``(d,)`` layer scale, a ``(C, 1, 1)`` per-channel shift).
+        """
+        dims = tuple(p.tensor.shape)
+        if len(dims) > len(shape) and dims[0] == 1:
+            dims = dims[1:]  # the batch's dimension, one
+        padded = (1,) * (len(shape) - len(dims)) + dims
+        varied = [i for i, n in enumerate(padded) if n != 1] or [len(shape)]
+        a, b = varied[0], varied[-1] + 1
+        if x.shape != shape or len(padded) != len(shape) or padded[a:b] != shape[a:b]:
+            raise _UnsupportedError(f"{op} with the parameter {p.target!r} of shape "
+                                    f"{tuple(p.tensor.shape)} on a sample of shape {x.shape}: "
+                                    "it may repeat over leading and trailing dimensions only")
+        path, _, own = p.target.rpartition(".")
+        kind = "weight" if op == "mul" else "bias"
+        self.origins[name] = (path, {kind: own})
+        array = self.array(p.tensor)
+        layer = L.ElementwiseAffine(array if op == "mul" else None,
+                                    array if op == "add" else None,
+                                    int(np.prod(shape[:a])), int(np.prod(shape[b:])))
         return self._add(name, layer, [x], shape)
 
     def _of_two(self, name: str, op: str, alpha: float, tensors: list, shape: tuple) -> Value:
@@ -524,8 +560,6 @@ class _Translator:
         shape = tuple(int(n) for n in shape)  # the sample's last dimensions (torch checked)
         W = None if weight is None else self.array(weight)  # one array: ties stay ties
         b = None if bias is None else self.array(bias)
-        if W is None and b is not None:  # a bias alone: the weight is one
-            W = np.ones_like(b)
         if eps is None:
             eps = float(torch.finfo(node.meta["tensor_meta"].dtype).eps)
         parts = L.layer_norm_over(x.shape, len(shape), eps, W, b, centred)
@@ -1097,8 +1131,12 @@ def _f_layer_norm(self: _Translator, node: fx.Node, centred: bool = True) -> Val
                                 "bias that is not a module's parameter")
     name = self._name(node.name, node)
     weight, bias = (None if t is None else t.tensor for t in tensors)
-    if weight is not None:
-        path = tensors[0].target.rpartition(".")[0]
+    present = [t for t in tensors if t is not None]
+    if present:
+        path = present[0].target.rpartition(".")[0]
+        if any(t.target.rpartition(".")[0] != path for t in present):
+            raise _UnsupportedError(f"F.{'layer' if centred else 'rms'}_norm with a weight "
+                                    "and a bias of different modules")
         self.origins[name] = (path, {k: t.target.rpartition(".")[2]
                                      for k, t in zip(("weight", "bias"), tensors)
                                      if t is not None})

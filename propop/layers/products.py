@@ -125,8 +125,10 @@ class Power(Diagonal):
 class ElementwiseAffine(Linear):
     """``z = weight * x + bias`` with ``weight``, ``bias`` of a sample's last dimensions.
 
-    LayerNorm's affine part: the parameters (``None``: not there) repeat over the
-    sample's leading dimensions (``repeats`` copies). They keep their own shape
+    LayerNorm's affine part, and a traced ``x * p`` or ``x + p`` with a parameter ``p``
+    (a layer scale, a learned position embedding): the parameters (``None``: not there,
+    a weight of one or a bias of zero; one of them is given) repeat over the sample's
+    leading dimensions (``repeats`` copies). They keep their own shape
     (``nn.LayerNorm((4, 5))``'s ``(4, 5)``: so do their gradients and the
     ``state_dict``) and act flattened in C order. With ``spread``, each entry scales
     that many consecutive entries: a channel's of a ``(C, ...)`` sample (PReLU's slopes).
@@ -136,16 +138,28 @@ class ElementwiseAffine(Linear):
 
     def __init__(self, weight: Any, bias: Any = None, repeats: int = 1,
                  spread: int = 1) -> None:
-        self.w = _parameter(weight, "ElementwiseAffine: weight")
+        self.w = None if weight is None else _parameter(weight, "ElementwiseAffine: weight")
         self.b = None if bias is None else _parameter(bias, "ElementwiseAffine: bias")
-        if self.b is not None and tuple(self.b.shape) != tuple(self.w.shape):
+        if self.w is None and self.b is None:
+            raise ValueError("ElementwiseAffine: needs a weight, a bias, or both")
+        if self.w is not None and self.b is not None and \
+                tuple(self.b.shape) != tuple(self.w.shape):
             raise ValueError(f"ElementwiseAffine: bias of shape {tuple(self.b.shape)} for a "
                              f"weight of shape {tuple(self.w.shape)}")
         self.repeats, self.spread = int(repeats), int(spread)
 
     def __repr__(self) -> str:
         spread = "" if self.spread == 1 else f", spread {self.spread}"
-        return f"ElementwiseAffine({self.weight.shape[0]} x {self.repeats}{spread})"
+        return f"ElementwiseAffine({self._entries} x {self.repeats}{spread})"
+
+    @property
+    def _shape(self) -> tuple:
+        """The parameters' own shape."""
+        return tuple((self.b if self.w is None else self.w).shape)
+
+    @property
+    def _entries(self) -> int:
+        return int(np.prod(self._shape))
 
     def _every(self, a: Any) -> Any:
         """A parameter's value at every entry: each spread, then repeated."""
@@ -155,8 +169,8 @@ class ElementwiseAffine(Linear):
 
     @property
     def weight(self) -> Any:
-        """The scale of one repeat's entries, flat."""
-        return _flat(self.w)
+        """The scale of one repeat's entries, flat (``None``: one)."""
+        return None if self.w is None else _flat(self.w)
 
     @property
     def bias(self) -> Any:
@@ -165,25 +179,28 @@ class ElementwiseAffine(Linear):
 
     def output_size(self, sizes: Sequence[int]) -> int:
         """The input's size; ``ValueError`` if it does not fit."""
-        _one_input(self, sizes, self.weight.shape[0] * self.spread * self.repeats)
+        _one_input(self, sizes, self._entries * self.spread * self.repeats)
         return sizes[0]
 
     def jacobians(self, sizes: Sequence[int]) -> list:
-        """``diag(weight)``, spread and repeated."""
+        """``diag(weight)``, spread and repeated (the identity without a weight)."""
+        n = self._entries * self.spread * self.repeats
+        if self.w is None:
+            return [sp.eye_array(n, format="csr")]
         return [sp.diags_array(backend.to_host(self._every(self.w)), format="csr")]
 
     def parameters(self) -> dict:
-        """``weight`` and ``bias`` (as PyTorch's, in their own shape)."""
-        return {"weight": self.w} | ({} if self.b is None else {"bias": self.b})
+        """``weight`` and ``bias`` where given (as PyTorch's, in their own shape)."""
+        return {k: v for k, v in (("weight", self.w), ("bias", self.b)) if v is not None}
 
     def set_parameter(self, name: str, value: Any) -> None:
         """Replace ``weight`` or ``bias`` (of the shape it has)."""
         if name not in self.parameters():
             super().set_parameter(name, value)
         value = _parameter(value, f"ElementwiseAffine: {name}")
-        if tuple(value.shape) != tuple(self.w.shape):
+        if tuple(value.shape) != self._shape:
             raise ValueError(f"ElementwiseAffine: {name} of shape {tuple(value.shape)}, "
-                             f"expected {tuple(self.w.shape)}")
+                             f"expected {self._shape}")
         setattr(self, "w" if name == "weight" else "b", value)
 
     def gradients(self, inputs: Sequence[Any], grad: Any) -> dict:
@@ -194,11 +211,12 @@ class ElementwiseAffine(Linear):
         """
         x = inputs[0] if inputs[0].ndim == 2 else inputs[0][:, None]
         g = grad if grad.ndim == 2 else grad[:, None]
-        parts, shape = (self.repeats, self.weight.shape[0], -1), tuple(self.w.shape)
+        parts = (self.repeats, self._entries, -1)
         xp = backend.namespace(g)
-        out = {"weight": xp.reshape(xp.sum(xp.reshape(g * x, parts), axis=(0, 2)), shape)}
+        out = {} if self.w is None else {"weight": xp.reshape(
+            xp.sum(xp.reshape(g * x, parts), axis=(0, 2)), self._shape)}
         return out | ({} if self.b is None else {"bias": xp.reshape(
-            xp.sum(xp.reshape(g, parts), axis=(0, 2)), shape)})
+            xp.sum(xp.reshape(g, parts), axis=(0, 2)), self._shape)})
 
 
 def _parameter(a: Any, what: str) -> Any:
@@ -289,7 +307,7 @@ def layer_norm_over(shape: Sequence[int], dims: int, eps: float, weight: Any = N
     ``[(suffix, layer, reads)]`` (``None`` reads the input): ``.centred`` (``x -
     mean``), ``.square``, ``.variance`` (their mean), ``.scale`` (``rsqrt(var +
     eps)``), ``.spread`` (copied back over the normalised entries), the product
-    (``.normalised``, with its ``.factors``) and, with ``weight``, the affine
+    (``.normalised``, with its ``.factors``) and, with ``weight`` or ``bias``, the affine
     ``weight * . + bias`` (suffix ``""``; without, the product is suffix ``""``).
     ``centred=False`` is ``F.rms_norm``: no centring, ``x rsqrt(mean(x^2) + eps)``.
     """
@@ -297,7 +315,8 @@ def layer_norm_over(shape: Sequence[int], dims: int, eps: float, weight: Any = N
     reduced = list(range(len(shape) - dims, len(shape)))
     S = _group_sums(shape, reduced)
     n = int(np.prod(shape[-dims:]))
-    last = "" if weight is None else ".normalised"
+    affine = weight is not None or bias is not None
+    last = ".normalised" if affine else ""
     centre = LinearMap([sp.eye_array(S.shape[1], format="csr") - (S.T @ S) / n],
                        name="Centre")
     layers = [(".centred", centre, [None])] if centred else []
@@ -307,6 +326,6 @@ def layer_norm_over(shape: Sequence[int], dims: int, eps: float, weight: Any = N
                (".scale", Power(-0.5, eps), [".variance"]),
                (".spread", LinearMap([S.T.tocsr()], name="Broadcast"), [".scale"])]
     layers += product_of(x, ".spread", last)
-    if weight is not None:
+    if affine:
         layers.append(("", ElementwiseAffine(weight, bias, S.shape[0]), [last]))
     return layers
