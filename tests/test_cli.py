@@ -106,7 +106,7 @@ def test_demo_announces_each_section_and_reads_each_table():
     differences = own.split("largest difference: ")[1].rstrip(".").split(", ")
     assert len(differences) == 2 and max(float(d.split()[1]) for d in differences) < 1e-12
     attention = out.split("Self-attention over 6 tokens")[1].split("\n")[0]
-    assert "F.scaled_dot_product_attention" in attention
+    assert "causal masked_fill(-inf)" in attention
     assert float(attention.split("every gradient ")[1].split()[0]) < 1e-12
     assert float(attention.split("iterations, ")[1].split()[0]) < 1e-12
     cell = out.split("Your own cell, written for one sample")[1].split("\n")[0]

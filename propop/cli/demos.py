@@ -7,6 +7,7 @@ PyTorch in the loop, models, trust, training.
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -269,19 +270,22 @@ def _attention(torch: Any) -> None:
 
     F = torch.nn.functional
 
-    class Attention(torch.nn.Module):
-        def __init__(self, d: int = 8, heads: int = 2) -> None:
+    class Attention(torch.nn.Module):  # as nanoGPT writes it, a causal mask buffer
+        def __init__(self, d: int = 8, heads: int = 2, T: int = 6) -> None:
             super().__init__()
             self.qkv, self.out = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
             self.norm, self.heads = torch.nn.RMSNorm(d), heads
+            self.pos = torch.nn.Parameter(0.1 * torch.randn(1, T, d))
+            self.register_buffer("mask", torch.tril(torch.ones(T, T)).view(1, 1, T, T))
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            B, T, d = x.shape
-            h = self.qkv(self.norm(x))
-            q, k, v = (t.reshape(B, T, self.heads, d // self.heads).transpose(1, 2)
-                       for t in (h[:, :, :d], h[:, :, d:2 * d], h[:, :, 2 * d:]))
-            a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, T, d)
-            return x + self.out(a)
+            B, T, d = x.size()
+            q, k, v = self.qkv(self.norm(x + self.pos)).split(d, dim=2)
+            q, k, v = (t.view(B, T, self.heads, d // self.heads).transpose(1, 2)
+                       for t in (q, k, v))
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
+            att = F.softmax(att.masked_fill(self.mask == 0, float("-inf")), dim=-1)
+            return x + self.out((att @ v).transpose(1, 2).contiguous().view(B, T, d))
 
     torch.manual_seed(1)
     module = Attention().double()
@@ -297,8 +301,9 @@ def _attention(torch: Any) -> None:
         for name, value in g.named_parameters()])
     newton = forward(graph, flat, method="substitution")
     output = module(X).detach().numpy().reshape(3, -1).T
-    print(f"Self-attention over 6 tokens (RMSNorm, a fused qkv projection sliced apart, "
-          f"F.scaled_dot_product_attention over 2 heads, a residual), traced into "
+    print(f"Self-attention over 6 tokens as nanoGPT writes it (a learned position "
+          f"embedding, RMSNorm, qkv split apart, causal masked_fill(-inf) and a softmax "
+          f"over 2 heads, a residual), traced into "
           f"{len(graph.order) - 1} nodes (per-token Linear, permutations, products of two "
           f"tensors, a softmax): every gradient {worst:.0e} from autograd's; Newton's forward "
           f"{newton.info['iterations']} "
