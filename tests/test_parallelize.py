@@ -161,22 +161,26 @@ def test_a_transformer_block_trains_as_autograd_with_its_output_shape(backend):
 
 
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
-@pytest.mark.parametrize("make", ["multihead", "masked", "learned"])
+@pytest.mark.parametrize("make", ["multihead", "masked", "learned", "encoder"])
 def test_attention_modules_train_as_autograd(make, backend):
     """Attention modules and parameters used as tensors train as autograd.
 
     ``nn.MultiheadAttention`` (its weights read); attention as nanoGPT writes it (a
     causal mask made in forward, ``masked_fill(-inf)``, a softmax, qkv chunked apart,
     position and scale buffers: constants, moved with the graph); a learned position
-    embedding and a layer scale. SGD, not Adam: the key's part of ``in_proj_bias`` has
+    embedding and a layer scale; ``nn.TransformerEncoder`` with a causal mask (in
+    evaluation mode: no dropout). SGD, not Adam: the key's part of ``in_proj_bias`` has
     an exactly zero gradient (a softmax is blind to a shift shared by a query's scores),
     which Adam would divide by its own rounding noise.
     """
-    from test_torch_trace import Learned, MaskedScores, TorchAttention
+    from test_torch_trace import Holds, Learned, MaskedScores, TorchAttention, encoder
 
     torch.manual_seed(4)
     module = {"multihead": lambda: TorchAttention(8, need_weights=True),
-              "masked": lambda: MaskedScores("made"), "learned": Learned}[make]().double()
+              "masked": lambda: MaskedScores("made"), "learned": Learned,
+              "encoder": lambda: Holds(encoder(2), torch.nn.Transformer
+                                       .generate_square_subsequent_mask(5))
+              }[make]().double()
     plain = copy.deepcopy(module)
     x = torch.randn(3, *((4, 6) if make == "learned" else (5, 8)), dtype=torch.float64)
     ours = ptorch.parallelize(module, method="substitution", example_input=x, backend=backend)

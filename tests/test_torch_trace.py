@@ -914,6 +914,81 @@ def test_parameters_used_as_tensors_match_torch_node_by_node():
     assert names["pos"].shape == (1, 4, 6) and names["shift"].shape == (4, 1)
 
 
+class Holds(nn.Module):
+    """A user's model holding a module (an encoder), called with a constant mask or not."""
+
+    def __init__(self, module, mask=None):
+        super().__init__()
+        self.inner = module
+        self.register_buffer("mask", mask)
+
+    def forward(self, x):
+        return self.inner(x) if self.mask is None else self.inner(x, self.mask)
+
+
+def encoder(layers=None, **settings):
+    """``nn.TransformerEncoderLayer`` (or an encoder of ``layers`` of them), norms random.
+
+    A LayerNorm of weight one and bias zero makes the test's loss, ``|z|^2 / 2``, nearly
+    constant: its gradient rounding noise.
+    """
+    layer = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True, **settings)
+    module = layer if layers is None else nn.TransformerEncoder(
+        layer, layers, norm=nn.LayerNorm(8), enable_nested_tensor=False)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if "norm" in name:
+                p.copy_(torch.randn_like(p))
+    return module.eval()
+
+
+@pytest.mark.parametrize("settings", [{}, {"norm_first": True}, {"activation": "gelu"},
+                                      {"activation": nn.GELU(approximate="tanh"),
+                                       "bias": False}, {"layers": 2}, {"layers": 1,
+                                                                       "mask": True}],
+                         ids=["post-norm", "pre-norm", "gelu", "gelu-module", "encoder",
+                              "causal-encoder"])
+def test_transformer_encoder_matches_torch_node_by_node(settings):
+    # nn.TransformerEncoderLayer and nn.TransformerEncoder were unsupported modules
+    torch.manual_seed(15)
+    settings = dict(settings)
+    mask = nn.Transformer.generate_square_subsequent_mask(5) if settings.pop("mask", False) \
+        else None
+    x = np.random.default_rng(15).standard_normal((3, 5, 8))
+    module = encoder(**settings)
+    graph, _ = check_node_by_node(Holds(module, mask), x, (5, 8))
+    assert any(n.endswith("self_attn.in_proj") for n in graph.order)
+    # the module alone (its own forward() branches on shapes: imported as one call)
+    alone = pp.from_torch(module.double(), (5, 8)) if mask is None else None
+    if alone is not None:
+        expected = module(torch.from_numpy(x)).detach().numpy().reshape(3, -1).T
+        assert relative_error(alone.forward(x.reshape(3, -1).T).output, expected) < 1e-12
+        assert set(dict(pp.state_dict(alone))) == set(dict(module.named_parameters()))
+
+
+def test_what_transformer_encoders_cannot_import_is_named():
+    layer = encoder()
+    with pytest.raises(ValueError, match=r"TransformerEncoderLayer in training mode"):
+        pp.from_torch(Holds(layer).train().double(), (5, 8))
+
+    class Padded(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = encoder()
+            self.register_buffer("padding", torch.zeros(2, 5, dtype=torch.bool))  # 2 samples
+
+        def forward(self, x):
+            return self.inner(x, src_key_padding_mask=self.padding)
+
+    with pytest.raises(ValueError, match=r"key_padding_mask \(one per sample\)"):
+        pp.from_torch(Padded().double(), (5, 8))
+    odd = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True, activation=torch.square)
+    with pytest.raises(ValueError, match=r"TransformerEncoderLayer with the activation"):
+        pp.from_torch(Holds(odd.eval()).double(), (5, 8))
+    with pytest.raises(ValueError, match=r"batch_first=False"):
+        pp.from_torch(Holds(nn.TransformerEncoderLayer(8, 2, 16).eval()).double(), (5, 8))
+
+
 def test_a_softmax_over_kept_entries_is_torchs_with_minus_infinity():
     L = pp.layers
     keep = np.array([[True, False, True], [False, True, True]])

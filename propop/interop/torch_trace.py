@@ -10,7 +10,8 @@ Each operation becomes zero or more :mod:`~propop.layers` nodes of a
   ``AdaptiveAvgPool1d/2d`` and ``AdaptiveMaxPool1d/2d`` (output sizes dividing the input);
   ``GroupNorm`` and ``InstanceNorm1d/2d``; ``PReLU``; ``MultiheadAttention`` as
   self-attention with ``batch_first=True`` (its averaged or per-head weights too; no
-  mask, bias_kv, zero_attn or training dropout); ``BatchNorm1d/2d`` in
+  mask, bias_kv, zero_attn or training dropout); ``TransformerEncoderLayer`` and
+  ``TransformerEncoder`` (from their parts, in evaluation mode); ``BatchNorm1d/2d`` in
   evaluation mode (an affine map); ``LayerNorm`` and ``RMSNorm``
   (:func:`~propop.layers.layer_norm_over`: exact, its Jacobian per sample built from
   products); ``Dropout`` in evaluation mode, ``Identity``,
@@ -133,12 +134,30 @@ class _Masked:
     keep: Any  # a boolean array of a sample's shape
 
 
+class _Whole(nn.Module):
+    """A module whose own ``forward`` fx cannot trace, as one call (a leaf) of a container."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.module(x)
+
+
+_WHOLE = (nn.TransformerEncoderLayer, nn.TransformerEncoder)
+
+
 def trace(module: nn.Module, example: torch.Tensor) -> tuple[Graph, dict]:
     """The graph of ``module`` traced on ``example`` (a batch), and where its weights came from.
 
     Returns ``(graph, origins)``; ``origins[node]`` is ``(module path, {propop name:
     torch name})`` for every node holding a module's parameters.
     """
+    if isinstance(module, _WHOLE):  # its forward() branches on shapes: one call instead
+        graph, origins = trace(_Whole(module), example)
+        return graph, {node: (path.removeprefix("module").lstrip("."), names)
+                       for node, (path, names) in origins.items()}
     tracer = fx.Tracer()
     tracer.record_stack_traces = True
     try:
@@ -730,9 +749,14 @@ def to_numpy(t: torch.Tensor | None) -> Any:
 
 
 def _linear(self: _Translator, module: nn.Linear, x: Value, name: str, node: fx.Node) -> Value:
-    self.origins[name] = (node.target, _names(module, W="weight", b="bias"))
+    return _linear_of(self, module, x, name, node.target)
+
+
+def _linear_of(self: _Translator, module: nn.Linear, x: Value, name: str, path: str) -> Value:
+    """``module(x)``, the parameters those of the module at ``path``."""
+    self.origins[name] = (path, _names(module, W="weight", b="bias"))
     return self._add(name, _dense(x, self.array(module.weight), self.array(module.bias)), [x],
-                     _shape(node))
+                     (*x.shape[:-1], module.out_features))
 
 
 def _dense(x: Value, W: Any, b: Any) -> Any:
@@ -905,9 +929,15 @@ def _softmax_module(self: _Translator, module: Any, x: Value | _Masked, name: st
 
 def _layer_norm_module(self: _Translator, module: nn.LayerNorm | nn.RMSNorm, x: Value,
                        name: str, node: fx.Node) -> Value:
+    return _norm_of(self, module, x, name, node.target, node)
+
+
+def _norm_of(self: _Translator, module: nn.LayerNorm | nn.RMSNorm, x: Value, name: str,
+             path: str, node: fx.Node) -> Value:
+    """``module(x)``, the parameters those of the module at ``path``."""
     bias = getattr(module, "bias", None)  # an RMSNorm has none
     if module.elementwise_affine:
-        self.origins[name] = (node.target, {"weight": "weight"} | (
+        self.origins[name] = (path, {"weight": "weight"} | (
             {} if bias is None else {"bias": "bias"}))
     return self._layer_norm(name, x, module.normalized_shape, module.eps, module.weight,
                             bias, node, centred=isinstance(module, nn.LayerNorm))
@@ -917,32 +947,45 @@ def _multihead(self: _Translator, module: nn.MultiheadAttention, x: Value, name:
                node: fx.Node) -> tuple:
     """``nn.MultiheadAttention`` as self-attention (``batch_first``): ``(output, weights)``.
 
-    The packed ``in_proj_weight`` is one per-token projection to ``[q; k; v]``, sliced
-    apart, the heads a view and a permutation, :func:`_attend`, ``out_proj``; the
-    weights (averaged over heads unless ``average_attn_weights=False``) are built only
-    where the module's second output is read.
+    The weights (averaged over heads unless ``average_attn_weights=False``) are built
+    only where the module's second output is read (:func:`_self_attention`).
     """
     names = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask",
              "average_attn_weights", "is_causal")
     given = dict(zip(names, node.args)) | dict(node.kwargs)
+    if not given["query"] is given.get("key") is given.get("value"):
+        raise _UnsupportedError("MultiheadAttention with cross-attention (query, key and "
+                                "value differ): self-attention is supported")
+    read = any(u.target is operator.getitem and u.args[1] == 1 for u in node.users)
+    weights = None if not (read and given.get("need_weights", True)) else (
+        "average" if given.get("average_attn_weights", True) else "heads")
+    return _self_attention(self, module, x, name, node.target, given.get("attn_mask"),
+                           given.get("key_padding_mask"), weights)
+
+
+def _self_attention(self: _Translator, module: nn.MultiheadAttention, x: Value, name: str,
+                    path: str, mask: Any, padding: Any, weights: str | None) -> tuple:
+    """The nodes of ``module(x, x, x, attn_mask=mask)``: ``(output, weights or None)``.
+
+    The packed ``in_proj_weight`` is one per-token projection to ``[q; k; v]``, sliced
+    apart, the heads a view and a permutation, :func:`_attend`, ``out_proj``;
+    ``weights`` is ``"average"`` (over heads), ``"heads"`` or ``None`` (not built).
+    """
     refused = {"batch_first=False (the batch would not come first)": not module.batch_first,
                "add_bias_kv=True": module.bias_k is not None,
                "add_zero_attn=True": module.add_zero_attn,
                "dropout in training mode": module.dropout > 0 and module.training,
-               "a key_padding_mask (one per sample)": given.get("key_padding_mask")
-               is not None, "an attn_mask per sample and head (N * heads, T, S)":
-               getattr(self.values.get(given.get("attn_mask")), "tensor", np.empty(0)
-                       ).ndim == 3,
-               "cross-attention (query, key and value differ)": not (
-                   given["query"] is given.get("key") is given.get("value"))}
+               "a key_padding_mask (one per sample)": padding is not None,
+               "an attn_mask per sample and head (N * heads, T, S)":
+               getattr(self.values.get(mask), "tensor", np.empty(0)).ndim == 3}
     for what, why in refused.items():
         if why:
             raise _UnsupportedError(f"MultiheadAttention with {what}: self-attention with "
                                     "batch_first=True is supported")
     E, H = module.embed_dim, module.num_heads
     T = x.shape[0]
-    self.origins[f"{name}.in_proj"] = (node.target, _names(module, W="in_proj_weight",
-                                                           b="in_proj_bias"))
+    self.origins[f"{name}.in_proj"] = (path, _names(module, W="in_proj_weight",
+                                                    b="in_proj_bias"))
     qkv = self._add(f"{name}.in_proj", L.TokenDense(self.array(module.in_proj_weight),
                                                     self.array(module.in_proj_bias), T),
                     [x], (T, 3 * E))
@@ -952,21 +995,78 @@ def _multihead(self: _Translator, module: nn.MultiheadAttention, x: Value, name:
         sliced = self._add(f"{name}.{part}", L.Windows(index, qkv.size), [qkv], (T, E))
         heads.append(self._permuted(f"{name}.{part}.heads", Value(sliced.node, (T, H, E // H)),
                                     [1, 0, 2]))
-    attended, weights = _attend(self, f"{name}.attention", *heads, None,
-                                given.get("attn_mask"), blocked=True)
+    attended, each = _attend(self, f"{name}.attention", *heads, None, mask, blocked=True)
     merged = self._permuted(f"{name}.merged", attended, [1, 0, 2])
-    self.origins[name] = (f"{node.target}.out_proj", _names(module.out_proj, W="weight",
-                                                            b="bias"))
-    out = self._add(name, L.TokenDense(self.array(module.out_proj.weight),
-                                       self.array(module.out_proj.bias), T),
-                    [Value(merged.node, (T, E))], (T, E))
-    read = any(u.target is operator.getitem and u.args[1] == 1 for u in node.users)
-    if not (read and given.get("need_weights", True)):
-        return out, None
-    if not given.get("average_attn_weights", True):
-        return out, weights
-    return out, self._add(f"{name}.weights", L.reduction_over(weights.shape, [0], True),
-                          [weights], weights.shape[1:])
+    out = _linear_of(self, module.out_proj, Value(merged.node, (T, E)), name,
+                     f"{path}.out_proj")
+    if weights != "average":
+        return out, each if weights else None
+    return out, self._add(f"{name}.weights", L.reduction_over(each.shape, [0], True),
+                          [each], each.shape[1:])
+
+
+def _encoder_layer(self: _Translator, module: nn.TransformerEncoderLayer, x: Value,
+                   name: str, node: fx.Node) -> Value:
+    """``nn.TransformerEncoderLayer(src, src_mask)`` (:func:`_encoder_block`)."""
+    given = dict(zip(("src", "src_mask", "src_key_padding_mask"), node.args)) | \
+        dict(node.kwargs)
+    return _encoder_block(self, module, x, name, node.target, given.get("src_mask"),
+                          given.get("src_key_padding_mask"), node)
+
+
+def _encoder(self: _Translator, module: nn.TransformerEncoder, x: Value, name: str,
+             node: fx.Node) -> Value:
+    """``nn.TransformerEncoder(src, mask)``: its layers in turn, then its ``norm``."""
+    given = dict(zip(("src", "mask", "src_key_padding_mask"), node.args)) | dict(node.kwargs)
+    for i, layer in enumerate(module.layers):
+        last = i == len(module.layers) - 1 and module.norm is None
+        x = _encoder_block(self, layer, x, name if last else f"{name}.layers.{i}",
+                           f"{node.target}.layers.{i}", given.get("mask"),
+                           given.get("src_key_padding_mask"), node)
+    if module.norm is None:
+        return x
+    return _norm_of(self, module.norm, x, name, f"{node.target}.norm", node)
+
+
+def _encoder_block(self: _Translator, layer: nn.TransformerEncoderLayer, x: Value, name: str,
+                   path: str, mask: Any, padding: Any, node: fx.Node) -> Value:
+    """One encoder layer's nodes, PyTorch's ``forward`` (evaluation mode: no dropout).
+
+    ``norm_first``: ``x + sa(norm1(x))``, then ``+ ff(norm2(.))``; otherwise
+    ``norm1(x + sa(x))``, then ``norm2(. + ff(.))``, with ``sa`` the self-attention
+    and ``ff`` ``linear2(activation(linear1(.)))``. The last node is ``name``.
+    """
+    if layer.training and layer.dropout.p > 0:
+        raise _UnsupportedError("TransformerEncoderLayer in training mode (dropout): call "
+                                "module.eval() first")
+    activation = _FUNCTIONS.get(layer.activation) or ACTIVATIONS.get(type(layer.activation))
+    if activation is None:
+        raise _UnsupportedError(f"TransformerEncoderLayer with the activation "
+                                f"{layer.activation!r}")
+
+    def norm(i: int, h: Value, last: bool) -> Value:
+        return _norm_of(self, getattr(layer, f"norm{i}"), h, name if last else f"{name}.norm{i}",
+                        f"{path}.norm{i}", node)
+
+    def add(i: int, a: Value, b: Value, last: bool) -> Value:
+        return self._add(name if last else f"{name}.add{i}", L.Add(), [a, b], a.shape)
+
+    def block(h: Value, i: int) -> Value:
+        if i == 1:
+            return _self_attention(self, layer.self_attn, h, f"{name}.self_attn",
+                                   f"{path}.self_attn", mask, padding, None)[0]
+        h = _linear_of(self, layer.linear1, h, f"{name}.linear1", f"{path}.linear1")
+        h = _activation_module(self, layer.activation, h, f"{name}.activation", node) if \
+            isinstance(layer.activation, nn.Module) else self._add(
+                f"{name}.activation", L.Activation(_member(activation, {})), [h], h.shape)
+        return _linear_of(self, layer.linear2, h, f"{name}.linear2", f"{path}.linear2")
+
+    for i in (1, 2):
+        if layer.norm_first:
+            x = add(i, x, block(norm(i, x, False), i), i == 2)
+        else:
+            x = norm(i, add(i, x, block(x, i), False), i == 2)
+    return x
 
 
 _MODULES: list[tuple[Any, Callable]] = [
@@ -979,6 +1079,7 @@ _MODULES: list[tuple[Any, Callable]] = [
     (nn.Dropout | nn.Dropout1d | nn.Dropout2d, _dropout),
     (_IDENTITY_MODULES, _identity), (tuple(ACTIVATIONS), _activation_module),
     (nn.PReLU, _prelu), (nn.MultiheadAttention, _multihead),
+    (nn.TransformerEncoderLayer, _encoder_layer), (nn.TransformerEncoder, _encoder),
     (nn.Softmax | nn.LogSoftmax, _softmax_module), (nn.LayerNorm | nn.RMSNorm, _layer_norm_module),
 ]
 
@@ -987,6 +1088,7 @@ def _supported() -> str:
     names = ["Linear", "Conv1d", "Conv2d", "AvgPool1d", "AvgPool2d", "MaxPool1d", "MaxPool2d",
              "AdaptiveAvgPool1d/2d", "AdaptiveMaxPool1d/2d", "BatchNorm1d", "BatchNorm2d (eval)",
              "GroupNorm", "InstanceNorm1d/2d", "PReLU", "MultiheadAttention (self-attention)",
+             "TransformerEncoderLayer", "TransformerEncoder",
              "Dropout (eval)",
              "Identity", "Flatten", "Unflatten", "Softmax", "LogSoftmax", "LayerNorm",
              "RMSNorm"]
