@@ -84,3 +84,30 @@ def test_what_needs_a_shared_matrix_or_edges_says_so():
                                  coupling_stack=same).shared()
     assert not shared.per_sample_couplings
     np.testing.assert_array_equal(shared.coupling_stack, C[:, 0])
+
+
+@pytest.mark.parametrize("method", ["mpi.substitution", "mpi.cyclic-reduction", "mpi.jacobi",
+                                    "mpi.gmres", "mpi.bicgstab"])
+def test_the_mpi_methods_say_they_need_shared_couplings(method):
+    system, _, _ = per_sample_system(True)
+    shared, _, _ = per_sample_system(True)
+    shared = pp.TriangularSystem(None, None, shared.rhs, lower=True, sizes=[N] * NB,
+                                 coupling_stack=np.repeat(shared.coupling_stack[:, :1], R,
+                                                          axis=1)).shared()
+    info = pp.solvers.info(method)
+    assert info.requires == ("shared_couplings",)
+    assert "per-sample" in system.tags and "per-sample" not in shared.tags
+    assert not info.applies_to(system) and info.applies_to(shared)
+    if info.available:
+        with pytest.raises(ValueError, match="its own couplings"):
+            pp.solve(system, method)
+
+
+def test_a_truncated_solve_names_the_block_once():
+    system, _, _ = per_sample_system(True)
+    message = pp.solve(system, "jacobi", maxiter=3).message
+    assert message.startswith("reached maxiter=3: block ") and "block block" not in message
+    named = pp.TriangularSystem(None, None, system.rhs, lower=True, sizes=[N] * NB,
+                                coupling_stack=system.coupling_stack,
+                                names=[f"h{k}" for k in range(NB)])
+    assert ": block h" in pp.solve(named, "jacobi", maxiter=3).message

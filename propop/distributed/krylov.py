@@ -94,7 +94,8 @@ class Distributed(Method):
 
 
 @register("mpi.gmres", kind="krylov", exact=False, backends=("numpy",), needs=("mpi4py",),
-          extra="mpi", guard=COLLECTIVE)
+          extra="mpi", guard=COLLECTIVE,
+          requires=("shared_couplings",))
 class MpiGMRES(Distributed):
     """``batched-gmres`` over MPI ranks: a neighbour exchange per product, ``Allreduce`` dots.
 
@@ -120,7 +121,8 @@ class MpiGMRES(Distributed):
 
 
 @register("mpi.bicgstab", kind="krylov", exact=False, backends=("numpy",), needs=("mpi4py",),
-          extra="mpi", guard=COLLECTIVE)
+          extra="mpi", guard=COLLECTIVE,
+          requires=("shared_couplings",))
 class MpiBiCGStab(Distributed):
     """The ``bicgstab`` method over MPI ranks (random shadow residual, seeded per rank)."""
 

@@ -43,7 +43,8 @@ def _info(d: DistributedSystem, **more: Any) -> dict:
 
 
 @register("mpi.substitution", kind="direct", exact=True, backends=("numpy",), needs=("mpi4py",),
-          extra="mpi", guard=COLLECTIVE)
+          extra="mpi", guard=COLLECTIVE,
+          requires=("shared_couplings",))
 class MpiSubstitution(Distributed):
     """Pipelined block substitution over MPI ranks: the distributed baseline.
 
@@ -126,7 +127,8 @@ class _Relation:
 
 
 @register("mpi.cyclic-reduction", kind="direct", exact=True, backends=("numpy",),
-          needs=("mpi4py",), extra="mpi", guard=COLLECTIVE)
+          needs=("mpi4py",), extra="mpi", guard=COLLECTIVE,
+          requires=("shared_couplings",))
 class MpiCyclicReduction(Distributed):
     """Local reduction to boundary relations, cyclic reduction over the ranks, local solves.
 
@@ -165,7 +167,8 @@ class MpiCyclicReduction(Distributed):
 
 
 @register("mpi.jacobi", kind="iterative", exact=False, backends=("numpy",), needs=("mpi4py",),
-          extra="mpi", guard=COLLECTIVE)
+          extra="mpi", guard=COLLECTIVE,
+          requires=("shared_couplings",))
 class MpiJacobi(Distributed):
     """Block Jacobi over MPI ranks: one neighbour exchange and two ``Allreduce`` a sweep."""
 

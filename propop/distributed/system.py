@@ -176,7 +176,7 @@ def check_partition(system: Any, size: int) -> None:
              for k in order[a:b]}
     for e in system.blocks.edges:
         if owner[e.col] not in (owner[e.row], owner[e.row] - 1):
-            raise ValueError(f"rank {owner[e.row]} reads block {system.names[e.col]} of rank "
+            raise ValueError(f"rank {owner[e.row]} reads {system.label(e.col)} of rank "
                              f"{owner[e.col]}, not of its neighbour: use fewer ranks so "
                              "that each owns more blocks than a coupling spans")
 

@@ -424,7 +424,7 @@ def _inaccurate_message(system: Any, tol: Tolerance, ratios: np.ndarray, met: np
     short = np.where(met[None, :], 0, ratios)
     block, sample = np.unravel_index(int(np.argmax(short)), short.shape)
     where = "" if met.size == 1 else f" of sample {sample}"
-    return (f"the result misses the tolerance: block {system.names[block]}{where} has a "
+    return (f"the result misses the tolerance: {system.label(block)}{where} has a "
             f"residual {short[block, sample]:.1e} times rtol={tol.rtol:.1e} relative to its "
             f"own size; rounding was amplified beyond rtol ({backend.dtype_name(system.dtype)}): "
             "use float64, raise rtol, or 'substitution' if this was another method")
@@ -437,7 +437,7 @@ def _max_iter_message(system: Any, tol: Tolerance, ratios: np.ndarray, met: np.n
     block, sample = np.unravel_index(int(np.argmax(short)), short.shape)
     where = "" if met.size == 1 else f" of sample {sample} ({int((~met).sum())} of " \
                                      f"{met.size} samples short)"
-    text = (f"reached maxiter={maxiter}: block {system.names[block]}{where} has a residual "
+    text = (f"reached maxiter={maxiter}: {system.label(block)}{where} has a residual "
             f"{short[block, sample]:.1e} times rtol={tol.rtol:.1e} relative to its own size "
             "(every block is held to rtol, so tiny gradients are as accurate as large ones); ")
     floor = attainable(system.dtype)

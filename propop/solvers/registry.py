@@ -29,13 +29,20 @@ __all__ = ["SolverInfo", "KINDS", "BUILTIN", "register", "unregister", "refuse",
            "names", "available"]
 
 KINDS = ("direct", "iterative", "krylov", "block", "hybrid")
-REQUIREMENTS = ("chain", "time_structure", "reducible", "shared_matrix")
+REQUIREMENTS = ("chain", "time_structure", "reducible", "shared_couplings", "shared_matrix")
 # How each requirement reads in "needs a ..." messages.
 REQUIREMENT_WORDS = {"chain": "chain", "time_structure": "time structure",
-                     "reducible": "chain or RNN system", "shared_matrix": "shared matrix"}
-# The operator tags (Operator.tags) that meet each requirement, any one of them.
-_TAGGED = {"chain": {"chain"}, "time_structure": {"time"}, "reducible": {"chain", "time"},
-           "shared_matrix": {"shared-matrix"}}
+                     "reducible": "chain or RNN system",
+                     "shared_couplings": "system whose samples share their couplings",
+                     "shared_matrix": "shared matrix"}
+# Whether a system meets each requirement, from its operator's tags (Operator.tags); a
+# shared matrix is also one whose samples' columns are equal (read once).
+_MEETS = {"chain": lambda system, tags: "chain" in tags,
+          "time_structure": lambda system, tags: "time" in tags,
+          "reducible": lambda system, tags: bool(tags & {"chain", "time"}),
+          "shared_couplings": lambda system, tags: "per-sample" not in tags,
+          "shared_matrix": lambda system, tags: ("shared-matrix" in tags
+                                                 or system.shares_matrix)}
 BACKENDS = ("numpy", "cupy", "torch", "array_api_strict")
 ENTRY_POINT_GROUP = "propop.solvers"
 _DIRECT, _REDUCTION = "propop.solvers.direct", "propop.solvers.reduction"
@@ -115,14 +122,9 @@ class SolverInfo:
                               f"pip install propop[{self.extra}]")
 
     def applies_to(self, system: Any) -> bool:
-        """Whether ``system`` has the structure this method requires (its operator's tags).
-
-        A shared matrix is also one whose samples' columns are equal (read once).
-        """
+        """Whether ``system`` has the structure this method requires (:data:`_MEETS`)."""
         tags = system.tags
-        return all(bool(tags & _TAGGED[need]) or (need == "shared_matrix"
-                                                  and system.shares_matrix)
-                   for need in self.requires)
+        return all(_MEETS[need](system, tags) for need in self.requires)
 
 
 _REGISTRY: dict[str, SolverInfo] = {}
@@ -160,10 +162,13 @@ def register(name: str, *, kind: str, exact: bool, backends: tuple = ("numpy",),
         on PyTorch tensors and ``array_api_strict`` arrays.
     description : str, optional
         One line for listings; defaults to the first line of the docstring.
-    requires : tuple of {"chain", "time_structure", "reducible", "shared_matrix"}
+    requires : tuple of {"chain", "time_structure", "reducible", "shared_couplings", \
+"shared_matrix"}
         Structure a system must have: block bi-diagonal (parallel cyclic
         reduction), repeated over time steps (RNN-specific methods), either of
-        the two (cyclic reduction), or one matrix for all samples (block Krylov).
+        the two (cyclic reduction), couplings that every sample shares, scaled per
+        sample or not (the MPI methods: not a recurrence's per-sample Jacobians),
+        or one matrix for all samples (block Krylov).
     needs : tuple of str
         Optional modules the method imports when it runs (``("mpi4py",)``); without
         them it is listed as unavailable and :func:`solve` names ``extra``.

@@ -147,6 +147,11 @@ class Operator:
             return tuple(self._names)
         return tuple(f"block {k}" for k in range(self.nblocks))
 
+    def label(self, k: int) -> str:
+        """``"block <name>"`` of block row ``k`` for messages (the name alone if it says block)."""
+        name = self._names(k) if callable(self._names) else self.names[k]
+        return name if name.startswith("block ") else f"block {name}"
+
     # -- structure: the layout's --------------------------------------------------
     @property
     def lower(self) -> bool:

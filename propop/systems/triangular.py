@@ -38,10 +38,10 @@ def _require_support(op: Operator, rhs: Any, support: list[int], zeros: bool = T
     for k in support + [op.nblocks]:
         if zeros and k > start and bool(xp.any(rhs[o[start]:o[k], ...] != 0)):
             j = next(j for j in range(start, k) if bool(xp.any(rhs[o[j]:o[j + 1], ...] != 0)))
-            raise ValueError(f"rhs is non-zero in block {op.names[j]}, outside rhs_support "
+            raise ValueError(f"rhs is non-zero in {op.label(j)}, outside rhs_support "
                              f"{support}: give every block where it is non-zero")
         if k < op.nblocks and not backend.all_finite(rhs[o[k]:o[k + 1], ...], xp):
-            require_finite(rhs[o[k]:o[k + 1], ...], f"rhs (block {op.names[k]})")  # names it
+            require_finite(rhs[o[k]:o[k + 1], ...], f"rhs ({op.label(k)})")  # names it
         start = k + 1
 
 
