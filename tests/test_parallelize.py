@@ -278,3 +278,41 @@ def test_the_training_step_benchmark_reports_a_contender_that_fails(monkeypatch)
     assert "| case | plain | pararnn |" in text and "| failed |" in text
     assert "- case A, pararnn: TypeError: kernel supports" in text
     assert "not installed" not in text  # it is installed: it failed
+
+
+class NoDropout(torch.nn.Module):
+    """Dropout with p=0, a module's and F.dropout's, in training mode: the identity."""
+
+    def __init__(self, p=0.0):
+        super().__init__()
+        torch.manual_seed(3)
+        self.a, self.drop, self.b = torch.nn.Linear(4, 6), torch.nn.Dropout(p), \
+            torch.nn.Linear(6, 2)
+        self.p = p
+
+    def forward(self, x):
+        h = torch.nn.functional.dropout(torch.tanh(self.a(x)), self.p, self.training)
+        return self.b(self.drop(h))
+
+
+@pytest.mark.parametrize("build", [NoDropout, lambda: torch.nn.TransformerEncoderLayer(
+    4, 2, 8, dropout=0.0, batch_first=True)], ids=["dropout", "encoder"])
+def test_dropout_with_p_zero_trains_as_autograd_and_p_above_zero_is_refused(build):
+    module = build().double().train()
+    x = torch.randn(3, 5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    out_ref, dx_ref, grads_ref = gradients(copy.deepcopy(module), x)
+    ours = ptorch.parallelize(module, example_input=x)
+    out, dx, grads = gradients(ours, x)
+    torch.testing.assert_close(out, out_ref, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(dx, dx_ref, rtol=1e-10, atol=1e-14)
+    for name, g in grads_ref.items():
+        torch.testing.assert_close(grads[name], g, rtol=1e-10, atol=1e-14, msg=name)
+    dropout = next(m for m in ours.modules() if isinstance(m, torch.nn.Dropout))
+    dropout.p = 0.1
+    with pytest.raises(ValueError, match=r"Dropout at \w+ is in training mode"):
+        ours(x)
+    dropped, words = (NoDropout(0.1), r"F.dropout\(p=0.1\) with training=True") \
+        if build is NoDropout else (torch.nn.TransformerEncoderLayer(
+            4, 2, 8, dropout=0.1, batch_first=True), "TransformerEncoderLayer in training mode")
+    with pytest.raises(ValueError, match=words):
+        ptorch.parallelize(dropped.double(), example_input=x)

@@ -425,7 +425,8 @@ def test_softplus_is_pytorchs_on_both_sides_of_its_threshold():
     (Softmax0(), r"dim=0 for a batch of shape"),
     (nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)),
      r"\(call_module 1\): BatchNorm1d in training mode.*eval\(\)"),
-    (nn.Sequential(nn.Linear(3, 3), nn.Dropout()), r"Dropout in training mode.*eval\(\)"),
+    (nn.Sequential(nn.Linear(3, 3), nn.Dropout()),
+     r"Dropout\(p=0.5\) in training mode: call module.eval\(\)"),
     (nn.Sequential(nn.Linear(3, 3), nn.LSTM(3, 3)), r"unsupported module LSTM \(recurrent"),
     (nn.Sequential(nn.Linear(3, 3), nn.GELU(approximate="none"), nn.RReLU()),
      r"unsupported module RReLU; supported: Linear"),
@@ -459,6 +460,18 @@ def test_hooks_and_missing_input_shapes_are_named():
         pp.from_torch(hooked)
     with pytest.raises(ValueError, match="input_shape is needed: ConvNet"):
         pp.from_torch(ConvNet())
+    # the first nn.Linear is not the first layer: its in_features a wrong guess
+    for first in [nn.ConvTranspose2d(2, 3, 3, stride=2), nn.Upsample(scale_factor=2)]:
+        with pytest.raises(ValueError, match=r"Sequential fails on a batch of samples of "
+                                             r"shape \(243,\).*input_shape.*is needed"):
+            pp.from_torch(nn.Sequential(first, nn.Flatten(), nn.Linear(243, 2)))
+
+
+def test_a_sample_shape_the_module_fails_on_is_named_and_nothing_printed(capfd):
+    with pytest.raises(ValueError, match=r"Sequential fails on a batch of samples of shape "
+                                         r"\(5,\) \(RuntimeError: mat1 and mat2"):
+        pp.from_torch(nn.Sequential(nn.Linear(4, 2), nn.Tanh()).double(), input_shape=(5,))
+    assert capfd.readouterr().err == ""
     with pytest.raises(ValueError, match="bidirectional=True"):
         pp.from_torch(nn.GRU(2, 2, bidirectional=True))
 

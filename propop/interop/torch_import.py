@@ -126,6 +126,11 @@ def _refuse_hooks(module: nn.Module) -> None:
 
 
 def _first_linear_input(module: nn.Module) -> tuple:
+    """The input size of the first ``nn.Linear``, unless a convolution or pool comes first.
+
+    A guess from the modules' registration order (their order in an ``nn.Sequential``),
+    which tracing checks by running the module on it.
+    """
     for m in module.modules():
         if isinstance(m, nn.Linear):
             return (m.in_features,)

@@ -14,7 +14,7 @@ Each operation becomes zero or more :mod:`~propop.layers` nodes of a
   ``TransformerEncoder`` (from their parts, in evaluation mode); ``BatchNorm1d/2d`` in
   evaluation mode (an affine map); ``LayerNorm`` and ``RMSNorm``
   (:func:`~propop.layers.layer_norm_over`: exact, its Jacobian per sample built from
-  products); ``Dropout`` in evaluation mode, ``Identity``,
+  products); ``Dropout`` in evaluation mode or with ``p=0``, ``Identity``,
   ``Flatten``, ``Unflatten`` (nothing to compute); the activations below, as modules;
 - functions and methods: ``+``, ``-``, ``*``, ``/`` of two tensors (broadcast as
   PyTorch does; a product is a :class:`~propop.layers.Multiply`) or with a constant,
@@ -32,7 +32,7 @@ Each operation becomes zero or more :mod:`~propop.layers` nodes of a
   :class:`~propop.layers.ElementwiseAffine` of ``p``'s shape),
   ``F.linear``
   with the module's own parameters (``Linear`` on tokens ``(..., d)``:
-  :class:`~propop.layers.TokenDense`), ``F.dropout`` in evaluation mode,
+  :class:`~propop.layers.TokenDense`), ``F.dropout`` in evaluation mode or with ``p=0``,
   ``F.avg_pool2d``/``F.max_pool2d``; ``x.shape``, ``x.size()`` and the numbers computed
   from them (the batch size stays unknown: arithmetic with it is refused);
 - activations, as modules or functions, at their settings: ReLU, LeakyReLU
@@ -148,6 +148,21 @@ class _Whole(nn.Module):
 _WHOLE = (nn.TransformerEncoderLayer, nn.TransformerEncoder)
 
 
+def _runs_on(module: nn.Module, example: torch.Tensor) -> None:
+    """``ValueError`` naming the sample's shape where ``module`` fails on ``example``.
+
+    Run before ``ShapeProp``, which prints the traceback of a failing node first.
+    """
+    try:
+        with torch.no_grad():
+            module(example)
+    except Exception as error:
+        raise ValueError(f"from_torch: {type(module).__name__} fails on a batch of samples of "
+                         f"shape {tuple(example.shape[1:])} ({type(error).__name__}: {error}): "
+                         "input_shape, one sample's shape, is needed (a module that does not "
+                         "start with nn.Linear) or is wrong") from error
+
+
 def trace(module: nn.Module, example: torch.Tensor) -> tuple[Graph, dict]:
     """The graph of ``module`` traced on ``example`` (a batch), and where its weights came from.
 
@@ -176,6 +191,7 @@ def trace(module: nn.Module, example: torch.Tensor) -> tuple[Graph, dict]:
     graph_module = fx.GraphModule(module, graph)
     saved = [(b, b.detach().clone()) for b in module.buffers()]
     try:  # one run for the shapes, which must leave the module as it was
+        _runs_on(module, example)
         ShapeProp(graph_module).propagate(example)
     finally:  # a BatchNorm in training mode updates its running statistics
         with torch.no_grad():
@@ -892,10 +908,17 @@ def _prelu(self: _Translator, module: nn.PReLU, x: Value, name: str, node: fx.No
                                   ("", L.Add(), [".positive", ".scaled"])], x.shape)
 
 
+def drops_out(module: nn.Module) -> bool:
+    """Whether ``module`` is a dropout that zeroes entries at random now (training, ``p > 0``)."""
+    return isinstance(module, nn.modules.dropout._DropoutNd) and module.training and \
+        module.p > 0
+
+
 def _dropout(self: _Translator, module: Any, x: Value, name: str, node: fx.Node) -> Value:
-    if module.training:
-        raise _UnsupportedError(f"{type(module).__name__} in training mode: call module.eval() "
-                           "first (in evaluation mode it is the identity)")
+    if drops_out(module):
+        raise _UnsupportedError(f"{type(module).__name__}(p={module.p}) in training mode: "
+                                "call module.eval() first (in evaluation mode, or with p=0, "
+                                "it is the identity)")
     return x
 
 
@@ -1187,10 +1210,11 @@ def _attend(self: _Translator, name: str, q: Value, k: Value, v: Value, scale: A
 
 
 def _f_dropout(self: _Translator, node: fx.Node) -> Value:
+    p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
     training = node.args[2] if len(node.args) > 2 else node.kwargs.get("training", True)
-    if training:
-        raise _UnsupportedError("F.dropout with training=True: pass training=self.training and "
-                           "call module.eval() first")
+    if training and p > 0:
+        raise _UnsupportedError(f"F.dropout(p={p}) with training=True: pass "
+                                "training=self.training and call module.eval() first")
     return self._tensors(node.args[:1])[0]
 
 

@@ -31,6 +31,7 @@ import torch
 
 from ..backend import of as backend_of
 from ..interop.torch_import import from_torch
+from ..interop.torch_trace import drops_out
 from ..networks.graph_fnn import GraphFNN, as_fnn
 from ..newton.loop import forward as newton_forward
 from ..solvers.plan import prepare, solve
@@ -41,8 +42,6 @@ __all__ = ["parallelize", "FORWARDS", "BACKENDS"]
 
 FORWARDS = ("sequential", "newton", "secant")
 BACKENDS = ("numpy", "torch")
-_TRAINING_ONLY = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.Dropout, torch.nn.Dropout1d,
-                  torch.nn.Dropout2d)
 
 
 def parallelize(module: torch.nn.Module, *, method: str = "auto", forward: str = "sequential",
@@ -172,7 +171,8 @@ class _Parallelized:
             raise TypeError(f"input has dtype {x.dtype}; pass floating-point inputs (the "
                             "output takes the input's dtype)")
         for path, sub in self.named_modules():
-            if isinstance(sub, _TRAINING_ONLY) and sub.training:
+            if drops_out(sub) or (sub.training and
+                                  isinstance(sub, torch.nn.modules.batchnorm._BatchNorm)):
                 raise ValueError(f"{type(sub).__name__} at {path or 'the top'} is in training "
                                  "mode, which the imported graph does not compute (it takes "
                                  "running statistics, no dropout): call .eval() on the module")
