@@ -24,6 +24,7 @@ from test_torch_trace import (  # noqa: E402
     ConvNet,
     Conv1dNet,
     HandWritten,
+    Positions,
     PreNormSwiGLU,
     ResidualMLP,
     TokenNorm,
@@ -34,7 +35,8 @@ BACKENDS = [pytest.param("torch", None, id="torch"),
             pytest.param("array_api_strict", None, id="array_api_strict"), *gpu_backends()]
 MODULES = {"residual-mlp": (ResidualMLP, (5,)), "conv2d": (ConvNet, (2, 9, 9)),
            "conv1d": (Conv1dNet, (2, 9)), "swiglu": (PreNormSwiGLU, (6,)),
-           "handwritten": (HandWritten, (5,)), "token-norm": (TokenNorm, (4, 6))}
+           "handwritten": (HandWritten, (5,)), "token-norm": (TokenNorm, (4, 6)),
+           "positions": (Positions, (4, 6))}
 NATIVE = [s.name for s in pp.solvers.available() if s.native and s.available]
 EXACT = {s.name for s in pp.solvers.available() if s.exact}
 
@@ -56,7 +58,8 @@ def autograd(name, module, x, target):
     X = torch.tensor(x.T.reshape((x.shape[1],) + MODULES[name][1]), requires_grad=True)
     out = module(X).reshape(x.shape[1], -1)
     (0.5 * ((out - torch.tensor(target.T)) ** 2).sum()).backward()
-    return ({n: p.grad.numpy().copy() for n, p in module.named_parameters()},
+    return ({n: p.grad.numpy().copy() for n, p in module.named_parameters()
+             if p.requires_grad},
             X.grad.numpy().reshape(x.shape[1], -1).T)
 
 

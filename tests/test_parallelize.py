@@ -316,3 +316,34 @@ def test_dropout_with_p_zero_trains_as_autograd_and_p_above_zero_is_refused(buil
             4, 2, 8, dropout=0.1, batch_first=True), "TransformerEncoderLayer in training mode")
     with pytest.raises(ValueError, match=words):
         ptorch.parallelize(dropped.double(), example_input=x)
+
+
+class PositionEmbedded(torch.nn.Module):
+    """A token MLP after a learned position embedding as nanoGPT writes it (``wpe(pos)``)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(5)
+        self.wpe = torch.nn.Embedding(8, 4)
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        pos = torch.arange(0, x.size(1), dtype=torch.long, device=x.device)
+        return torch.tanh(self.fc(x + self.wpe(pos)))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_five_adam_steps_with_an_embedding_of_positions_equal_autograds(backend):
+    module = PositionEmbedded().double()
+    reference = copy.deepcopy(module)
+    x = torch.randn(6, 5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    ours = ptorch.parallelize(module, example_input=x, backend=backend)
+    for net in (ours, reference):
+        optimiser = torch.optim.Adam(net.parameters(), lr=0.05)
+        for _ in range(5):
+            optimiser.zero_grad()
+            (net(x).sin() ** 2).sum().backward()
+            optimiser.step()
+    assert module.wpe.weight.grad[5:].abs().max() == 0  # the rows no position reads
+    for (name, p), q in zip(module.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-13, msg=name)

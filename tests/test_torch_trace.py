@@ -35,7 +35,8 @@ def recorded(module, x):
     X = torch.tensor(x, requires_grad=True)
     out = Recorder(fx.symbolic_trace(module)).run(X)
     (0.5 * (out**2).sum()).backward()
-    grads = {name: p.grad.numpy() for name, p in module.named_parameters()}
+    grads = {name: p.grad.numpy() for name, p in module.named_parameters()
+             if p.requires_grad}  # a frozen one is a constant
     return values, X.grad.numpy(), grads
 
 
@@ -925,6 +926,60 @@ def test_parameters_used_as_tensors_match_torch_node_by_node():
     names = dict(pp.state_dict(graph))
     assert {"pos", "gamma", "shift", "beta"} <= set(names)
     assert names["pos"].shape == (1, 4, 6) and names["shift"].shape == (4, 1)
+
+
+class Positions(nn.Module):
+    """``nn.Embedding`` of constant positions as nanoGPT writes it, added and multiplied.
+
+    The tables have more rows than positions (a block size), read forwards and
+    backwards (``flip``) and at a repeated row; a frozen table is a constant.
+    """
+
+    def __init__(self, T=4, d=6, block=9):
+        super().__init__()
+        self.wpe, self.scale = nn.Embedding(block, d), nn.Embedding(block, d)
+        self.frozen = nn.Embedding(block, d).requires_grad_(False)
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x):
+        pos = torch.arange(0, x.size(1), dtype=torch.long, device=x.device)
+        h = self.fc(x + self.wpe(pos) + self.frozen(pos))
+        h = torch.tanh(h) * self.scale(pos.flip(0))
+        return h + self.wpe(torch.tensor([1, 1, 5, 0]))
+
+
+def test_embeddings_of_constant_positions_match_torch_node_by_node():
+    torch.manual_seed(15)
+    module = Positions()
+    graph, _ = check_node_by_node(module, np.random.default_rng(15).standard_normal(
+        (3, 4, 6)), (4, 6))
+    names = dict(pp.state_dict(graph))
+    assert set(names) == {"wpe.weight", "scale.weight", "fc.weight", "fc.bias"}
+    assert names["wpe.weight"].shape == (9, 6)  # the table, its unread rows' gradient zero
+    x = torch.randn(2, 4, 6, dtype=torch.float64)
+    assert relative_error(graph.to("torch").forward(torch.reshape(x, (2, -1)).T).output.T,
+                          module(x).detach().reshape(2, -1)) < 1e-12
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    ({"padding_idx": 2}, r"Embedding at wpe with padding_idx=2 among the indices"),
+    ({"max_norm": 1.0}, r"Embedding at wpe with max_norm"),
+    ({"scale_grad_by_freq": True}, r"Embedding at wpe with scale_grad_by_freq"),
+    ({"reshaped": True}, r"the rows of 'wpe.weight' at constant indices .* read only as "
+                         r"x \+ rows or x \* rows")])
+def test_what_embeddings_of_positions_cannot_import_is_named(change, words):
+    class Read(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wpe = nn.Embedding(4, 3, **{k: v for k, v in change.items()
+                                             if k != "reshaped"})
+
+        def forward(self, x):
+            rows = self.wpe(torch.arange(4))
+            return x + (rows.unsqueeze(0) if change.get("reshaped") else rows)
+
+    with pytest.raises(ValueError, match=words):
+        pp.from_torch(Read().double(), (4, 3))
 
 
 class Holds(nn.Module):

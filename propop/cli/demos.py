@@ -275,12 +275,13 @@ def _attention(torch: Any) -> None:
             super().__init__()
             self.qkv, self.out = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
             self.norm, self.heads = torch.nn.RMSNorm(d), heads
-            self.pos = torch.nn.Parameter(0.1 * torch.randn(1, T, d))
+            self.wpe = torch.nn.Embedding(T, d)  # learned positions
             self.register_buffer("mask", torch.tril(torch.ones(T, T)).view(1, 1, T, T))
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             B, T, d = x.size()
-            q, k, v = self.qkv(self.norm(x + self.pos)).split(d, dim=2)
+            pos = torch.arange(0, T, dtype=torch.long, device=x.device)
+            q, k, v = self.qkv(self.norm(x + self.wpe(pos))).split(d, dim=2)
             q, k, v = (t.view(B, T, self.heads, d // self.heads).transpose(1, 2)
                        for t in (q, k, v))
             att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
@@ -301,8 +302,8 @@ def _attention(torch: Any) -> None:
         for name, value in g.named_parameters()])
     newton = forward(graph, flat, method="substitution")
     output = module(X).detach().numpy().reshape(3, -1).T
-    print(f"Self-attention over 6 tokens as nanoGPT writes it (a learned position "
-          f"embedding, RMSNorm, qkv split apart, causal masked_fill(-inf) and a softmax "
+    print(f"Self-attention over 6 tokens as nanoGPT writes it (nn.Embedding of the "
+          f"positions, RMSNorm, qkv split apart, causal masked_fill(-inf) and a softmax "
           f"over 2 heads, a residual), traced into "
           f"{len(graph.order) - 1} nodes (per-token Linear, permutations, products of two "
           f"tensors, a softmax): every gradient {worst:.0e} from autograd's; Newton's forward "

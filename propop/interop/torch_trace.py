@@ -29,7 +29,9 @@ Each operation becomes zero or more :mod:`~propop.layers` nodes of a
   entries), ``split``/``chunk``/``unbind`` of a feature dimension, arithmetic with
   constants (buffers and tensors made from shapes and numbers, computed once by PyTorch),
   ``x + p`` and ``x * p`` with a trainable parameter ``p`` (an
-  :class:`~propop.layers.ElementwiseAffine` of ``p``'s shape),
+  :class:`~propop.layers.ElementwiseAffine` of ``p``'s shape) or with an ``nn.Embedding``
+  of constant indices (``wpe(torch.arange(T))``: the table's rows read, their gradients
+  summed into the table; a frozen table is a constant),
   ``F.linear``
   with the module's own parameters (``Linear`` on tokens ``(..., d)``:
   :class:`~propop.layers.TokenDense`), ``F.dropout`` in evaluation mode or with ``p=0``,
@@ -114,6 +116,26 @@ class _Parameter:
 
     def __init__(self, target: str, tensor: torch.Tensor) -> None:
         self.target, self.tensor = target, tensor
+
+
+class _Rows:
+    """An ``nn.Embedding`` of constant indices: rows of a trainable table, ``wpe(pos)``.
+
+    Read only by ``x + rows`` or ``x * rows`` (an :class:`ElementwiseAffine` with ``rows``).
+    """
+
+    def __init__(self, target: str, tensor: torch.Tensor, rows: np.ndarray) -> None:
+        self.target, self.tensor, self.rows = target, tensor, rows
+
+    @property
+    def shape(self) -> tuple:
+        """The shape of the rows read: the indices' then the table's rows'."""
+        return (*self.rows.shape, *self.tensor.shape[1:])
+
+    def refusal(self) -> str:
+        """Why it cannot be read here."""
+        return (f"the rows of {self.target!r} at constant indices (an nn.Embedding of "
+                "positions) are read only as x + rows or x * rows, with x traced")
 
 
 class _Constant:
@@ -243,6 +265,10 @@ class _Translator:
         if module._forward_hooks or module._forward_pre_hooks:
             raise _UnsupportedError(f"{type(module).__name__} has forward hooks, which may change "
                                "what it computes: remove them before from_torch")
+        index = self.values.get(node.args[0])
+        if isinstance(module, nn.Embedding) and (isinstance(index, _Constant) or isinstance(
+                index, _Parameter) and not index.tensor.requires_grad):  # torch.tensor([..])
+            return _embedding_rows(node.target, module, index.tensor)
         (x,) = self._tensors(node.args[:1], masked=isinstance(module, nn.Softmax))
         name = self._name(node.target, node)
         for kind, convert in _MODULES:
@@ -400,6 +426,8 @@ class _Translator:
             if isinstance(value, (_Parameter, _Constant)):
                 raise _UnsupportedError(f"{a!r} is a constant (a buffer, or made from "
                                         "constants) where a traced tensor is needed")
+            if isinstance(value, _Rows):
+                raise _UnsupportedError(value.refusal())
             if not isinstance(value, (Value, _Masked)):
                 raise _UnsupportedError(f"expected a tensor, got {a!r}")
             out.append(value)
@@ -483,7 +511,8 @@ class _Translator:
         if any(a is BATCH for a in args):
             raise _UnsupportedError(f"{op} with the batch size (x.shape[0]): a propop graph "
                                     "computes each sample alone, for any batch")
-        constants = [a for a in args if isinstance(a, (int, float, _Parameter, _Constant))]
+        constants = [a for a in args if isinstance(a, (int, float, _Parameter, _Constant,
+                                                       _Rows))]
         name = self._name(node.name, node)
         shape = _shape(node)
         if len(tensors) == 2 and len(args) == 2:
@@ -493,7 +522,7 @@ class _Translator:
                                     "constants; supported: +, -, *, / of two tensors "
                                     "(broadcast as PyTorch does), or one tensor with a "
                                     "constant (a number, a buffer, a tensor made from them)")
-        if constants and isinstance(constants[0], _Parameter) and \
+        if constants and isinstance(constants[0], (_Parameter, _Rows)) and \
                 constants[0].tensor.requires_grad:
             if op not in ("add", "mul") or alpha != 1:
                 raise _UnsupportedError(f"{op} with the trainable parameter "
@@ -519,15 +548,17 @@ class _Translator:
                             name=f"Constant{op.title()}")
         return self._add(name, layer, [x], shape)
 
-    def _with_parameter(self, name: str, op: str, x: Value, p: _Parameter, shape: tuple
-                        ) -> Value:
+    def _with_parameter(self, name: str, op: str, x: Value, p: _Parameter | _Rows,
+                        shape: tuple) -> Value:
         """``x * p`` or ``x + p`` with a trainable ``p``: an :class:`ElementwiseAffine`.
 
         ``p`` broadcasts over a sample's leading dimensions (``repeats``) and its
         trailing ones (``spread``) and keeps its own shape (a ``(1, T, d)`` position
-        embedding, a ``(d,)`` layer scale, a ``(C, 1, 1)`` per-channel shift).
+        embedding, a ``(d,)`` layer scale, a ``(C, 1, 1)`` per-channel shift); rows
+        of an embedding table (:class:`_Rows`) are the parameter read at those rows.
         """
-        dims = tuple(p.tensor.shape)
+        rows = p.rows if isinstance(p, _Rows) else None
+        dims = tuple(p.shape) if rows is not None else tuple(p.tensor.shape)
         if len(dims) > len(shape) and dims[0] == 1:
             dims = dims[1:]  # the batch's dimension, one
         padded = (1,) * (len(shape) - len(dims)) + dims
@@ -535,7 +566,7 @@ class _Translator:
         a, b = varied[0], varied[-1] + 1
         if x.shape != shape or len(padded) != len(shape) or padded[a:b] != shape[a:b]:
             raise _UnsupportedError(f"{op} with the parameter {p.target!r} of shape "
-                                    f"{tuple(p.tensor.shape)} on a sample of shape {x.shape}: "
+                                    f"{dims} on a sample of shape {x.shape}: "
                                     "it may repeat over leading and trailing dimensions only")
         path, _, own = p.target.rpartition(".")
         kind = "weight" if op == "mul" else "bias"
@@ -543,7 +574,8 @@ class _Translator:
         array = self.array(p.tensor)
         layer = L.ElementwiseAffine(array if op == "mul" else None,
                                     array if op == "add" else None,
-                                    int(np.prod(shape[:a])), int(np.prod(shape[b:])))
+                                    int(np.prod(shape[:a])), int(np.prod(shape[b:])),
+                                    rows=rows)
         return self._add(name, layer, [x], shape)
 
     def _of_two(self, name: str, op: str, alpha: float, tensors: list, shape: tuple) -> Value:
@@ -912,6 +944,28 @@ def drops_out(module: nn.Module) -> bool:
     """Whether ``module`` is a dropout that zeroes entries at random now (training, ``p > 0``)."""
     return isinstance(module, nn.modules.dropout._DropoutNd) and module.training and \
         module.p > 0
+
+
+def _embedding_rows(path: str, module: nn.Embedding, index: torch.Tensor) -> Any:
+    """``module(index)`` at constant indices: :class:`_Rows` of a trainable table, else a constant.
+
+    The options that change the gradient (``scale_grad_by_freq``, ``sparse``, a
+    ``padding_idx`` read) or the weights (``max_norm``) are refused.
+    """
+    if index.dtype not in (torch.int32, torch.int64):
+        raise _UnsupportedError(f"Embedding at {path} reads indices of dtype {index.dtype}")
+    rows = index.detach().cpu().numpy()
+    if not module.weight.requires_grad:
+        with torch.no_grad():
+            return _Constant(module(index))
+    refused = {"max_norm (it renormalises the table in place)": module.max_norm is not None,
+               "scale_grad_by_freq": module.scale_grad_by_freq, "sparse=True": module.sparse,
+               f"padding_idx={module.padding_idx} among the indices (no gradient there)":
+               module.padding_idx is not None and bool(np.any(rows == module.padding_idx))}
+    for what, set_ in refused.items():
+        if set_:
+            raise _UnsupportedError(f"Embedding at {path} with {what}")
+    return _Rows(f"{path}.weight", module.weight, rows)
 
 
 def _dropout(self: _Translator, module: Any, x: Value, name: str, node: fx.Node) -> Value:

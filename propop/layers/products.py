@@ -132,12 +132,15 @@ class ElementwiseAffine(Linear):
     (``nn.LayerNorm((4, 5))``'s ``(4, 5)``: so do their gradients and the
     ``state_dict``) and act flattened in C order. With ``spread``, each entry scales
     that many consecutive entries: a channel's of a ``(C, ...)`` sample (PReLU's slopes).
+    With ``rows``, the parameters are tables read at those rows (an ``nn.Embedding``
+    of constant indices, ``wpe(torch.arange(T))``: ``bias[rows]`` is added), and
+    their gradients are summed back into the rows read, as PyTorch's embedding does.
     """
 
-    values = ("w", "b")
+    values = ("w", "b", "S")
 
     def __init__(self, weight: Any, bias: Any = None, repeats: int = 1,
-                 spread: int = 1) -> None:
+                 spread: int = 1, rows: Sequence[int] | None = None) -> None:
         self.w = None if weight is None else _parameter(weight, "ElementwiseAffine: weight")
         self.b = None if bias is None else _parameter(bias, "ElementwiseAffine: bias")
         if self.w is None and self.b is None:
@@ -147,10 +150,13 @@ class ElementwiseAffine(Linear):
             raise ValueError(f"ElementwiseAffine: bias of shape {tuple(self.b.shape)} for a "
                              f"weight of shape {tuple(self.w.shape)}")
         self.repeats, self.spread = int(repeats), int(spread)
+        self.S = None if rows is None else _one_hot(rows, self._shape[0], self.b if
+                                                    self.w is None else self.w)
 
     def __repr__(self) -> str:
         spread = "" if self.spread == 1 else f", spread {self.spread}"
-        return f"ElementwiseAffine({self._entries} x {self.repeats}{spread})"
+        rows = "" if self.S is None else f", rows of {self._shape[0]}"
+        return f"ElementwiseAffine({self._entries} x {self.repeats}{spread}{rows})"
 
     @property
     def _shape(self) -> tuple:
@@ -158,19 +164,31 @@ class ElementwiseAffine(Linear):
         return tuple((self.b if self.w is None else self.w).shape)
 
     @property
+    def _read(self) -> tuple:
+        """The shape of the parameters' entries read: the rows' ``(R, ...)`` with ``rows``."""
+        return self._shape if self.S is None else (self.S.shape[1], *self._shape[1:])
+
+    @property
     def _entries(self) -> int:
-        return int(np.prod(self._shape))
+        return int(np.prod(self._read))
+
+    def _rows(self, a: Any) -> Any:
+        """The entries of a parameter read, flat: ``a[rows]`` as ``S^T a`` (exact, one-hot)."""
+        if self.S is None:
+            return _flat(a)
+        xp = backend.namespace(a)
+        return _flat(xp.matmul(xp.matrix_transpose(self.S), xp.reshape(a, (a.shape[0], -1))))
 
     def _every(self, a: Any) -> Any:
-        """A parameter's value at every entry: each spread, then repeated."""
+        """A parameter's value at every entry: its rows read, each spread, then repeated."""
         xp = backend.namespace(a)
-        a = _flat(a) if self.spread == 1 else xp.repeat(_flat(a), self.spread)
+        a = self._rows(a) if self.spread == 1 else xp.repeat(self._rows(a), self.spread)
         return a if self.repeats == 1 else xp.tile(a, (self.repeats,))
 
     @property
     def weight(self) -> Any:
         """The scale of one repeat's entries, flat (``None``: one)."""
-        return None if self.w is None else _flat(self.w)
+        return None if self.w is None else self._rows(self.w)
 
     @property
     def bias(self) -> Any:
@@ -207,21 +225,37 @@ class ElementwiseAffine(Linear):
         """``dE/dweight = sum grad * x``, ``dE/dbias = sum grad``, over samples and repeats.
 
         An entry's spread and the samples are consecutive in ``(N, r)`` C order, so one
-        axis holds both.
+        axis holds both. With ``rows``, each row read gets its sum (``S`` times them).
         """
         x = inputs[0] if inputs[0].ndim == 2 else inputs[0][:, None]
         g = grad if grad.ndim == 2 else grad[:, None]
         parts = (self.repeats, self._entries, -1)
         xp = backend.namespace(g)
-        out = {} if self.w is None else {"weight": xp.reshape(
-            xp.sum(xp.reshape(g * x, parts), axis=(0, 2)), self._shape)}
-        return out | ({} if self.b is None else {"bias": xp.reshape(
-            xp.sum(xp.reshape(g, parts), axis=(0, 2)), self._shape)})
+
+        def summed(a: Any) -> Any:
+            a = xp.sum(xp.reshape(a, parts), axis=(0, 2))
+            if self.S is not None:
+                a = xp.matmul(self.S, xp.reshape(a, (self.S.shape[1], -1)))
+            return xp.reshape(a, self._shape)
+
+        out = {} if self.w is None else {"weight": summed(g * x)}
+        return out | ({} if self.b is None else {"bias": summed(g)})
 
 
 def _parameter(a: Any, what: str) -> Any:
     """An elementwise parameter of any shape (at least one entry's axis) as :func:`_weight`."""
     return _weight(a, what, max(1, len(getattr(a, "shape", (len(a),)))))
+
+
+def _one_hot(rows: Sequence[int], count: int, like: Any) -> Any:
+    """``S`` ``(count, R)`` with ``S[rows[j], j] = 1``: a table's rows read, as a product."""
+    rows = np.asarray(rows).reshape(-1)
+    if rows.size == 0 or not np.issubdtype(rows.dtype, np.integer) or \
+            rows.min() < 0 or rows.max() >= count:
+        raise ValueError(f"ElementwiseAffine: rows must be indices in [0, {count}), got {rows}")
+    S = np.zeros((count, rows.size))
+    S[rows, np.arange(rows.size)] = 1.0
+    return backend.like(S, like)
 
 
 def _flat(a: Any) -> Any:
