@@ -215,3 +215,18 @@ def test_a_structure_too_large_to_expand_is_refused_by_the_memory_budget():
                                                  match=r"sparse \d+ x \d+ matrix.*'numpy'"):
         moved.forward(torch.from_numpy(x))
     assert graph.forward(x).z[-1].shape[0] == graph.sizes[-1]  # NumPy keeps it sparse
+
+
+@pytest.mark.parametrize(("kind", "device"), [pytest.param("numpy", None, id="numpy"),
+                                              *BACKENDS])
+def test_token_dense_forward_is_its_kronecker_matrix_on_every_backend(kind, device):
+    """The batched product of every token equals ``kron(I_T, W) x + b`` (its Jacobian)."""
+    rng = np.random.default_rng(3)
+    W, b = rng.standard_normal((5, 3)), rng.standard_normal(5)
+    layer = pp.layers.TokenDense(W, b, tokens=4).to(kind, device)
+    kron = np.kron(np.eye(4), W)
+    for x in (rng.standard_normal(12), rng.standard_normal((12, 2))):
+        z = layer.forward([on(kind, device, x)])
+        assert backend.of(z).name == kind and tuple(z.shape) == (20,) + x.shape[1:]
+        expected = kron @ x + (np.tile(b, 4) if x.ndim == 1 else np.tile(b, 4)[:, None])
+        np.testing.assert_allclose(backend.to_host(z), expected, rtol=1e-14, atol=1e-14)

@@ -128,6 +128,15 @@ class TokenDense(Linear):
         """``kron(I_tokens, W)``."""
         return [sp.kron(sp.eye_array(self.tokens), backend.to_host(self.W), format="csr")]
 
+    def forward(self, inputs: Sequence[Any]) -> Any:
+        """``z_t = W x_t + b``, every token's in one batched product (no Kronecker matrix)."""
+        (x,) = inputs
+        xp = backend.namespace(x)
+        z = xp.matmul(self.W, xp.reshape(x, (self.tokens, self.W.shape[1], -1)))
+        if self.b is not None:
+            z = z + self.b[:, None]
+        return xp.reshape(z, (-1,) if x.ndim == 1 else (-1, x.shape[1]))
+
     def parameters(self) -> dict:
         """``W`` and ``b`` (as PyTorch's ``weight`` and ``bias``)."""
         return {"W": self.W} if self.b is None else {"W": self.W, "b": self.b}
