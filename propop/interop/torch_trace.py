@@ -17,9 +17,17 @@ Each operation becomes zero or more :mod:`~propop.layers` nodes of a
   products); ``Dropout`` in evaluation mode or with ``p=0``, ``Identity``,
   ``Flatten``, ``Unflatten`` (nothing to compute); the activations below, as modules;
 - functions and methods: ``+``, ``-``, ``*``, ``/`` of two tensors (broadcast as
-  PyTorch does; a product is a :class:`~propop.layers.Multiply`) or with a constant,
-  negation, powers by a number (``**``, ``pow``, ``sqrt``, ``rsqrt``), ``sum`` and
+  PyTorch does; a product is a :class:`~propop.layers.Multiply`) or with a constant
+  (``c / x`` too), negation, powers by a number (``**``, ``pow``, ``sqrt``, ``rsqrt``,
+  ``square``), ``sum`` and
   ``mean`` over feature dimensions, ``F.layer_norm``, ``F.rms_norm``, ``torch.cat``,
+  ``torch.stack``, operations that move, copy or zero-pad a sample's entries (``flip``,
+  ``roll``, ``repeat``, ``tile``, ``expand``, ``narrow``, ``movedim``, ``index_select``
+  and ``repeat_interleave`` with constant indices, ``tril``/``triu``, ``diagonal``,
+  ``F.pad`` with zeros or reflected/replicated/circular, indexing with ``...``, steps or
+  constant index tensors: a :class:`~propop.layers.Windows` selection, found by running
+  the operation on numbered probe samples and refused where it is no such selection),
+  ``zeros_like``/``ones_like``/``full_like`` (constants),
   ``flatten``/``reshape``/``view``/
   ``squeeze``/``unsqueeze``/``contiguous`` (keeping the batch dimension), ``transpose``,
   ``permute``, ``swapaxes`` of a sample's axes, matrix products of two tensors (``@``,
@@ -284,13 +292,16 @@ class _Translator:
         target = node.target
         if target is getattr and node.args[1] in ("shape", "dtype", "device"):
             return self._attribute_of(node)
-        if target in _NUMBER_FUNCTIONS and not any(
-                isinstance(self.values.get(a), Value) for a in node.args if isinstance(a, fx.Node)):
+        if target in _NUMBER_FUNCTIONS and all(  # shape arithmetic: numbers alone
+                isinstance(self.values.get(a), (int, float, _Batch))
+                for a in node.args if isinstance(a, fx.Node)):
             return _number(target, [self.values.get(a, a) if isinstance(a, fx.Node) else a
                                     for a in node.args])
         folded = self._folded(node)
         if folded is not None:
             return folded
+        if target in _LIKE:
+            return self._like(node)
         if target in _FUNCTIONS:
             return self._activation(_FUNCTIONS[target], node, node.kwargs)
         handler = _FUNCTION_HANDLERS.get(target)
@@ -387,6 +398,10 @@ class _Translator:
             return self._permute(node)
         if name in ("matmul", "bmm"):
             return self._matmul(node)
+        if name in _SELECTIONS:
+            return self._selected(node)
+        if name in ("gt", "lt", "ge", "le", "eq", "ne", "__gt__", "__lt__"):
+            return self._compared(node)
         raise _UnsupportedError(f"unsupported method .{name}()")
 
     def _outputs(self, node: fx.Node) -> list[str]:
@@ -533,12 +548,15 @@ class _Translator:
             not isinstance(constants[0], (int, float)) else float(constants[0] if constants else 0)
         x = self._broadcast(f"{name}.x", tensors[0], shape)
         first = isinstance(args[0], Value)
+        if op == "div" and not first:  # c / x = c * x^-1
+            x = self._add(f"{name}.reciprocal", L.Power(-1.0), [x], shape)
+            op = "mul"
         slope, shift = {"add": (1.0, alpha * c), "sub": ((1.0, -alpha * c) if first else
                                                         (-alpha, c)),
                         "mul": (c, 0.0), "div": (None, 0.0), "neg": (-1.0, 0.0)}[op]
         if op == "div":
-            if not first or np.any(c == 0):
-                raise _UnsupportedError("a division by a tensor or by zero")
+            if np.any(c == 0):
+                raise _UnsupportedError("a division by zero")
             slope = 1.0 / c
         size = int(np.prod(shape))
         slope, shift = (np.broadcast_to(np.asarray(a, dtype=float), shape).reshape(size)
@@ -735,8 +753,7 @@ class _Translator:
             i, slice) else (i,))]
         if not index or index[0] != slice(None) or any(
                 isinstance(e, (fx.Node, _Batch)) or hasattr(e, "shape") for e in bounds):
-            raise _UnsupportedError("indexing that does not keep the batch dimension whole "
-                                    "(x[:, ...] with slices and integers is supported)")
+            return self._selected(node)  # x[..., ::2], a constant index tensor: probed
         chosen = np.arange(x.size).reshape(x.shape)[index[1:]]
         return self._add(self._name(node.name, node), L.Windows(chosen, x.size), [x],
                          _shape(node))
@@ -754,6 +771,83 @@ class _Translator:
         for suffix, layer, reads in parts:
             made[suffix] = self._add(name + suffix, layer, [made[r] for r in reads], ())
         return Value(name, tuple(shape))
+
+    def _selected(self, node: fx.Node) -> Value:
+        """An operation that moves, copies or zero-pads one sample's entries: a selection.
+
+        Found by PyTorch, which runs it on a probe batch of :data:`_PROBE` samples, the
+        entries of sample ``s`` numbered ``s N + 1 .. (s + 1) N``: every output entry
+        must read one entry of its own sample, the same in every sample, or be a zero
+        of padding (:class:`~propop.layers.Windows`); otherwise it is refused by name
+        (it mixes samples, pads with another value, or computes).
+        """
+        (x,) = self._tensors(node.args[:1])
+        shape, n = _shape(node), x.size
+        probe = torch.arange(1, _PROBE * n + 1, dtype=torch.float64).reshape((_PROBE, *x.shape))
+        args, kwargs = fx.node.map_aggregate(
+            (node.args, dict(node.kwargs)),
+            lambda a: probe if a is node.args[0] else self._probe_argument(a))
+        with torch.no_grad():
+            out = node.target(*args, **kwargs) if node.op == "call_function" else \
+                getattr(args[0], node.target)(*args[1:], **kwargs)
+        what = _callable_name(node.target) if node.op == "call_function" else f".{node.target}()"
+        if tuple(out.shape) != (_PROBE, *shape) or self._batch != node.meta[
+                "tensor_meta"].shape[0]:
+            raise _UnsupportedError(f"{what} changes the batch dimension or depends on the "
+                                    "batch size; propop keeps samples apart")
+        read = out.reshape(_PROBE, -1)
+        pad = read[0] == 0
+        offsets = torch.arange(_PROBE, dtype=torch.float64)[:, None] * n
+        if not bool(torch.all(torch.where(pad, read == 0, read == read[0] + offsets))) or \
+                bool(torch.any(read[0] != read[0].round())) or bool(torch.any(read[0] > n)):
+            raise _UnsupportedError(f"{what} is not a selection of a sample's own entries "
+                                    "(it mixes the samples, pads with a value other than "
+                                    "zero, or computes)")
+        index = torch.where(pad, 0, read[0] - 1).to(torch.int64).numpy()
+        index[pad.numpy()] = -1
+        return self._add(self._name(node.name, node), L.Windows(index, n), [x], shape)
+
+    def _probe_argument(self, a: Any) -> Any:
+        """An argument of a probed operation: its number, with :data:`_PROBE` for the batch."""
+        if not isinstance(a, fx.Node):
+            return a
+        value = self.values.get(a)
+        if isinstance(value, (Value, _Masked, _Rows)):
+            raise _UnsupportedError(f"{a!r} is a second traced tensor; a selection reads one")
+        if isinstance(value, (_Parameter, _Constant)):
+            if getattr(value.tensor, "requires_grad", False):
+                raise _UnsupportedError(f"{a!r} is a trainable parameter")
+            return value.tensor
+        return tuple(_PROBE if v is BATCH else v for v in value) if isinstance(value, tuple) \
+            else _PROBE if value is BATCH else value
+
+    def _stacked(self, node: fx.Node) -> Value:
+        """``torch.stack(tensors, dim)``: each given a new dimension of one, concatenated."""
+        tensors = self._tensors(node.args[0])
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+        if dim < 0:
+            dim += len(tensors[0].shape) + 2
+        if dim == 0:
+            raise _UnsupportedError("torch.stack along the batch dimension")
+        grown = [Value(t.node, t.shape[:dim - 1] + (1,) + t.shape[dim - 1:]) for t in tensors]
+        layer = L.Concat(dim=dim - 1, shapes=[t.shape for t in grown]) if dim > 1 else L.Concat()
+        return self._add(self._name(node.name, node), layer, grown, _shape(node))
+
+    def _like(self, node: fx.Node) -> _Constant:
+        """``torch.zeros_like(x)``, ``ones_like``, ``full_like``: a constant of a sample's shape."""
+        (x,) = self._tensors(node.args[:1])
+        rest = [self._probe_argument(a) for a in node.args[1:]]
+        kwargs = {k: self._probe_argument(v) for k, v in node.kwargs.items()}
+        made = node.target(torch.empty((1, *x.shape), dtype=node.meta["tensor_meta"].dtype,
+                                        device=self._device), *rest, **kwargs)
+        return _Constant(made)
+
+    def _compared(self, node: fx.Node) -> None:
+        """A comparison of a traced tensor: a mask that depends on the values is refused."""
+        raise _UnsupportedError(f"{_callable_name(node.target)} of a traced tensor: a mask "
+                                "that depends on the input's values (torch.where(x > 0, ...)) "
+                                "is no fixed function of it; write it as an activation (relu, "
+                                "leaky_relu, clamp) or with a constant mask")
 
     def _concatenate(self, node: fx.Node) -> Value:
         tensors = self._tensors(node.args[0])
@@ -1333,6 +1427,12 @@ def _arithmetic_function(op: str) -> Callable:
     return lambda self, node: self._arithmetic(node, op)
 
 
+# operations that move, copy or pad a sample's entries (found by probing: _selected)
+_SELECTIONS = {"flip", "fliplr", "flipud", "roll", "rot90", "repeat", "tile", "expand",
+               "narrow", "movedim", "moveaxis", "index_select", "repeat_interleave", "t",
+               "diagonal", "tril", "triu"}
+_PROBE = 3  # the probe batch's samples (the traced example has 2)
+_LIKE = {torch.zeros_like, torch.ones_like, torch.full_like}
 _FUNCTION_HANDLERS: dict[Any, Callable] = {
     operator.add: _arithmetic_function("add"), torch.add: _arithmetic_function("add"),
     operator.sub: _arithmetic_function("sub"), torch.sub: _arithmetic_function("sub"),
@@ -1358,11 +1458,18 @@ _FUNCTION_HANDLERS: dict[Any, Callable] = {
     torch.bmm: _Translator._matmul, F.scaled_dot_product_attention: _attention,
     torch.masked_fill: _Translator._masked_fill, torch.split: _Translator._pieces,
     torch.chunk: _Translator._pieces, torch.unbind: _Translator._pieces,
+    torch.square: lambda self, node: self._power(node, 2.0), torch.stack: _Translator._stacked,
+    F.pad: _Translator._selected,
+    **{getattr(torch, name): _Translator._selected for name in _SELECTIONS
+       if hasattr(torch, name)},
+    **{f: _Translator._compared for f in (operator.gt, operator.lt, operator.ge, operator.le,
+                                          operator.eq, operator.ne, torch.gt, torch.lt,
+                                          torch.ge, torch.le, torch.eq, torch.ne)},
 }
 _RANDOM = {torch.rand, torch.randn, torch.randint, torch.rand_like, torch.randn_like,
            torch.randint_like, torch.randperm, torch.bernoulli, torch.normal,
            torch.multinomial, torch.poisson}
-_POWERS = {"pow": None, "sqrt": 0.5, "rsqrt": -0.5}
+_POWERS = {"pow": None, "sqrt": 0.5, "rsqrt": -0.5, "square": 2.0}
 
 
 
