@@ -959,6 +959,17 @@ def test_embeddings_of_constant_positions_match_torch_node_by_node():
                           module(x).detach().reshape(2, -1)) < 1e-12
 
 
+class AfterLinear(nn.Module):
+    """``f`` of a Linear layer's output (a sample ``(4, 6)``): what it is refused for."""
+
+    def __init__(self, f):
+        super().__init__()
+        self.f, self.fc = f, nn.Linear(6, 6)
+
+    def forward(self, x):
+        return self.f(self.fc(x))
+
+
 class Selections(nn.Module):
     """Operations that move, copy or zero-pad a sample's entries, as users write them."""
 
@@ -1000,16 +1011,47 @@ def test_selections_found_by_probing_match_torch_node_by_node():
     (lambda h: h.index_select(2, h[0, 0].long()), r"is a second traced tensor|batch"),
 ])
 def test_what_probed_selections_cannot_import_is_named(f, words):
-    class Uses(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(6, 6)
-
-        def forward(self, x):
-            return f(self.fc(x))
-
     with pytest.raises(ValueError, match=words):
-        pp.from_torch(Uses().double(), (4, 6))
+        pp.from_torch(AfterLinear(f).double(), (4, 6))
+
+
+class Statistics(nn.Module):
+    """var, std, 2-norms, F.normalize and logsumexp; the Annotated Transformer's LayerNorm."""
+
+    def __init__(self, d=6):
+        super().__init__()
+        self.fc, self.head = nn.Linear(d, d), nn.Linear(d, d)
+        self.a_2, self.b_2 = nn.Parameter(torch.randn(d)), nn.Parameter(torch.randn(d))
+
+    def forward(self, x):
+        h = torch.tanh(self.fc(x))  # (T, d) = (4, 6)
+        mean, std = h.mean(-1, keepdim=True), h.std(-1, keepdim=True)
+        norm = self.a_2 * (h - mean) / (std + 1e-6) + self.b_2
+        s = (h.var(1, keepdim=True) + torch.var(h, dim=-1, correction=0, keepdim=True)
+             + h.norm(dim=-1, keepdim=True) + torch.linalg.vector_norm(h, dim=(1, 2),
+                                                                        keepdim=True)
+             + torch.logsumexp(h, -1, keepdim=True) + torch.linalg.norm(h, dim=1)[:, None])
+        return self.head(norm * s + F.normalize(h, dim=-1) + F.normalize(h, dim=1, eps=0.5))
+
+
+def test_statistics_match_torch_node_by_node():
+    torch.manual_seed(17)
+    check_node_by_node(Statistics(), np.random.default_rng(17).standard_normal((3, 4, 6)),
+                       (4, 6), methods=["substitution", "jacobi"])
+    with pytest.raises(ValueError, match=r"statistic must be one of \('var', 'std', 'norm'\)"):
+        pp.layers.moments_over((3,), [0], "mean")
+
+
+@pytest.mark.filterwarnings(r"ignore:var\(\). degrees of freedom")  # PyTorch's own run
+@pytest.mark.parametrize(("f", "words"), [
+    (lambda h: h.norm(p=1, dim=-1), r"a norm of order 1; the 2-norm of entries"),
+    (lambda h: torch.linalg.norm(h, ord=2, dim=(1, 2)), r"over two dimensions \(a matrix"),
+    (lambda h: h.var(), r"var over every dimension, the batch's included"),
+    (lambda h: h.var(-1, correction=6), r"var of 6 entries with correction=6.0"),
+    (lambda h: F.normalize(h, p=1.0), r"F.normalize with p=1.0")])
+def test_what_statistics_cannot_import_is_named(f, words):
+    with pytest.raises(ValueError, match=words):
+        pp.from_torch(AfterLinear(f).double(), (4, 6))
 
 
 @pytest.mark.parametrize(("change", "words"), [

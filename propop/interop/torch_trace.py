@@ -27,7 +27,11 @@ Each operation becomes zero or more :mod:`~propop.layers` nodes of a
   ``F.pad`` with zeros or reflected/replicated/circular, indexing with ``...``, steps or
   constant index tensors: a :class:`~propop.layers.Windows` selection, found by running
   the operation on numbered probe samples and refused where it is no such selection),
-  ``zeros_like``/``ones_like``/``full_like`` (constants),
+  ``zeros_like``/``ones_like``/``full_like`` (constants), ``var`` and ``std`` (``unbiased``
+  or ``correction``), the 2-norm of entries (``x.norm``, ``torch.norm``,
+  ``torch.linalg.vector_norm``/``norm``), ``F.normalize`` and ``torch.logsumexp`` over
+  feature dimensions (:func:`~propop.layers.moments_over`, a hand-written LayerNorm's
+  ``(x - mean) / (std + eps)`` among them),
   ``flatten``/``reshape``/``view``/
   ``squeeze``/``unsqueeze``/``contiguous`` (keeping the batch dimension), ``transpose``,
   ``permute``, ``swapaxes`` of a sample's axes, matrix products of two tensors (``@``,
@@ -392,6 +396,10 @@ class _Translator:
             return self._arithmetic(node, _OPERATORS[name])
         if name in ("sum", "mean"):
             return self._reduction(node, mean=name == "mean")
+        if name in ("var", "std", "norm"):
+            return self._moments(node, name)
+        if name == "logsumexp":
+            return self._logsumexp(node)
         if name in _POWERS:
             return self._power(node, _POWERS[name])
         if name in ("transpose", "permute", "swapaxes"):
@@ -628,12 +636,59 @@ class _Translator:
         """``x.sum(dim)``, ``x.mean(dim)`` over feature dimensions (``keepdim`` or not)."""
         (x,) = self._tensors(node.args[:1])
         dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-        if dim is None:
-            raise _UnsupportedError(f"{'mean' if mean else 'sum'} over every dimension, the "
-                                    "batch's included: propop keeps samples apart; give dim")
-        dims = sorted(_feature_dim(d, x) for d in (dim if isinstance(dim, (tuple, list))
-                                                   else (dim,)))
+        dims = _reduced(dim, x, "mean" if mean else "sum")
         return self._add(self._name(node.name, node), L.reduction_over(x.shape, dims, mean),
+                         [x], _shape(node))
+
+    def _moments(self, node: fx.Node, statistic: str) -> Value:
+        """``x.var(dim)``, ``x.std(dim)`` (``unbiased`` or ``correction``), the 2-norm's forms.
+
+        ``x.norm(dim=...)``, ``torch.norm``, ``torch.linalg.vector_norm`` and
+        ``torch.linalg.norm`` of a vector (``p``/``ord`` 2): :func:`~propop.layers.moments_over`.
+        """
+        (x,) = self._tensors(node.args[:1])
+        given = _arguments(node, {"var": ("dim", "unbiased", "keepdim"), "std": (
+            "dim", "unbiased", "keepdim"), "norm": ("p", "dim", "keepdim")}[statistic])
+        if statistic == "norm":
+            order = given.get("p", given.get("ord", 2))
+            dim = given.get("dim")
+            matrix = node.target is torch.linalg.norm and order is not None and \
+                isinstance(dim, (tuple, list)) and len(dim) == 2  # a matrix norm
+            if order not in (2, 2.0, "fro", None) or matrix:
+                raise _UnsupportedError(f"a norm of order {order!r}"
+                                        + (" over two dimensions (a matrix norm)" if matrix
+                                           else "") + "; the 2-norm of entries is supported")
+        if isinstance(given.get("dim"), bool):  # x.var(True): PyTorch's unbiased, no dim
+            given["unbiased"], given["dim"] = given.pop("dim"), None
+        dims = _reduced(given.get("dim"), x, statistic)
+        correction = given.get("correction", 1.0 if given.get("unbiased", True) else 0.0)
+        try:
+            parts = L.moments_over(x.shape, dims, statistic, float(correction))
+        except ValueError as error:
+            raise _UnsupportedError(str(error)) from None
+        return self._expand(self._name(node.name, node), x, parts, _shape(node))
+
+    def _normalize(self, node: fx.Node) -> Value:
+        """``F.normalize(x, p=2, dim, eps)``: ``x / max(||x||, eps)`` over ``dim``."""
+        (x,) = self._tensors(node.args[:1])
+        given = _arguments(node, ("p", "dim", "eps"))
+        if given.get("p", 2.0) != 2:
+            raise _UnsupportedError(f"F.normalize with p={given['p']}; p=2 is supported")
+        dims = _reduced(given.get("dim", 1), x, "F.normalize")
+        S = L.reduction_over(x.shape, dims, mean=False).matrices[0]
+        clamp = L.Activation(_member("clamp", {"min": float(given.get("eps", 1e-12))}))
+        parts = [(".norm" + s, layer, [".norm" + r if r else r for r in reads])
+                 for s, layer, reads in L.moments_over(x.shape, dims, "norm")]
+        parts += [(".clamped", clamp, [".norm"]), (".reciprocal", L.Power(-1.0), [".clamped"]),
+                  (".spread", L.LinearMap([S.T.tocsr()], name="Broadcast"), [".reciprocal"]),
+                  *L.product_of(None, ".spread")]
+        return self._expand(self._name(node.name, node), x, parts, _shape(node))
+
+    def _logsumexp(self, node: fx.Node) -> Value:
+        """``torch.logsumexp(x, dim)`` over feature dimensions: one :class:`LogSumExp` node."""
+        (x,) = self._tensors(node.args[:1])
+        dims = _reduced(_arguments(node, ("dim", "keepdim")).get("dim"), x, "logsumexp")
+        return self._add(self._name(node.name, node), L.LogSumExp(L.entry_groups(x.shape, dims)),
                          [x], _shape(node))
 
     def _layer_norm(self, name: str, x: Value, shape: Sequence[int], eps: float | None,
@@ -1459,6 +1514,12 @@ _FUNCTION_HANDLERS: dict[Any, Callable] = {
     torch.masked_fill: _Translator._masked_fill, torch.split: _Translator._pieces,
     torch.chunk: _Translator._pieces, torch.unbind: _Translator._pieces,
     torch.square: lambda self, node: self._power(node, 2.0), torch.stack: _Translator._stacked,
+    torch.var: lambda self, node: self._moments(node, "var"),
+    torch.std: lambda self, node: self._moments(node, "std"),
+    torch.norm: lambda self, node: self._moments(node, "norm"),
+    torch.linalg.vector_norm: lambda self, node: self._moments(node, "norm"),
+    torch.linalg.norm: lambda self, node: self._moments(node, "norm"),
+    F.normalize: _Translator._normalize, torch.logsumexp: _Translator._logsumexp,
     F.pad: _Translator._selected,
     **{getattr(torch, name): _Translator._selected for name in _SELECTIONS
        if hasattr(torch, name)},
@@ -1480,6 +1541,20 @@ def _shape(node: fx.Node) -> tuple:
     if meta is None or not hasattr(meta, "shape"):
         raise _UnsupportedError("the operation does not give one tensor")
     return tuple(int(n) for n in meta.shape[1:])
+
+
+def _arguments(node: fx.Node, names: Sequence[str]) -> dict:
+    """A call's arguments after the input, by ``names`` in positional order, and its keywords."""
+    return dict(zip(names, node.args[1:])) | dict(node.kwargs)
+
+
+def _reduced(dim: Any, x: Value, what: str) -> list[int]:
+    """The sorted feature dimensions ``dim`` names (one or several); the batch's refused."""
+    if dim is None:
+        raise _UnsupportedError(f"{what} over every dimension, the batch's included: propop "
+                                "keeps samples apart; give dim")
+    return sorted(_feature_dim(d, x) for d in (dim if isinstance(dim, (tuple, list))
+                                               else (dim,)))
 
 
 def _feature_dim(dim: int, x: Value) -> int:

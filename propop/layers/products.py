@@ -31,7 +31,8 @@ from .base import Diagonal, Linear, _one_input, _weight
 from .dense import Concat, LinearMap
 
 __all__ = ["Multiply", "Power", "ElementwiseAffine", "reduction_over", "broadcast_to",
-           "layer_norm_over", "product_of", "permutation", "matmul_of"]
+           "layer_norm_over", "moments_over", "entry_groups", "product_of", "permutation",
+           "matmul_of"]
 
 
 class Multiply(Diagonal):
@@ -273,6 +274,11 @@ def _groups(shape: Sequence[int], dims: Sequence[int]) -> tuple[Any, int]:
     return np.ravel_multi_index(tuple(index[kept]), rest), int(np.prod(rest))
 
 
+def entry_groups(shape: Sequence[int], dims: Sequence[int]) -> np.ndarray:
+    """Each entry's group when ``dims`` of a sample of ``shape`` are reduced (C order)."""
+    return _groups(tuple(int(n) for n in shape), dims)[0]
+
+
 def _group_sums(shape: Sequence[int], dims: Sequence[int]) -> Any:
     """The ``(groups, entries)`` matrix summing ``dims`` of a sample of ``shape``."""
     groups, count = _groups(shape, dims)
@@ -334,6 +340,41 @@ def product_of(first: str | None, second: str | None, suffix: str = ""
             (suffix, Multiply(), [suffix + ".factors"])]
 
 
+def _squares(shape: tuple, reduced: Sequence[int], centred: bool) -> tuple[list, Any, int]:
+    """``.centred`` (``x`` less its mean over ``reduced``) if ``centred``, then ``.square``.
+
+    Returns ``(layers, S, n)``: :func:`_group_sums`'s ``S`` and the entries per group.
+    """
+    S = _group_sums(shape, reduced)
+    n = S.shape[1] // S.shape[0]
+    centre = LinearMap([sp.eye_array(S.shape[1], format="csr") - (S.T @ S) / n],
+                       name="Centre")
+    layers = [(".centred", centre, [None])] if centred else []
+    return layers + [(".square", Power(2.0), [".centred" if centred else None])], S, n
+
+
+def moments_over(shape: Sequence[int], dims: Sequence[int], statistic: str,
+                 correction: float = 1.0) -> list[tuple[str, Any, list]]:
+    """The layers of ``x.var(dims)``, ``x.std(dims)`` or ``x.norm(dim=dims)`` of a sample.
+
+    ``[(suffix, layer, reads)]``: the squares of the centred entries (``var``, ``std``;
+    :func:`_squares`) or of the entries (``norm``, the 2-norm), summed over each group
+    and divided by ``n - correction`` (Bessel's correction, PyTorch's default 1), and
+    for ``std`` and ``norm`` the square root (suffix ``""`` the statistic).
+    """
+    if statistic not in ("var", "std", "norm"):
+        raise ValueError(f"statistic must be one of ('var', 'std', 'norm'), got {statistic!r}")
+    layers, S, n = _squares(tuple(int(k) for k in shape), dims, statistic != "norm")
+    divisor = 1.0 if statistic == "norm" else n - correction
+    if divisor <= 0:
+        raise ValueError(f"{statistic} of {n} entries with correction={correction}: no "
+                         "entries left to divide by")
+    last = "" if statistic == "var" else ".sum"
+    layers.append((last, LinearMap([S / divisor], name="Variance" if statistic != "norm"
+                                   else "Sum"), [".square"]))
+    return layers + ([] if statistic == "var" else [("", Power(0.5), [".sum"])])
+
+
 def layer_norm_over(shape: Sequence[int], dims: int, eps: float, weight: Any = None,
                     bias: Any = None, centred: bool = True) -> list[tuple[str, Any, list]]:
     """The layers of ``F.layer_norm`` over the last ``dims`` dimensions of a sample's ``shape``.
@@ -346,17 +387,11 @@ def layer_norm_over(shape: Sequence[int], dims: int, eps: float, weight: Any = N
     ``centred=False`` is ``F.rms_norm``: no centring, ``x rsqrt(mean(x^2) + eps)``.
     """
     shape = tuple(int(n) for n in shape)
-    reduced = list(range(len(shape) - dims, len(shape)))
-    S = _group_sums(shape, reduced)
-    n = int(np.prod(shape[-dims:]))
+    layers, S, n = _squares(shape, list(range(len(shape) - dims, len(shape))), centred)
     affine = weight is not None or bias is not None
     last = ".normalised" if affine else ""
-    centre = LinearMap([sp.eye_array(S.shape[1], format="csr") - (S.T @ S) / n],
-                       name="Centre")
-    layers = [(".centred", centre, [None])] if centred else []
     x = ".centred" if centred else None
-    layers += [(".square", Power(2.0), [x]),
-               (".variance", LinearMap([S / n], name="Mean"), [".square"]),
+    layers += [(".variance", LinearMap([S / n], name="Mean"), [".square"]),
                (".scale", Power(-0.5, eps), [".variance"]),
                (".spread", LinearMap([S.T.tocsr()], name="Broadcast"), [".scale"])]
     layers += product_of(x, ".spread", last)
