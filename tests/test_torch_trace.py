@@ -1034,6 +1034,25 @@ class Statistics(nn.Module):
         return self.head(norm * s + F.normalize(h, dim=-1) + F.normalize(h, dim=1, eps=0.5))
 
 
+class Extremes(nn.Module):
+    """max(dim) and min(dim) (the first extreme: PyTorch's index), amax and amin (ties split).
+
+    ReLU's zeros tie: whole groups of them, where the two rules differ.
+    """
+
+    def __init__(self, d=6):
+        super().__init__()
+        self.fc, self.head = nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x):
+        h = self.fc(x)  # (T, d) = (4, 6)
+        r = torch.relu(h - 0.8)
+        s = (r.max(-1, keepdim=True).values + torch.min(r, dim=2, keepdim=True)[0]
+             + r.amax(-1, keepdim=True) + torch.amin(-r, (1, 2), keepdim=True)
+             + h.max(1).values[:, None] + h.amin(1)[:, None])
+        return self.head(torch.tanh(h) * s)
+
+
 def test_statistics_match_torch_node_by_node():
     torch.manual_seed(17)
     check_node_by_node(Statistics(), np.random.default_rng(17).standard_normal((3, 4, 6)),
@@ -1042,13 +1061,27 @@ def test_statistics_match_torch_node_by_node():
         pp.layers.moments_over((3,), [0], "mean")
 
 
+def test_maxima_and_minima_with_ties_match_torch_node_by_node():
+    torch.manual_seed(18)
+    x = np.random.default_rng(18).standard_normal((3, 4, 6))
+    module = Extremes()
+    check_node_by_node(module, x, (4, 6), methods=["substitution"])
+    tied = torch.relu(module.fc(torch.from_numpy(x)) - 0.8) == 0
+    assert tied.all(-1).any() and tied.all(1).any()  # whole groups of zeros, both ways
+    with pytest.raises(ValueError, match=r"ties must be one of \('first', 'split'\)"):
+        pp.layers.WindowMaximum(np.arange(4).reshape(2, 2), 4, ties="last")
+
+
 @pytest.mark.filterwarnings(r"ignore:var\(\). degrees of freedom")  # PyTorch's own run
 @pytest.mark.parametrize(("f", "words"), [
     (lambda h: h.norm(p=1, dim=-1), r"a norm of order 1; the 2-norm of entries"),
     (lambda h: torch.linalg.norm(h, ord=2, dim=(1, 2)), r"over two dimensions \(a matrix"),
     (lambda h: h.var(), r"var over every dimension, the batch's included"),
     (lambda h: h.var(-1, correction=6), r"var of 6 entries with correction=6.0"),
-    (lambda h: F.normalize(h, p=1.0), r"F.normalize with p=1.0")])
+    (lambda h: F.normalize(h, p=1.0), r"F.normalize with p=1.0"),
+    (lambda h: h.max(-1).indices * 1.0, r"the indices of a maximum or minimum"),
+    (lambda h: torch.max(h, h.tanh()), r"an elementwise maximum or minimum of two tensors"),
+    (lambda h: h.max(), r"a maximum or minimum over every dimension")])
 def test_what_statistics_cannot_import_is_named(f, words):
     with pytest.raises(ValueError, match=words):
         pp.from_torch(AfterLinear(f).double(), (4, 6))

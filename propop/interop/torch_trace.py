@@ -31,7 +31,9 @@ Each operation becomes zero or more :mod:`~propop.layers` nodes of a
   or ``correction``), the 2-norm of entries (``x.norm``, ``torch.norm``,
   ``torch.linalg.vector_norm``/``norm``), ``F.normalize`` and ``torch.logsumexp`` over
   feature dimensions (:func:`~propop.layers.moments_over`, a hand-written LayerNorm's
-  ``(x - mean) / (std + eps)`` among them),
+  ``(x - mean) / (std + eps)`` among them), ``max(dim)``/``min(dim)`` values (each
+  group's first extreme, PyTorch's index) and ``amax``/``amin`` (the gradient split
+  among ties, as PyTorch's) by :class:`~propop.layers.WindowMaximum`,
   ``flatten``/``reshape``/``view``/
   ``squeeze``/``unsqueeze``/``contiguous`` (keeping the batch dimension), ``transpose``,
   ``permute``, ``swapaxes`` of a sample's axes, matrix products of two tensors (``@``,
@@ -148,6 +150,20 @@ class _Rows:
         """Why it cannot be read here."""
         return (f"the rows of {self.target!r} at constant indices (an nn.Embedding of "
                 "positions) are read only as x + rows or x * rows, with x traced")
+
+
+@dataclass(frozen=True)
+class _Extremes:
+    """``x.max(dim)``'s ``(values, indices)``: the values a node, the indices refused."""
+
+    values: Value
+
+    def part(self, which: Any) -> Value:
+        """``[0]`` or ``.values``; ``[1]`` or ``.indices`` (integers) is refused."""
+        if which in (0, "values"):
+            return self.values
+        raise _UnsupportedError("the indices of a maximum or minimum (integers, no gradient): "
+                                "a propop graph's values are floating point")
 
 
 class _Constant:
@@ -296,6 +312,9 @@ class _Translator:
         target = node.target
         if target is getattr and node.args[1] in ("shape", "dtype", "device"):
             return self._attribute_of(node)
+        if target in (getattr, operator.getitem) and isinstance(self.values.get(node.args[0]),
+                                                                _Extremes):
+            return self.values[node.args[0]].part(node.args[1])
         if target in _NUMBER_FUNCTIONS and all(  # shape arithmetic: numbers alone
                 isinstance(self.values.get(a), (int, float, _Batch))
                 for a in node.args if isinstance(a, fx.Node)):
@@ -400,6 +419,8 @@ class _Translator:
             return self._moments(node, name)
         if name == "logsumexp":
             return self._logsumexp(node)
+        if name in ("max", "min", "amax", "amin"):
+            return self._extreme(node, maximum=name in ("max", "amax"), split=name[0] == "a")
         if name in _POWERS:
             return self._power(node, _POWERS[name])
         if name in ("transpose", "permute", "swapaxes"):
@@ -683,6 +704,33 @@ class _Translator:
                   (".spread", L.LinearMap([S.T.tocsr()], name="Broadcast"), [".reciprocal"]),
                   *L.product_of(None, ".spread")]
         return self._expand(self._name(node.name, node), x, parts, _shape(node))
+
+    def _extreme(self, node: fx.Node, maximum: bool, split: bool = False) -> Any:
+        """``x.max(dim)``, ``x.min(dim)``, ``amax``, ``amin`` over feature dimensions.
+
+        A :class:`~propop.layers.WindowMaximum` over each group's entries (of ``-x``,
+        negated back, for a minimum): ``max(dim)`` reads each group's first extreme
+        entry (PyTorch's index, :class:`_Extremes`), ``amax`` splits the gradient among
+        ties (``split``). An elementwise ``max(x, y)`` and ``max`` over all are refused.
+        """
+        (x,) = self._tensors(node.args[:1])
+        given = _arguments(node, ("dim", "keepdim"))
+        if isinstance(given.get("dim"), fx.Node) or "other" in given:
+            raise _UnsupportedError("an elementwise maximum or minimum of two tensors")
+        if not split and isinstance(given.get("dim"), (tuple, list)):
+            raise _UnsupportedError("max(dim) or min(dim) over several dimensions (amax and "
+                                    "amin take several)")
+        dims = _reduced(given.get("dim"), x, "a maximum or minimum")
+        groups = L.entry_groups(x.shape, dims)
+        windows = np.argsort(groups, kind="stable").reshape(groups.max() + 1, -1)
+        pick = L.WindowMaximum(windows, x.size, ties="split" if split else "first")
+        parts = [("", pick, [None])] if maximum else [
+            (".negated", _negation(x.size), [None]), (".maximum", pick, [".negated"]),
+            ("", _negation(windows.shape[0]), [".maximum"])]
+        meta = node.meta["tensor_meta"] if split else node.meta["tensor_meta"][0]  # values
+        made = self._expand(self._name(node.name, node), x, parts,
+                            tuple(int(n) for n in meta.shape[1:]))
+        return made if split else _Extremes(made)
 
     def _logsumexp(self, node: fx.Node) -> Value:
         """``torch.logsumexp(x, dim)`` over feature dimensions: one :class:`LogSumExp` node."""
@@ -1520,6 +1568,10 @@ _FUNCTION_HANDLERS: dict[Any, Callable] = {
     torch.linalg.vector_norm: lambda self, node: self._moments(node, "norm"),
     torch.linalg.norm: lambda self, node: self._moments(node, "norm"),
     F.normalize: _Translator._normalize, torch.logsumexp: _Translator._logsumexp,
+    torch.max: lambda self, node: self._extreme(node, maximum=True),
+    torch.min: lambda self, node: self._extreme(node, maximum=False),
+    torch.amax: lambda self, node: self._extreme(node, maximum=True, split=True),
+    torch.amin: lambda self, node: self._extreme(node, maximum=False, split=True),
     F.pad: _Translator._selected,
     **{getattr(torch, name): _Translator._selected for name in _SELECTIONS
        if hasattr(torch, name)},
@@ -1541,6 +1593,11 @@ def _shape(node: fx.Node) -> tuple:
     if meta is None or not hasattr(meta, "shape"):
         raise _UnsupportedError("the operation does not give one tensor")
     return tuple(int(n) for n in meta.shape[1:])
+
+
+def _negation(size: int) -> Any:
+    """``-x`` of ``size`` entries, a linear map."""
+    return L.LinearMap([-sp.eye_array(size, format="csr")], name="Negate")
 
 
 def _arguments(node: fx.Node, names: Sequence[str]) -> dict:

@@ -219,15 +219,19 @@ class WindowMaximum(Diagonal):
 
     ``windows`` is ``(w, k)``: the input indices of each window, ``-1`` where a
     window reaches into padding (never its maximum). ``z = A (mask * x)``: ``A``
-    sums each window, ``mask`` marks each window's maximum per sample (the first
-    one on ties, as PyTorch). That needs every entry in at most one window;
-    overlapping windows are first copied apart by :class:`Windows`
-    (:func:`max_pool`).
+    sums each window, ``mask`` marks each window's maximum per sample: the first
+    one on ties (``ties="first"``, as PyTorch's max pooling and ``max(dim)``), or each
+    of the tied ones by ``1 / their count`` (``ties="split"``, as ``torch.amax``). That
+    needs every entry in at most one window; overlapping windows are first copied
+    apart by :class:`Windows` (:func:`max_pool`).
     """
 
-    def __init__(self, windows: Any, input_size: int) -> None:
+    def __init__(self, windows: Any, input_size: int, ties: str = "first") -> None:
         self.windows = np.asarray(windows, dtype=np.int64)
         self.input_size = int(input_size)
+        if ties not in ("first", "split"):
+            raise ValueError(f"ties must be one of ('first', 'split'), got {ties!r}")
+        self.ties = ties
         valid = self.windows[self.windows >= 0]
         if self.windows.ndim != 2 or valid.size and valid.max() >= self.input_size:
             raise ValueError(f"windows must be (w, k) indices below the input size "
@@ -264,17 +268,28 @@ class WindowMaximum(Diagonal):
         return window, place
 
     def slope(self, x: Any) -> Any:
-        """``d(x)`` with ``dz/dx = A diag(d(x))``: one at each window's maximum (its first)."""
+        """``d(x)`` with ``dz/dx = A diag(d(x))``: one at each window's maximum (its first).
+
+        With ``ties="split"``, ``1 / count`` at each of a window's ``count`` tied maxima.
+        """
         xp = backend.namespace(x)
         columns = x if x.ndim == 2 else x[:, None]
         padded = xp.concat([columns, xp.full((1, columns.shape[1]), -xp.inf,
                                              dtype=x.dtype, device=backend.device(x))])
         slots = np.where(self.windows >= 0, self.windows, self.input_size)  # padding: -inf
-        best = xp.argmax(backend.take_rows(padded, backend.like(slots, x)), axis=1)  # (w, r)
+        entries = backend.take_rows(padded, backend.like(slots, x))  # (w, k, r)
         window, place = self._owners
-        chosen = backend.take_rows(best, backend.like(window, x)) == \
-            backend.like(place, x)[:, None]
-        mask = xp.astype(chosen, x.dtype)
+        if self.ties == "split":
+            tied = entries == xp.max(entries, axis=1, keepdims=True)
+            share = 1.0 / xp.sum(xp.astype(tied, x.dtype), axis=1)  # (w, r)
+            mine = backend.take_rows(xp.max(entries, axis=1), backend.like(window, x))
+            owned = backend.like((place >= 0).astype(np.float64), x)[:, None]
+            mask = xp.astype(columns == mine, x.dtype) * backend.take_rows(
+                share, backend.like(window, x)) * xp.astype(owned, x.dtype)
+        else:
+            best = xp.argmax(entries, axis=1)  # (w, r)
+            mask = xp.astype(backend.take_rows(best, backend.like(window, x)) ==
+                             backend.like(place, x)[:, None], x.dtype)
         return mask if x.ndim == 2 else mask[:, 0]
 
     def linearize(self, x: Any, linearization: str) -> tuple[Any, Any]:
