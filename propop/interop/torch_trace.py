@@ -33,7 +33,9 @@ Each operation becomes zero or more :mod:`~propop.layers` nodes of a
   feature dimensions (:func:`~propop.layers.moments_over`, a hand-written LayerNorm's
   ``(x - mean) / (std + eps)`` among them), ``max(dim)``/``min(dim)`` values (each
   group's first extreme, PyTorch's index) and ``amax``/``amin`` (the gradient split
-  among ties, as PyTorch's) by :class:`~propop.layers.WindowMaximum`,
+  among ties, as PyTorch's) by :class:`~propop.layers.WindowMaximum`, and so
+  ``torch.maximum``/``minimum`` of two tensors or one and a constant (each pair),
+  ``x.new_tensor``/``new_zeros``/``new_ones``/``new_full`` (constants),
   ``flatten``/``reshape``/``view``/
   ``squeeze``/``unsqueeze``/``contiguous`` (keeping the batch dimension), ``transpose``,
   ``permute``, ``swapaxes`` of a sample's axes, matrix products of two tensors (``@``,
@@ -419,6 +421,10 @@ class _Translator:
             return self._moments(node, name)
         if name == "logsumexp":
             return self._logsumexp(node)
+        if name in ("maximum", "minimum"):
+            return self._pairwise(node, maximum=name == "maximum")
+        if name in ("new_tensor", "new_zeros", "new_ones", "new_full"):
+            return self._new(node)
         if name in ("max", "min", "amax", "amin"):
             return self._extreme(node, maximum=name in ("max", "amax"), split=name[0] == "a")
         if name in _POWERS:
@@ -713,10 +719,10 @@ class _Translator:
         entry (PyTorch's index, :class:`_Extremes`), ``amax`` splits the gradient among
         ties (``split``). An elementwise ``max(x, y)`` and ``max`` over all are refused.
         """
-        (x,) = self._tensors(node.args[:1])
         given = _arguments(node, ("dim", "keepdim"))
-        if isinstance(given.get("dim"), fx.Node) or "other" in given:
-            raise _UnsupportedError("an elementwise maximum or minimum of two tensors")
+        if isinstance(given.get("dim"), fx.Node) or "other" in given:  # max(x, y)
+            return self._pairwise(node, maximum)
+        (x,) = self._tensors(node.args[:1])
         if not split and isinstance(given.get("dim"), (tuple, list)):
             raise _UnsupportedError("max(dim) or min(dim) over several dimensions (amax and "
                                     "amin take several)")
@@ -731,6 +737,39 @@ class _Translator:
         made = self._expand(self._name(node.name, node), x, parts,
                             tuple(int(n) for n in meta.shape[1:]))
         return made if split else _Extremes(made)
+
+    def _pairwise(self, node: fx.Node, maximum: bool) -> Value:
+        """``torch.maximum(x, y)``/``minimum`` (``torch.max(x, y)``): each pair's extreme.
+
+        ``x`` and ``y`` (a traced tensor or a constant, broadcast) side by side, and a
+        :class:`~propop.layers.WindowMaximum` of each pair with ties split, as PyTorch
+        splits the gradient of equal entries (of ``-x`` and ``-y``, negated back, for
+        the minimum).
+        """
+        name, shape = self._name(node.name, node), _shape(node)
+        size = int(np.prod(shape))
+        operands = node.args[:2] if len(node.args) > 1 else (node.args[0], node.kwargs["other"])
+        values = [self.values.get(a) if isinstance(a, fx.Node) else a for a in operands]
+        traced = next(v for v in values if isinstance(v, Value))  # a constant is made from it
+        sides = []
+        for side, a, value in zip("xy", operands, values):
+            if isinstance(value, Value):
+                sides.append(self._broadcast(f"{name}.{side}", value, shape))
+                continue
+            c = np.full(shape, float(a)) if isinstance(a, (int, float)) else \
+                self._sample_constant(a, shape, "the other operand")
+            sides.append(self._add(f"{name}.{side}", L.LinearMap(
+                [sp.csr_array((size, traced.size))], c.reshape(-1).copy(), name="Constant"),
+                [traced], shape))
+        pairs = np.arange(2 * size).reshape(2, size).T
+        pick = L.WindowMaximum(pairs, 2 * size, ties="split")
+        parts = [(".pairs", L.Concat(), [None, "y"]), ("", pick, [".pairs"])] if maximum else [
+            (".pairs", L.Concat(), [None, "y"]), (".negated", _negation(2 * size), [".pairs"]),
+            (".maximum", pick, [".negated"]), ("", _negation(size), [".maximum"])]
+        made = {None: sides[0], "y": sides[1]}
+        for suffix, layer, reads in parts:
+            made[suffix] = self._add(name + suffix, layer, [made[r] for r in reads], shape)
+        return made[""]
 
     def _logsumexp(self, node: fx.Node) -> Value:
         """``torch.logsumexp(x, dim)`` over feature dimensions: one :class:`LogSumExp` node."""
@@ -944,6 +983,24 @@ class _Translator:
         made = node.target(torch.empty((1, *x.shape), dtype=node.meta["tensor_meta"].dtype,
                                         device=self._device), *rest, **kwargs)
         return _Constant(made)
+
+    def _new(self, node: fx.Node) -> _Constant:
+        """``x.new_tensor(data)``, ``x.new_zeros(size)``, ...: a constant of ``x``'s dtype."""
+        self._tensors(node.args[:1])
+        args, kwargs = fx.node.map_aggregate((node.args[1:], dict(node.kwargs)),
+                                             self._constant_argument)
+        like = torch.empty((), dtype=node.meta["tensor_meta"].dtype, device=self._device)
+        return _Constant(getattr(like, node.target)(*args, **kwargs))
+
+    def _constant_argument(self, a: Any) -> Any:
+        """A node's value where a constant is made from it: numbers, shapes, constants."""
+        if not isinstance(a, fx.Node):
+            return a
+        value = self.values.get(a)
+        if value is BATCH or isinstance(value, tuple) and BATCH in value:
+            raise _UnsupportedError("a constant the size of the batch: propop computes each "
+                                    "sample alone")
+        return self._probe_argument(a)
 
     def _compared(self, node: fx.Node) -> None:
         """A comparison of a traced tensor: a mask that depends on the values is refused."""
@@ -1570,6 +1627,8 @@ _FUNCTION_HANDLERS: dict[Any, Callable] = {
     F.normalize: _Translator._normalize, torch.logsumexp: _Translator._logsumexp,
     torch.max: lambda self, node: self._extreme(node, maximum=True),
     torch.min: lambda self, node: self._extreme(node, maximum=False),
+    torch.maximum: lambda self, node: self._pairwise(node, maximum=True),
+    torch.minimum: lambda self, node: self._pairwise(node, maximum=False),
     torch.amax: lambda self, node: self._extreme(node, maximum=True, split=True),
     torch.amin: lambda self, node: self._extreme(node, maximum=False, split=True),
     F.pad: _Translator._selected,
