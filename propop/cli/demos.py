@@ -240,6 +240,7 @@ def models() -> None:
           + f"{np.abs(newton.output - module(X).detach().numpy().T).max():.0e} from "
           "PyTorch's output.\n")
     _attention(torch)
+    _hand_written(torch)
     gru = from_torch(torch.nn.GRU(4, 8, num_layers=2).double())
     xs = np.random.default_rng(3).standard_normal((200, 4, 4))
     exact = gru.forward(xs).z[1]
@@ -309,6 +310,41 @@ def _attention(torch: Any) -> None:
           f"tensors, a softmax): every gradient {worst:.0e} from autograd's; Newton's forward "
           f"{newton.info['iterations']} "
           f"iterations, {np.abs(newton.output - output).max():.0e} from PyTorch's output.\n")
+
+
+def _hand_written(torch: Any) -> None:
+    """Operations users write by hand: their gradients against autograd's."""
+    from ..interop.torch_import import from_torch
+
+    class Mixer(torch.nn.Module):  # the Annotated Transformer's LayerNorm, and more
+        def __init__(self, d: int = 6) -> None:
+            super().__init__()
+            self.fc, self.head = torch.nn.Linear(d, d), torch.nn.Linear(d, d)
+            self.a_2, self.b_2 = torch.nn.Parameter(torch.randn(d)), torch.nn.Parameter(
+                torch.zeros(d))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.fc(x)
+            mean, std = h.mean(-1, keepdim=True), h.std(-1, keepdim=True)
+            h = self.a_2 * (h - mean) / (std + 1e-6) + self.b_2
+            shifted = torch.roll(h, 1, dims=1) + torch.nn.functional.pad(h, (1, 1))[..., 2:]
+            pooled = torch.relu(h).amax(dim=1, keepdim=True)  # ties among the zeros split
+            return self.head(torch.maximum(shifted, pooled) + h.flip(1))
+
+    torch.manual_seed(2)
+    module = Mixer().double()
+    x = np.random.default_rng(5).standard_normal((3, 5, 6))
+    X = torch.tensor(x, requires_grad=True)
+    (0.5 * (module(X) ** 2).sum()).backward()
+    graph = from_torch(module, input_shape=(5, 6))
+    g = backprop(graph, x.reshape(3, -1).T, np.zeros((30, 3)), method="substitution")
+    theirs = dict(module.named_parameters())
+    worst = max([float(np.abs(g.x - X.grad.numpy().reshape(3, -1).T).max())] + [
+        float(np.abs(value - theirs[name].grad.numpy()).max())
+        for name, value in g.named_parameters()])
+    print(f"Operations written by hand (the Annotated Transformer's LayerNorm from mean and "
+          f"std, torch.roll, F.pad, amax with ties, torch.maximum, flip), traced into "
+          f"{len(graph.order) - 1} nodes: every gradient {worst:.0e} from autograd's.\n")
 
 
 def _own_cell(torch: Any) -> None:
