@@ -266,7 +266,6 @@ def models() -> None:
 
 def _attention(torch: Any) -> None:
     """Self-attention over tokens, traced: its gradients against autograd, Newton's forward."""
-    from ..interop.torch_import import from_torch
     from ..newton.loop import forward
 
     F = torch.nn.functional
@@ -292,15 +291,8 @@ def _attention(torch: Any) -> None:
     torch.manual_seed(1)
     module = Attention().double()
     x = np.random.default_rng(4).standard_normal((3, 6, 8))
-    X = torch.tensor(x, requires_grad=True)
-    (0.5 * (module(X) ** 2).sum()).backward()
-    graph = from_torch(module, input_shape=(6, 8))
+    graph, worst, X = _against_autograd(torch, module, x)
     flat = x.reshape(3, -1).T
-    g = backprop(graph, flat, np.zeros((48, 3)), method="substitution")
-    theirs = dict(module.named_parameters())
-    worst = max([float(np.abs(g.x - X.grad.numpy().reshape(3, -1).T).max())] + [
-        float(np.abs(value - theirs[name].grad.numpy()).max())
-        for name, value in g.named_parameters()])
     newton = forward(graph, flat, method="substitution")
     output = module(X).detach().numpy().reshape(3, -1).T
     print(f"Self-attention over 6 tokens as nanoGPT writes it (nn.Embedding of the "
@@ -312,10 +304,30 @@ def _attention(torch: Any) -> None:
           f"iterations, {np.abs(newton.output - output).max():.0e} from PyTorch's output.\n")
 
 
-def _hand_written(torch: Any) -> None:
-    """Operations users write by hand: their gradients against autograd's."""
+def _against_autograd(torch: Any, module: Any, x: np.ndarray) -> tuple[Any, float, Any]:
+    """``(graph, largest gradient difference, X)`` of a traced module against autograd.
+
+    The loss is ``|module(X)|^2 / 2`` for the batch ``X`` made from ``x``; propop's
+    gradients are by substitution.
+    """
     from ..interop.torch_import import from_torch
 
+    X = torch.tensor(x, requires_grad=True)
+    out = module(X)
+    (0.5 * (out ** 2).sum()).backward()
+    graph = from_torch(module, input_shape=x.shape[1:])
+    r = x.shape[0]
+    g = backprop(graph, x.reshape(r, -1).T, np.zeros((out[0].numel(), r)),
+                 method="substitution")
+    theirs = dict(module.named_parameters())
+    worst = max([float(np.abs(g.x - X.grad.numpy().reshape(r, -1).T).max())] + [
+        float(np.abs(value - theirs[name].grad.numpy()).max())
+        for name, value in g.named_parameters()])
+    return graph, worst, X
+
+
+def _hand_written(torch: Any) -> None:
+    """Operations users write by hand: their gradients against autograd's."""
     class Mixer(torch.nn.Module):  # the Annotated Transformer's LayerNorm, and more
         def __init__(self, d: int = 6) -> None:
             super().__init__()
@@ -332,16 +344,8 @@ def _hand_written(torch: Any) -> None:
             return self.head(torch.maximum(shifted, pooled) + h.flip(1))
 
     torch.manual_seed(2)
-    module = Mixer().double()
-    x = np.random.default_rng(5).standard_normal((3, 5, 6))
-    X = torch.tensor(x, requires_grad=True)
-    (0.5 * (module(X) ** 2).sum()).backward()
-    graph = from_torch(module, input_shape=(5, 6))
-    g = backprop(graph, x.reshape(3, -1).T, np.zeros((30, 3)), method="substitution")
-    theirs = dict(module.named_parameters())
-    worst = max([float(np.abs(g.x - X.grad.numpy().reshape(3, -1).T).max())] + [
-        float(np.abs(value - theirs[name].grad.numpy()).max())
-        for name, value in g.named_parameters()])
+    graph, worst, _ = _against_autograd(torch, Mixer().double(),
+                                        np.random.default_rng(5).standard_normal((3, 5, 6)))
     print(f"Operations written by hand (the Annotated Transformer's LayerNorm from mean and "
           f"std, torch.roll, F.pad, amax with ties, torch.maximum, flip), traced into "
           f"{len(graph.order) - 1} nodes: every gradient {worst:.0e} from autograd's.\n")
