@@ -205,19 +205,20 @@ print("last backward:", wrapped.propop.last["backward"])
 # %% [markdown]
 # Attention, as a PyTorch user writes it: `nn.MultiheadAttention` over a sequence of
 # tokens with a causal mask (`nn.Transformer.generate_square_subsequent_mask`), a learned
-# position embedding added as a tensor, and a LayerNorm. `from_torch` imports the
-# packed projections, the mask (the masked weights exact zeros) and the embedding (an
-# `ElementwiseAffine` of its own shape); `parallelize` trains it as autograd does.
+# position embedding read at `torch.arange(T)` as nanoGPT's `wpe(pos)`, and a LayerNorm.
+# `from_torch` imports the packed projections, the mask (the masked weights exact zeros)
+# and the embedding (an `ElementwiseAffine` reading the table's rows: its gradient the
+# table's); `parallelize` trains it as autograd does.
 
 
 # %%
 class CausalBlock(torch.nn.Module):
-    """x + pos, causal self-attention, LayerNorm, a per-token head."""
+    """x + wpe(pos), causal self-attention, LayerNorm, a per-token head."""
 
     def __init__(self, tokens=6, width=8):
         super().__init__()
         torch.manual_seed(4)
-        self.pos = torch.nn.Parameter(0.1 * torch.randn(1, tokens, width))
+        self.wpe = torch.nn.Embedding(tokens, width)
         self.attn = torch.nn.MultiheadAttention(width, 2, batch_first=True)
         self.norm, self.head = torch.nn.LayerNorm(width), torch.nn.Linear(width, 3)
         self.register_buffer("mask", torch.nn.Transformer.generate_square_subsequent_mask(
@@ -225,7 +226,8 @@ class CausalBlock(torch.nn.Module):
 
     def forward(self, x):
         """Logits per token."""
-        h = x + self.pos
+        pos = torch.arange(0, x.size(1), dtype=torch.long, device=x.device)
+        h = x + self.wpe(pos)
         h = h + self.attn(h, h, h, attn_mask=self.mask, need_weights=False)[0]
         return self.head(self.norm(h))
 
