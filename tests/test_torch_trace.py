@@ -464,7 +464,7 @@ def test_hooks_and_missing_input_shapes_are_named():
     # the first nn.Linear is not the first layer: its in_features a wrong guess
     for first in [nn.ConvTranspose2d(2, 3, 3, stride=2), nn.Upsample(scale_factor=2)]:
         with pytest.raises(ValueError, match=r"Sequential fails on a batch of samples of "
-                                             r"shape \(243,\).*input_shape.*is needed"):
+                                             r"shape \(243,\).*check input_shape.*is needed"):
             pp.from_torch(nn.Sequential(first, nn.Flatten(), nn.Linear(243, 2)))
 
 
@@ -1016,12 +1016,13 @@ def test_what_probed_selections_cannot_import_is_named(f, words):
 
 
 class Statistics(nn.Module):
-    """var, std, 2-norms, F.normalize and logsumexp; the Annotated Transformer's LayerNorm."""
+    """var, std, 2-norms, F.normalize, logsumexp, GLU; the Annotated Transformer's LayerNorm."""
 
     def __init__(self, d=6):
         super().__init__()
         self.fc, self.head = nn.Linear(d, d), nn.Linear(d, d)
         self.a_2, self.b_2 = nn.Parameter(torch.randn(d)), nn.Parameter(torch.randn(d))
+        self.glu = nn.GLU(dim=1)
 
     def forward(self, x):
         h = torch.tanh(self.fc(x))  # (T, d) = (4, 6)
@@ -1031,7 +1032,9 @@ class Statistics(nn.Module):
              + h.norm(dim=-1, keepdim=True) + torch.linalg.vector_norm(h, dim=(1, 2),
                                                                         keepdim=True)
              + torch.logsumexp(h, -1, keepdim=True) + torch.linalg.norm(h, dim=1)[:, None])
-        return self.head(norm * s + F.normalize(h, dim=-1) + F.normalize(h, dim=1, eps=0.5))
+        gated = F.glu(torch.cat([h, h.flip(2)], dim=-1)) + self.glu(torch.cat([h, h], 1))
+        return self.head(norm * s + F.normalize(h, dim=-1) + F.normalize(h, dim=1, eps=0.5)
+                         + gated)
 
 
 class Extremes(nn.Module):

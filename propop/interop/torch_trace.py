@@ -8,9 +8,10 @@ Each operation becomes zero or more :mod:`~propop.layers` nodes of a
 - modules: ``Linear``; ``Conv1d``/``Conv2d`` (stride, padding, dilation, groups);
   ``AvgPool1d/2d``, ``MaxPool1d/2d`` (overlapping windows too, :func:`~propop.layers.max_pool`),
   ``AdaptiveAvgPool1d/2d`` and ``AdaptiveMaxPool1d/2d`` (output sizes dividing the input);
-  ``GroupNorm`` and ``InstanceNorm1d/2d``; ``PReLU``; ``MultiheadAttention`` as
-  self-attention with ``batch_first=True`` (its averaged or per-head weights too; no
-  mask, bias_kv, zero_attn or training dropout); ``TransformerEncoderLayer`` and
+  ``GroupNorm`` and ``InstanceNorm1d/2d``; ``PReLU``; ``GLU`` (and ``F.glu``);
+  ``MultiheadAttention`` as self-attention with ``batch_first=True`` (its averaged or
+  per-head weights too; no key_padding_mask, bias_kv, zero_attn or training dropout);
+  ``TransformerEncoderLayer`` and
   ``TransformerEncoder`` (from their parts, in evaluation mode); ``BatchNorm1d/2d`` in
   evaluation mode (an affine map); ``LayerNorm`` and ``RMSNorm``
   (:func:`~propop.layers.layer_norm_over`: exact, its Jacobian per sample built from
@@ -211,8 +212,8 @@ def _runs_on(module: nn.Module, example: torch.Tensor) -> None:
     except Exception as error:
         raise ValueError(f"from_torch: {type(module).__name__} fails on a batch of samples of "
                          f"shape {tuple(example.shape[1:])} ({type(error).__name__}: {error}): "
-                         "input_shape, one sample's shape, is needed (a module that does not "
-                         "start with nn.Linear) or is wrong") from error
+                         "check input_shape, one sample's shape (it is needed where the "
+                         "module does not start with nn.Linear)") from error
 
 
 def trace(module: nn.Module, example: torch.Tensor) -> tuple[Graph, dict]:
@@ -770,6 +771,22 @@ class _Translator:
         for suffix, layer, reads in parts:
             made[suffix] = self._add(name + suffix, layer, [made[r] for r in reads], shape)
         return made[""]
+
+    def _glu(self, node: fx.Node) -> Value:
+        """``F.glu(x, dim)``: :meth:`_glu_of`."""
+        (x,) = self._tensors(node.args[:1])
+        return self._glu_of(self._name(node.name, node), x,
+                            _arguments(node, ("dim",)).get("dim", -1), _shape(node))
+
+    def _glu_of(self, name: str, x: Value, dim: int, shape: tuple) -> Value:
+        """``a * sigmoid(b)`` of ``x``'s two halves along ``dim`` (``nn.GLU``, ``F.glu``)."""
+        d = _feature_dim(dim, x)  # of an even size: PyTorch's own run checked it
+        index, half = np.arange(x.size).reshape(x.shape), x.shape[d] // 2
+        a, b = (np.take(index, np.arange(k * half, (k + 1) * half), axis=d) for k in (0, 1))
+        parts = [(".a", L.Windows(a, x.size), [None]), (".b", L.Windows(b, x.size), [None]),
+                 (".gate", L.Activation(_member("sigmoid", {})), [".b"]),
+                 *L.product_of(".a", ".gate")]
+        return self._expand(name, x, parts, shape)
 
     def _logsumexp(self, node: fx.Node) -> Value:
         """``torch.logsumexp(x, dim)`` over feature dimensions: one :class:`LogSumExp` node."""
@@ -1410,6 +1427,8 @@ _MODULES: list[tuple[Any, Callable]] = [
     (nn.Dropout | nn.Dropout1d | nn.Dropout2d, _dropout),
     (_IDENTITY_MODULES, _identity), (tuple(ACTIVATIONS), _activation_module),
     (nn.PReLU, _prelu), (nn.MultiheadAttention, _multihead),
+    (nn.GLU, lambda self, module, x, name, node: self._glu_of(name, x, module.dim,
+                                                              _shape(node))),
     (nn.TransformerEncoderLayer, _encoder_layer), (nn.TransformerEncoder, _encoder),
     (nn.Softmax | nn.LogSoftmax, _softmax_module), (nn.LayerNorm | nn.RMSNorm, _layer_norm_module),
 ]
@@ -1422,7 +1441,7 @@ def _supported() -> str:
              "TransformerEncoderLayer", "TransformerEncoder",
              "Dropout (eval)",
              "Identity", "Flatten", "Unflatten", "Softmax", "LogSoftmax", "LayerNorm",
-             "RMSNorm"]
+             "RMSNorm", "GLU"]
     return ", ".join(names + [k.__name__ for k in ACTIVATIONS])
 
 
@@ -1625,6 +1644,7 @@ _FUNCTION_HANDLERS: dict[Any, Callable] = {
     torch.linalg.vector_norm: lambda self, node: self._moments(node, "norm"),
     torch.linalg.norm: lambda self, node: self._moments(node, "norm"),
     F.normalize: _Translator._normalize, torch.logsumexp: _Translator._logsumexp,
+    F.glu: _Translator._glu,
     torch.max: lambda self, node: self._extreme(node, maximum=True),
     torch.min: lambda self, node: self._extreme(node, maximum=False),
     torch.maximum: lambda self, node: self._pairwise(node, maximum=True),
