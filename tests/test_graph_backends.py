@@ -23,6 +23,7 @@ nn = torch.nn
 from test_torch_trace import (  # noqa: E402
     ConvNet,
     Conv1dNet,
+    Einsums,
     Extremes,
     HandWritten,
     Positions,
@@ -37,7 +38,8 @@ BACKENDS = [pytest.param("torch", None, id="torch"),
 MODULES = {"residual-mlp": (ResidualMLP, (5,)), "conv2d": (ConvNet, (2, 9, 9)),
            "conv1d": (Conv1dNet, (2, 9)), "swiglu": (PreNormSwiGLU, (6,)),
            "handwritten": (HandWritten, (5,)), "token-norm": (TokenNorm, (4, 6)),
-           "positions": (Positions, (4, 6)), "extremes": (Extremes, (4, 6))}
+           "positions": (Positions, (4, 6)), "extremes": (Extremes, (4, 6)),
+           "einsums": (Einsums, (4, 6))}
 NATIVE = [s.name for s in pp.solvers.available() if s.native and s.available]
 EXACT = {s.name for s in pp.solvers.available() if s.exact}
 

@@ -1068,6 +1068,34 @@ def test_statistics_match_torch_node_by_node():
         pp.layers.moments_over((3,), [0], "mean")
 
 
+class Einsums(nn.Module):
+    """``torch.einsum`` as attention code writes it, and its other uses on one sample."""
+
+    def __init__(self, d=6):
+        super().__init__()
+        self.fc, self.head = nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x):
+        h = torch.tanh(self.fc(x))  # (T, d) = (4, 6)
+        scores = torch.einsum("btd,bsd->bts", h, h.sigmoid()).softmax(-1)
+        mixed = torch.einsum("bts,bsd->btd", scores, h)  # attention's weighted values
+        outer = torch.einsum("bi,bj->bij", h[:, 0], h[:, 1])[:, :4]  # (4, 6)
+        diagonal = torch.einsum("bii->bi", h[:, :, :4])[..., None]  # (4, 1)
+        gates = torch.einsum("b t d , b t d -> b t", [h, h.cos()])[..., None]  # a list
+        return self.head(mixed + outer * diagonal + gates * torch.einsum("btd->bdt", h)
+                         .transpose(1, 2))
+
+
+def test_einsums_match_torch_node_by_node():
+    torch.manual_seed(19)
+    check_node_by_node(Einsums(), np.random.default_rng(19).standard_normal((3, 4, 6)),
+                       (4, 6), methods=["substitution", "jacobi"])
+    with pytest.raises(ValueError, match=r"einsum: 'j' is 3 and 4 long"):
+        pp.layers.einsum_of(["ij", "jk"], "ik", [(2, 3), (4, 5)])
+    with pytest.raises(ValueError, match=r"einsum: output subscripts 'iq'"):
+        pp.layers.einsum_of(["ij"], "iq", [(2, 3)])
+
+
 def test_maxima_and_minima_with_ties_match_torch_node_by_node():
     torch.manual_seed(18)
     x = np.random.default_rng(18).standard_normal((3, 4, 6))
@@ -1088,6 +1116,10 @@ def test_maxima_and_minima_with_ties_match_torch_node_by_node():
     (lambda h: F.normalize(h, p=1.0), r"F.normalize with p=1.0"),
     (lambda h: h.max(-1).indices * 1.0, r"the indices of a maximum or minimum"),
     (lambda h: h + h.new_zeros(h.shape), r"a constant the size of the batch"),
+    (lambda h: torch.einsum("btd,bsd", h, h), r"give the output \(->\) and no '...'"),
+    (lambda h: torch.einsum("...td->...dt", h), r"give the output \(->\) and no '...'"),
+    (lambda h: torch.einsum("btd->td", h), r"must start with the batch's subscript"),
+    (lambda h: torch.einsum("btd,btd,btd->bt", h, h, h), r"einsum of one or two traced"),
     (lambda h: h.max(), r"a maximum or minimum over every dimension")])
 def test_what_statistics_cannot_import_is_named(f, words):
     with pytest.raises(ValueError, match=words):

@@ -40,7 +40,9 @@ Each operation becomes zero or more :mod:`~propop.layers` nodes of a
   ``flatten``/``reshape``/``view``/
   ``squeeze``/``unsqueeze``/``contiguous`` (keeping the batch dimension), ``transpose``,
   ``permute``, ``swapaxes`` of a sample's axes, matrix products of two tensors (``@``,
-  ``matmul``, ``bmm``: :func:`~propop.layers.matmul_of`),
+  ``matmul``, ``bmm``: :func:`~propop.layers.matmul_of`), ``torch.einsum`` of one or
+  two traced tensors whose subscripts start with the batch's
+  (:func:`~propop.layers.einsum_of`),
   ``F.scaled_dot_product_attention`` (``is_causal`` or a constant ``attn_mask``; no
   dropout), ``masked_fill`` with a constant mask (``-inf`` read by a softmax: its kept
   entries), ``split``/``chunk``/``unbind`` of a feature dimension, arithmetic with
@@ -529,6 +531,38 @@ class _Translator:
             raise _UnsupportedError("a matrix product with a parameter or a constant: write "
                                     "it as nn.Linear (or F.linear with a module's weight)")
         return self._product(self._name(node.name, node), *args)
+
+    def _einsum(self, node: fx.Node) -> Value:
+        """``torch.einsum(equation, a[, b])`` of traced tensors, the batch's subscript first.
+
+        Each operand's and the output's first subscript is the batch's, which no other
+        place uses; the rest is :func:`~propop.layers.einsum_of`.
+        """
+        equation, *operands = node.args
+        if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+            operands = list(operands[0])
+        values = [self.values.get(a) if isinstance(a, fx.Node) else a for a in operands]
+        if not 1 <= len(values) <= 2 or not all(isinstance(v, Value) for v in values):
+            raise _UnsupportedError("einsum of one or two traced tensors is supported (with a "
+                                    "parameter: nn.Linear, or F.linear with a module's weight)")
+        spec = equation.replace(" ", "")
+        inputs, arrow, output = spec.partition("->")
+        inputs = inputs.split(",")
+        if not arrow or "." in spec:
+            raise _UnsupportedError(f"einsum {equation!r}: give the output (->) and no '...'")
+        batch = output[:1]
+        if any(s[:1] != batch or batch in s[1:] for s in [*inputs, output]):
+            raise _UnsupportedError(f"einsum {equation!r}: every operand and the output must "
+                                    "start with the batch's subscript, used nowhere else")
+        try:
+            shape, parts = L.einsum_of([s[1:] for s in inputs], output[1:],
+                                       [v.shape for v in values])
+        except ValueError as error:
+            raise _UnsupportedError(str(error)) from None
+        name, made = self._name(node.name, node), {str(i): v for i, v in enumerate(values)}
+        for suffix, layer, reads in parts:
+            made[suffix] = self._add(name + suffix, layer, [made[r] for r in reads], ())
+        return Value(name, shape)
 
     def _product(self, name: str, a: Value, b: Value) -> Value:
         """The nodes of ``a @ b`` (:func:`~propop.layers.matmul_of`)."""
@@ -1644,7 +1678,7 @@ _FUNCTION_HANDLERS: dict[Any, Callable] = {
     torch.linalg.vector_norm: lambda self, node: self._moments(node, "norm"),
     torch.linalg.norm: lambda self, node: self._moments(node, "norm"),
     F.normalize: _Translator._normalize, torch.logsumexp: _Translator._logsumexp,
-    F.glu: _Translator._glu,
+    F.glu: _Translator._glu, torch.einsum: _Translator._einsum,
     torch.max: lambda self, node: self._extreme(node, maximum=True),
     torch.min: lambda self, node: self._extreme(node, maximum=False),
     torch.maximum: lambda self, node: self._pairwise(node, maximum=True),

@@ -29,10 +29,11 @@ import scipy.sparse as sp
 from .. import backend
 from .base import Diagonal, Linear, _one_input, _weight
 from .dense import Concat, LinearMap
+from .spatial import Windows
 
 __all__ = ["Multiply", "Power", "ElementwiseAffine", "reduction_over", "broadcast_to",
            "layer_norm_over", "moments_over", "entry_groups", "product_of", "permutation",
-           "matmul_of"]
+           "matmul_of", "einsum_of"]
 
 
 class Multiply(Diagonal):
@@ -327,6 +328,47 @@ def matmul_of(a: Sequence[int], b: Sequence[int]) -> tuple[tuple, list]:
     parts += product_of(".a", ".b", ".products")
     return full[:-3] + (n, m), parts + [("", reduction_over(full, [len(full) - 2], False),
                                          [".products"])]
+
+
+def einsum_of(inputs: Sequence[str], output: str, shapes: Sequence[Sequence[int]]
+              ) -> tuple[tuple, list]:
+    """The nodes of ``torch.einsum`` of one or two samples, subscripts without the batch's.
+
+    ``(shape, [(suffix, layer, reads)])`` with reads ``"0"`` and ``"1"``: each operand
+    copied to the joint index space of every letter (:class:`~propop.layers.Windows`;
+    a letter repeated in one operand reads its diagonal), their elementwise product
+    (:class:`Multiply`, two operands), and one linear map summing the letters the
+    output lacks and ordering the rest as it lists them: every step exact, as
+    :func:`matmul_of`'s.
+    """
+    size = {}
+    for letters, shape in zip(inputs, shapes):
+        if len(letters) != len(shape):
+            raise ValueError(f"einsum: subscripts {letters!r} for a sample of shape "
+                             f"{tuple(shape)}")
+        for letter, n in zip(letters, shape):
+            if size.setdefault(letter, int(n)) != int(n):
+                raise ValueError(f"einsum: {letter!r} is {size[letter]} and {n} long")
+    if set(output) - set(size) or len(set(output)) != len(output):
+        raise ValueError(f"einsum: output subscripts {output!r} for inputs {list(inputs)}")
+    joint = "".join(size)  # every letter, in order of appearance
+    coords = np.indices([size[c] for c in joint]).reshape(len(joint), -1)
+
+    def flat(letters: str, shape: Sequence[int]) -> np.ndarray:
+        return np.ravel_multi_index(tuple(coords[joint.index(c)] for c in letters),
+                                    tuple(shape)) if letters else np.zeros(coords.shape[1],
+                                                                           dtype=np.int64)
+
+    out_shape = tuple(size[c] for c in output)
+    parts = [(f".{i}", Windows(flat(s, shape), int(np.prod(shape))), [str(i)])
+             for i, (s, shape) in enumerate(zip(inputs, shapes))]
+    if len(inputs) == 2:
+        parts += product_of(".0", ".1", ".products")
+    rows, total = flat(output, out_shape), coords.shape[1]
+    sums = sp.csr_array((np.ones(total), (rows, np.arange(total))),
+                        shape=(int(np.prod(out_shape)), total))
+    return out_shape, parts + [("", LinearMap([sums], name="Contract"),
+                                [".products" if len(inputs) == 2 else ".0"])]
 
 
 def product_of(first: str | None, second: str | None, suffix: str = ""
