@@ -986,7 +986,8 @@ class Selections(nn.Module):
                  F.pad(h, (1, 1))[..., 1:7], F.pad(h.transpose(1, 2), (1, 1), mode="reflect")
                  [..., 1:5].transpose(1, 2), h[..., ::-1 + 2].tril(), torch.narrow(h, 2, 0, 6),
                  h.index_select(2, self.order).repeat_interleave(2, dim=2)[..., :6],
-                 h.movedim(1, 2).transpose(1, 2), h[..., torch.tensor([1, 1, 0, 2, 4, 5])]]
+                 h.movedim(1, 2).transpose(1, 2), h[..., torch.tensor([1, 1, 0, 2, 4, 5])],
+                 torch.cumsum(h, 1), h.cumsum(dim=-1)]  # prefix sums: linear maps
         mixed = sum(p * (i + 1) for i, p in enumerate(parts))
         stacked = torch.stack([mixed, torch.square(h)], dim=2).flatten(2)[..., :6]
         return stacked + self.scale / (2.0 + h.exp()) + torch.ones_like(h) * 0.5  # c / x

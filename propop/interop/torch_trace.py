@@ -20,11 +20,11 @@ Each operation becomes zero or more :mod:`~propop.layers` nodes of a
 - functions and methods: ``+``, ``-``, ``*``, ``/`` of two tensors (broadcast as
   PyTorch does; a product is a :class:`~propop.layers.Multiply`) or with a constant
   (``c / x`` too), negation, powers by a number (``**``, ``pow``, ``sqrt``, ``rsqrt``,
-  ``square``), ``sum`` and
-  ``mean`` over feature dimensions, ``F.layer_norm``, ``F.rms_norm``, ``torch.cat``,
-  ``torch.stack``, operations that move, copy or zero-pad a sample's entries (``flip``,
-  ``roll``, ``repeat``, ``tile``, ``expand``, ``narrow``, ``movedim``, ``index_select``
-  and ``repeat_interleave`` with constant indices, ``tril``/``triu``, ``diagonal``,
+  ``square``), ``sum`` and ``mean`` over feature dimensions, ``F.layer_norm``,
+  ``F.rms_norm``, ``torch.cat``, ``torch.stack``, ``cumsum`` (a linear map), operations
+  that move, copy or zero-pad a sample's entries (``flip``, ``roll``, ``repeat``,
+  ``tile``, ``expand``, ``narrow``, ``movedim``, ``index_select`` and
+  ``repeat_interleave`` with constant indices, ``tril``/``triu``, ``diagonal``,
   ``F.pad`` with zeros or reflected/replicated/circular, indexing with ``...``, steps or
   constant index tensors: a :class:`~propop.layers.Windows` selection, found by running
   the operation on numbered probe samples and refused where it is no such selection),
@@ -426,6 +426,8 @@ class _Translator:
             return self._logsumexp(node)
         if name in ("maximum", "minimum"):
             return self._pairwise(node, maximum=name == "maximum")
+        if name == "cumsum":
+            return self._cumsum(node)
         if name in ("new_tensor", "new_zeros", "new_ones", "new_full"):
             return self._new(node)
         if name in ("max", "min", "amax", "amin"):
@@ -805,6 +807,16 @@ class _Translator:
         for suffix, layer, reads in parts:
             made[suffix] = self._add(name + suffix, layer, [made[r] for r in reads], shape)
         return made[""]
+
+    def _cumsum(self, node: fx.Node) -> Value:
+        """``x.cumsum(dim)``, ``torch.cumsum(x, dim)`` along a feature dimension."""
+        (x,) = self._tensors(node.args[:1])
+        given = _arguments(node, ("dim",))
+        if given.get("dtype") is not None:
+            raise _UnsupportedError("cumsum with a dtype: propop keeps the traced dtype")
+        d = _feature_dim(given.get("dim"), x)
+        return self._add(self._name(node.name, node), L.cumsum_over(x.shape, d), [x],
+                         _shape(node))
 
     def _glu(self, node: fx.Node) -> Value:
         """``F.glu(x, dim)``: :meth:`_glu_of`."""
@@ -1679,6 +1691,7 @@ _FUNCTION_HANDLERS: dict[Any, Callable] = {
     torch.linalg.norm: lambda self, node: self._moments(node, "norm"),
     F.normalize: _Translator._normalize, torch.logsumexp: _Translator._logsumexp,
     F.glu: _Translator._glu, torch.einsum: _Translator._einsum,
+    torch.cumsum: _Translator._cumsum,
     torch.max: lambda self, node: self._extreme(node, maximum=True),
     torch.min: lambda self, node: self._extreme(node, maximum=False),
     torch.maximum: lambda self, node: self._pairwise(node, maximum=True),

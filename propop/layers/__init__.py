@@ -27,9 +27,9 @@ Jacobians once, from index arrays.
 from .base import Diagonal, Layer, Linear
 from .dense import (Activation, Add, BatchNorm, Concat, Dense, LinearMap, LogSumExp,
                     TokenDense, softmax_over)
-from .products import (ElementwiseAffine, Multiply, Power, broadcast_to, einsum_of,
-                       entry_groups, layer_norm_over, matmul_of, moments_over, permutation,
-                       product_of, reduction_over)
+from .products import (ElementwiseAffine, Multiply, Power, broadcast_to, cumsum_over,
+                       einsum_of, entry_groups, layer_norm_over, matmul_of, moments_over,
+                       permutation, product_of, reduction_over)
 from .spatial import AvgPool2d, Conv1d, Conv2d, MaxPool2d, WindowMaximum, Windows, max_pool
 
 __all__ = ["Layer", "Linear", "Diagonal", "Dense", "Conv1d", "Conv2d", "AvgPool2d",
@@ -37,4 +37,4 @@ __all__ = ["Layer", "Linear", "Diagonal", "Dense", "Conv1d", "Conv2d", "AvgPool2
            "BatchNorm", "LogSumExp", "softmax_over", "Activation", "Multiply", "Power",
            "ElementwiseAffine", "reduction_over", "broadcast_to", "layer_norm_over",
            "product_of", "TokenDense", "permutation", "matmul_of", "moments_over",
-           "entry_groups", "einsum_of"]
+           "entry_groups", "einsum_of", "cumsum_over"]

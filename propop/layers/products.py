@@ -33,7 +33,7 @@ from .spatial import Windows
 
 __all__ = ["Multiply", "Power", "ElementwiseAffine", "reduction_over", "broadcast_to",
            "layer_norm_over", "moments_over", "entry_groups", "product_of", "permutation",
-           "matmul_of", "einsum_of"]
+           "matmul_of", "einsum_of", "cumsum_over"]
 
 
 class Multiply(Diagonal):
@@ -292,6 +292,21 @@ def reduction_over(shape: Sequence[int], dims: Sequence[int], mean: bool) -> Lin
     S = _group_sums(shape, dims)
     size = int(np.prod([shape[d] for d in dims])) if dims else 1
     return LinearMap([S / size if mean else S], name="Mean" if mean else "Sum")
+
+
+def cumsum_over(shape: Sequence[int], dim: int) -> LinearMap:
+    """``x.cumsum(dim)`` of a sample of ``shape``: each entry the sum of those before it.
+
+    A linear map, lower triangular within each line along ``dim`` (``L (L + 1) / 2``
+    ones a line of ``L`` entries).
+    """
+    shape = tuple(int(n) for n in shape)
+    index = np.moveaxis(np.arange(int(np.prod(shape))).reshape(shape), dim, -1)
+    lines = index.reshape(-1, shape[dim])  # each line's entries, in order along dim
+    i, j = np.tril_indices(shape[dim])
+    rows, cols = lines[:, i].reshape(-1), lines[:, j].reshape(-1)
+    return LinearMap([sp.csr_array((np.ones(rows.size), (rows, cols)),
+                                   shape=(index.size, index.size))], name="CumulativeSum")
 
 
 def broadcast_to(shape: Sequence[int], out: Sequence[int]) -> LinearMap:
