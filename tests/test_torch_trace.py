@@ -315,7 +315,7 @@ class Squares(nn.Module):
 
     def forward(self, x):
         h = self.fc(x)
-        return h - self.p  # a parameter used as a tensor, not through a module
+        return h / self.p  # a parameter used as a tensor, not through a module
 
 
 class Tangents(nn.Module):
@@ -417,9 +417,9 @@ def test_softplus_is_pytorchs_on_both_sides_of_its_threshold():
     assert relative_error(-g.x, X.grad.numpy().T) < 1e-12
 
 @pytest.mark.parametrize(("module", "words"), [
-    (Squares(), r"node 'sub' \(call_function _operator.sub\) at .*test_torch_trace.py:\d+: "
-                r"return h - self.p.*: sub with the trainable parameter 'p': x \+ p and "
-                r"x \* p"),
+    (Squares(), r"node 'truediv' \(call_function _operator.truediv\) at .*test_torch_trace"
+                r".py:\d+: return h / self.p.*: div with the trainable parameter 'p': x \+ p, "
+                r"x - p, p - x and x \* p"),
     (Tangents(), r"node 'tan' .*test_torch_trace.py:\d+: return torch.tan\(x\): unsupported "
                  r"function torch.tan"),
     (BatchMixer(), r"node 'reshape' .*reshapes the batch dimension"),
@@ -898,8 +898,9 @@ def test_constant_arithmetic_matches_torch():
 class Learned(nn.Module):
     """Parameters used as tensors, not through a module.
 
-    A learned position embedding added, a layer scale multiplied, a per-token shift,
-    the same embedding twice, a bias-only layer norm.
+    A learned position embedding added, a layer scale multiplied, a per-token shift
+    added and subtracted, a parameter less a tensor, the same embedding twice, a
+    bias-only layer norm.
     """
 
     def __init__(self, T=4, d=6):
@@ -913,6 +914,7 @@ class Learned(nn.Module):
     def forward(self, x):
         h = self.fc(x + self.pos)
         h = torch.tanh(self.gamma * torch.tanh(h) + self.shift)  # (T, 1): over features
+        h = torch.tanh(h - self.shift) + (self.gamma - h)  # x - p and p - x
         return F.layer_norm(h + self.pos, (6,), None, self.beta)
 
 

@@ -47,7 +47,7 @@ Each operation becomes zero or more :mod:`~propop.layers` nodes of a
   dropout), ``masked_fill`` with a constant mask (``-inf`` read by a softmax: its kept
   entries), ``split``/``chunk``/``unbind`` of a feature dimension, arithmetic with
   constants (buffers and tensors made from shapes and numbers, computed once by PyTorch),
-  ``x + p`` and ``x * p`` with a trainable parameter ``p`` (an
+  ``x + p``, ``x - p``, ``p - x`` and ``x * p`` with a trainable parameter ``p`` (an
   :class:`~propop.layers.ElementwiseAffine` of ``p``'s shape) or with an ``nn.Embedding``
   of constant indices (``wpe(torch.arange(T))``: the table's rows read, their gradients
   summed into the table; a frozen table is a constant),
@@ -611,10 +611,13 @@ class _Translator:
                                     "constant (a number, a buffer, a tensor made from them)")
         if constants and isinstance(constants[0], (_Parameter, _Rows)) and \
                 constants[0].tensor.requires_grad:
-            if op not in ("add", "mul") or alpha != 1:
+            if op not in ("add", "mul", "sub") or alpha != 1:
                 raise _UnsupportedError(f"{op} with the trainable parameter "
-                                        f"{constants[0].target!r}: x + p and x * p are "
-                                        "supported")
+                                        f"{constants[0].target!r}: x + p, x - p, p - x and "
+                                        "x * p are supported")
+            if op == "sub":  # p - x = (-x) + p; x - p = -((-x) + p), exact by symmetry
+                return self._subtracted(name, tensors[0], constants[0], shape,
+                                        isinstance(args[0], Value))
             return self._with_parameter(name, op, tensors[0], constants[0], shape)
         c = self._sample_constant(constants[0], shape, f"{op}'s constant") if constants and \
             not isinstance(constants[0], (int, float)) else float(constants[0] if constants else 0)
@@ -667,6 +670,18 @@ class _Translator:
                                     int(np.prod(shape[:a])), int(np.prod(shape[b:])),
                                     rows=rows)
         return self._add(name, layer, [x], shape)
+
+    def _subtracted(self, name: str, x: Value, p: _Parameter | _Rows, shape: tuple,
+                    first: bool) -> Value:
+        """``x - p`` (``first``) or ``p - x`` with a trainable ``p``: negations around ``+ p``.
+
+        ``fl(-x + p) = fl(p - x) = -fl(x - p)``: each exactly PyTorch's.
+        """
+        negated = self._add(f"{name}.negated", _negation(x.size), [x], x.shape)
+        if not first:
+            return self._with_parameter(name, "add", negated, p, shape)
+        shifted = self._with_parameter(f"{name}.shifted", "add", negated, p, shape)
+        return self._add(name, _negation(shifted.size), [shifted], shape)
 
     def _of_two(self, name: str, op: str, alpha: float, tensors: list, shape: tuple) -> Value:
         """``a + b``, ``a - b``, ``a * b``, ``a / b`` of two tensors, broadcast to ``shape``."""
