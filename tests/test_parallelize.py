@@ -347,3 +347,33 @@ def test_five_adam_steps_with_an_embedding_of_positions_equal_autograds(backend)
     assert module.wpe.weight.grad[5:].abs().max() == 0  # the rows no position reads
     for (name, p), q in zip(module.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-13, msg=name)
+
+
+class Tempered(torch.nn.Module):
+    """Logits over a learned temperature (a scalar parameter dividing): x / p."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(7)
+        self.fc, self.temperature = torch.nn.Linear(4, 3), torch.nn.Parameter(
+            torch.tensor(1.5))
+
+    def forward(self, x):
+        return self.fc(x) / self.temperature
+
+
+def test_five_adam_steps_with_a_learned_temperature_equal_autograds():
+    module = Tempered().double()
+    reference = copy.deepcopy(module)
+    x = torch.randn(8, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    labels = torch.arange(8) % 3
+    ours = ptorch.parallelize(module, example_input=x)
+    for net in (ours, reference):
+        optimiser = torch.optim.Adam(net.parameters(), lr=0.1)
+        for _ in range(5):
+            optimiser.zero_grad()
+            torch.nn.functional.cross_entropy(net(x), labels).backward()
+            optimiser.step()
+    assert abs(module.temperature.item() - 1.5) > 0.1  # it trained
+    for (name, p), q in zip(module.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-13, msg=name)

@@ -315,7 +315,7 @@ class Squares(nn.Module):
 
     def forward(self, x):
         h = self.fc(x)
-        return h / self.p  # a parameter used as a tensor, not through a module
+        return self.p / h  # a parameter used as a tensor, not through a module
 
 
 class Tangents(nn.Module):
@@ -418,8 +418,8 @@ def test_softplus_is_pytorchs_on_both_sides_of_its_threshold():
 
 @pytest.mark.parametrize(("module", "words"), [
     (Squares(), r"node 'truediv' \(call_function _operator.truediv\) at .*test_torch_trace"
-                r".py:\d+: return h / self.p.*: div with the trainable parameter 'p': x \+ p, "
-                r"x - p, p - x and x \* p"),
+                r".py:\d+: return self.p / h.*: div with the trainable parameter 'p': x \+ p, "
+                r"x - p, p - x, x \* p and x / p"),
     (Tangents(), r"node 'tan' .*test_torch_trace.py:\d+: return torch.tan\(x\): unsupported "
                  r"function torch.tan"),
     (BatchMixer(), r"node 'reshape' .*reshapes the batch dimension"),
@@ -910,11 +910,13 @@ class Learned(nn.Module):
         self.gamma = nn.Parameter(torch.randn(d))
         self.shift = nn.Parameter(torch.randn(T, 1))
         self.beta = nn.Parameter(torch.randn(d))
+        self.temperature = nn.Parameter(torch.tensor(1.7))
 
     def forward(self, x):
         h = self.fc(x + self.pos)
         h = torch.tanh(self.gamma * torch.tanh(h) + self.shift)  # (T, 1): over features
         h = torch.tanh(h - self.shift) + (self.gamma - h)  # x - p and p - x
+        h = h / self.temperature + torch.tanh(h) / self.gamma  # a learned temperature, x / p
         return F.layer_norm(h + self.pos, (6,), None, self.beta)
 
 

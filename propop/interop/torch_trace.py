@@ -47,7 +47,7 @@ Each operation becomes zero or more :mod:`~propop.layers` nodes of a
   dropout), ``masked_fill`` with a constant mask (``-inf`` read by a softmax: its kept
   entries), ``split``/``chunk``/``unbind`` of a feature dimension, arithmetic with
   constants (buffers and tensors made from shapes and numbers, computed once by PyTorch),
-  ``x + p``, ``x - p``, ``p - x`` and ``x * p`` with a trainable parameter ``p`` (an
+  ``x + p``, ``x - p``, ``p - x``, ``x * p`` and ``x / p`` with a trainable ``p`` (an
   :class:`~propop.layers.ElementwiseAffine` of ``p``'s shape) or with an ``nn.Embedding``
   of constant indices (``wpe(torch.arange(T))``: the table's rows read, their gradients
   summed into the table; a frozen table is a constant),
@@ -611,10 +611,11 @@ class _Translator:
                                     "constant (a number, a buffer, a tensor made from them)")
         if constants and isinstance(constants[0], (_Parameter, _Rows)) and \
                 constants[0].tensor.requires_grad:
-            if op not in ("add", "mul", "sub") or alpha != 1:
+            if op not in ("add", "mul", "sub", "div") or alpha != 1 or \
+                    op == "div" and not isinstance(args[0], Value):
                 raise _UnsupportedError(f"{op} with the trainable parameter "
-                                        f"{constants[0].target!r}: x + p, x - p, p - x and "
-                                        "x * p are supported")
+                                        f"{constants[0].target!r}: x + p, x - p, p - x, "
+                                        "x * p and x / p are supported")
             if op == "sub":  # p - x = (-x) + p; x - p = -((-x) + p), exact by symmetry
                 return self._subtracted(name, tensors[0], constants[0], shape,
                                         isinstance(args[0], Value))
@@ -643,7 +644,7 @@ class _Translator:
 
     def _with_parameter(self, name: str, op: str, x: Value, p: _Parameter | _Rows,
                         shape: tuple) -> Value:
-        """``x * p`` or ``x + p`` with a trainable ``p``: an :class:`ElementwiseAffine`.
+        """``x * p``, ``x / p`` or ``x + p`` with a trainable ``p``: an :class:`ElementwiseAffine`.
 
         ``p`` broadcasts over a sample's leading dimensions (``repeats``) and its
         trailing ones (``spread``) and keeps its own shape (a ``(1, T, d)`` position
@@ -662,13 +663,13 @@ class _Translator:
                                     f"{dims} on a sample of shape {x.shape}: "
                                     "it may repeat over leading and trailing dimensions only")
         path, _, own = p.target.rpartition(".")
-        kind = "weight" if op == "mul" else "bias"
+        kind = "bias" if op == "add" else "weight"
         self.origins[name] = (path, {kind: own})
         array = self.array(p.tensor)
-        layer = L.ElementwiseAffine(array if op == "mul" else None,
+        layer = L.ElementwiseAffine(None if op == "add" else array,
                                     array if op == "add" else None,
                                     int(np.prod(shape[:a])), int(np.prod(shape[b:])),
-                                    rows=rows)
+                                    rows=rows, divides=op == "div")
         return self._add(name, layer, [x], shape)
 
     def _subtracted(self, name: str, x: Value, p: _Parameter | _Rows, shape: tuple,

@@ -137,12 +137,15 @@ class ElementwiseAffine(Linear):
     With ``rows``, the parameters are tables read at those rows (an ``nn.Embedding``
     of constant indices, ``wpe(torch.arange(T))``: ``bias[rows]`` is added), and
     their gradients are summed back into the rows read, as PyTorch's embedding does.
+    With ``divides``, the weight divides (a traced ``x / p``, a learned temperature):
+    ``1 / weight`` scales, and ``dE/dweight = -sum(grad * x) / weight^2``.
     """
 
     values = ("w", "b", "S")
 
     def __init__(self, weight: Any, bias: Any = None, repeats: int = 1,
-                 spread: int = 1, rows: Sequence[int] | None = None) -> None:
+                 spread: int = 1, rows: Sequence[int] | None = None,
+                 divides: bool = False) -> None:
         self.w = None if weight is None else _parameter(weight, "ElementwiseAffine: weight")
         self.b = None if bias is None else _parameter(bias, "ElementwiseAffine: bias")
         if self.w is None and self.b is None:
@@ -151,7 +154,9 @@ class ElementwiseAffine(Linear):
                 tuple(self.b.shape) != tuple(self.w.shape):
             raise ValueError(f"ElementwiseAffine: bias of shape {tuple(self.b.shape)} for a "
                              f"weight of shape {tuple(self.w.shape)}")
-        self.repeats, self.spread = int(repeats), int(spread)
+        if divides and self.w is None:
+            raise ValueError("ElementwiseAffine: divides needs a weight")
+        self.repeats, self.spread, self.divides = int(repeats), int(spread), bool(divides)
         self.S = None if rows is None else _one_hot(rows, self._shape[0], self.b if
                                                     self.w is None else self.w)
 
@@ -190,7 +195,11 @@ class ElementwiseAffine(Linear):
     @property
     def weight(self) -> Any:
         """The scale of one repeat's entries, flat (``None``: one)."""
-        return None if self.w is None else self._rows(self.w)
+        return None if self.w is None else self._scale(self._rows(self.w))
+
+    def _scale(self, w: Any) -> Any:
+        """The scale a weight's entries give: themselves, or their reciprocals (``divides``)."""
+        return 1.0 / w if self.divides else w
 
     @property
     def bias(self) -> Any:
@@ -207,7 +216,7 @@ class ElementwiseAffine(Linear):
         n = self._entries * self.spread * self.repeats
         if self.w is None:
             return [sp.eye_array(n, format="csr")]
-        return [sp.diags_array(backend.to_host(self._every(self.w)), format="csr")]
+        return [sp.diags_array(backend.to_host(self._scale(self._every(self.w))), format="csr")]
 
     def parameters(self) -> dict:
         """``weight`` and ``bias`` where given (as PyTorch's, in their own shape)."""
@@ -240,13 +249,14 @@ class ElementwiseAffine(Linear):
                 a = xp.matmul(self.S, xp.reshape(a, (self.S.shape[1], -1)))
             return xp.reshape(a, self._shape)
 
-        out = {} if self.w is None else {"weight": summed(g * x)}
+        out = {} if self.w is None else {"weight": -summed(g * x) / (self.w * self.w)
+                                         if self.divides else summed(g * x)}
         return out | ({} if self.b is None else {"bias": summed(g)})
 
 
 def _parameter(a: Any, what: str) -> Any:
-    """An elementwise parameter of any shape (at least one entry's axis) as :func:`_weight`."""
-    return _weight(a, what, max(1, len(getattr(a, "shape", (len(a),)))))
+    """An elementwise parameter of any shape (a scalar's ``()`` too) as :func:`_weight`."""
+    return _weight(a, what, a.ndim if hasattr(a, "ndim") else np.ndim(a))
 
 
 def _one_hot(rows: Sequence[int], count: int, like: Any) -> Any:
