@@ -318,6 +318,15 @@ def test_dropout_with_p_zero_trains_as_autograd_and_p_above_zero_is_refused(buil
         ptorch.parallelize(dropped.double(), example_input=x)
 
 
+def adam_steps(net, loss, x, lr, steps=5):
+    """``steps`` plain Adam steps on ``loss(net(x))``."""
+    optimiser = torch.optim.Adam(net.parameters(), lr=lr)
+    for _ in range(steps):
+        optimiser.zero_grad()
+        loss(net(x)).backward()
+        optimiser.step()
+
+
 class PositionEmbedded(torch.nn.Module):
     """A token MLP after a learned position embedding as nanoGPT writes it (``wpe(pos)``)."""
 
@@ -339,11 +348,7 @@ def test_five_adam_steps_with_an_embedding_of_positions_equal_autograds(backend)
     x = torch.randn(6, 5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
     ours = ptorch.parallelize(module, example_input=x, backend=backend)
     for net in (ours, reference):
-        optimiser = torch.optim.Adam(net.parameters(), lr=0.05)
-        for _ in range(5):
-            optimiser.zero_grad()
-            (net(x).sin() ** 2).sum().backward()
-            optimiser.step()
+        adam_steps(net, lambda out: (out.sin() ** 2).sum(), x, lr=0.05)
     assert module.wpe.weight.grad[5:].abs().max() == 0  # the rows no position reads
     for (name, p), q in zip(module.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-13, msg=name)
@@ -369,11 +374,7 @@ def test_five_adam_steps_with_a_learned_temperature_equal_autograds():
     labels = torch.arange(8) % 3
     ours = ptorch.parallelize(module, example_input=x)
     for net in (ours, reference):
-        optimiser = torch.optim.Adam(net.parameters(), lr=0.1)
-        for _ in range(5):
-            optimiser.zero_grad()
-            torch.nn.functional.cross_entropy(net(x), labels).backward()
-            optimiser.step()
+        adam_steps(net, lambda out: torch.nn.functional.cross_entropy(out, labels), x, lr=0.1)
     assert abs(module.temperature.item() - 1.5) > 0.1  # it trained
     for (name, p), q in zip(module.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-13, msg=name)
