@@ -561,10 +561,8 @@ class _Translator:
                                        [v.shape for v in values])
         except ValueError as error:
             raise _UnsupportedError(str(error)) from None
-        name, made = self._name(node.name, node), {str(i): v for i, v in enumerate(values)}
-        for suffix, layer, reads in parts:
-            made[suffix] = self._add(name + suffix, layer, [made[r] for r in reads], ())
-        return Value(name, shape)
+        return self._expand(self._name(node.name, node),
+                            {str(i): v for i, v in enumerate(values)}, parts, shape)
 
     def _product(self, name: str, a: Value, b: Value) -> Value:
         """The nodes of ``a @ b`` (:func:`~propop.layers.matmul_of`)."""
@@ -572,10 +570,7 @@ class _Translator:
             raise _UnsupportedError(f"a matrix product of per-sample shapes {a.shape} and "
                                     f"{b.shape}: each factor needs two dimensions")
         shape, parts = L.matmul_of(a.shape, b.shape)
-        made = {"a": a, "b": b}
-        for suffix, layer, reads in parts:
-            made[suffix] = self._add(name + suffix, layer, [made[r] for r in reads], ())
-        return Value(name, tuple(shape))
+        return self._expand(name, {"a": a, "b": b}, parts, shape)
 
     def _reshape(self, node: fx.Node) -> Value:
         (x,) = self._tensors(node.args[:1])
@@ -692,10 +687,7 @@ class _Translator:
             return self._add(name, L.Add(None if sign == 1 else (1, sign)), [a, b], shape)
         if op == "div":  # a * b^-1
             b = self._add(f"{name}.reciprocal", L.Power(-1.0), [b], shape)
-        made = {"a": a, "b": b}
-        for suffix, layer, reads in L.product_of("a", "b"):
-            made[suffix] = self._add(name + suffix, layer, [made[r] for r in reads], shape)
-        return made[""]
+        return self._expand(name, {"a": a, "b": b}, L.product_of("a", "b"), shape)
 
     def _broadcast(self, name: str, x: Value, shape: tuple) -> Value:
         """``x`` copied to ``shape`` as PyTorch broadcasts (itself where it has that shape)."""
@@ -819,10 +811,7 @@ class _Translator:
         parts = [(".pairs", L.Concat(), [None, "y"]), ("", pick, [".pairs"])] if maximum else [
             (".pairs", L.Concat(), [None, "y"]), (".negated", _negation(2 * size), [".pairs"]),
             (".maximum", pick, [".negated"]), ("", _negation(size), [".maximum"])]
-        made = {None: sides[0], "y": sides[1]}
-        for suffix, layer, reads in parts:
-            made[suffix] = self._add(name + suffix, layer, [made[r] for r in reads], shape)
-        return made[""]
+        return self._expand(name, {None: sides[0], "y": sides[1]}, parts, shape)
 
     def _cumsum(self, node: fx.Node) -> Value:
         """``x.cumsum(dim)``, ``torch.cumsum(x, dim)`` along a feature dimension."""
@@ -986,9 +975,13 @@ class _Translator:
         value = self.values.get(i, i) if isinstance(i, fx.Node) else i
         return i if isinstance(value, Value) else value
 
-    def _expand(self, name: str, x: Value, parts: list, shape: tuple) -> Value:
-        """Add the nodes ``[(suffix, layer, reads)]`` that one operation becomes."""
-        made = {None: x}
+    def _expand(self, name: str, x: Value | dict, parts: list, shape: tuple) -> Value:
+        """Add the nodes ``[(suffix, layer, reads)]`` that one operation becomes.
+
+        ``reads`` name the suffixes made before, or the inputs: ``None`` for ``x``, or
+        the keys of ``x`` where it is a dict of inputs by name.
+        """
+        made = dict(x) if isinstance(x, dict) else {None: x}
         for suffix, layer, reads in parts:
             made[suffix] = self._add(name + suffix, layer, [made[r] for r in reads], ())
         return Value(name, tuple(shape))
@@ -1057,8 +1050,8 @@ class _Translator:
     def _like(self, node: fx.Node) -> _Constant:
         """``torch.zeros_like(x)``, ``ones_like``, ``full_like``: a constant of a sample's shape."""
         (x,) = self._tensors(node.args[:1])
-        rest = [self._probe_argument(a) for a in node.args[1:]]
-        kwargs = {k: self._probe_argument(v) for k, v in node.kwargs.items()}
+        rest = [self._constant_argument(a) for a in node.args[1:]]
+        kwargs = {k: self._constant_argument(v) for k, v in node.kwargs.items()}
         made = node.target(torch.empty((1, *x.shape), dtype=node.meta["tensor_meta"].dtype,
                                         device=self._device), *rest, **kwargs)
         return _Constant(made)
