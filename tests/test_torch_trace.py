@@ -933,8 +933,9 @@ def test_parameters_used_as_tensors_match_torch_node_by_node():
 class Positions(nn.Module):
     """``nn.Embedding`` of constant positions as nanoGPT writes it, added and multiplied.
 
-    The tables have more rows than positions (a block size), read forwards and
-    backwards (``flip``) and at a repeated row; a frozen table is a constant.
+    The tables have more rows than positions (a block size), read forwards (from row
+    0 and from row 2), backwards (``flip``) and at a repeated row; a frozen table is a
+    constant.
     """
 
     def __init__(self, T=4, d=6, block=9):
@@ -946,7 +947,7 @@ class Positions(nn.Module):
     def forward(self, x):
         pos = torch.arange(0, x.size(1), dtype=torch.long, device=x.device)
         h = self.fc(x + self.wpe(pos) + self.frozen(pos))
-        h = torch.tanh(h) * self.scale(pos.flip(0))
+        h = torch.tanh(h) * self.scale(pos.flip(0)) + self.scale(pos + 2)  # a run from 2
         return h + self.wpe(torch.tensor([1, 1, 5, 0]))
 
 

@@ -135,8 +135,9 @@ class ElementwiseAffine(Linear):
     ``state_dict``) and act flattened in C order. With ``spread``, each entry scales
     that many consecutive entries: a channel's of a ``(C, ...)`` sample (PReLU's slopes).
     With ``rows``, the parameters are tables read at those rows (an ``nn.Embedding``
-    of constant indices, ``wpe(torch.arange(T))``: ``bias[rows]`` is added), and
-    their gradients are summed back into the rows read, as PyTorch's embedding does.
+    of constant indices, ``wpe(torch.arange(T))``: ``bias[rows]`` is added, a gather),
+    and their gradients are summed back into the rows read, as PyTorch's embedding
+    does (between zeros for consecutive rows, by a one-hot product otherwise).
     With ``divides``, the weight divides (a traced ``x / p``, a learned temperature):
     ``1 / weight`` scales, and ``dE/dweight = -sum(grad * x) / weight^2``.
     """
@@ -157,12 +158,16 @@ class ElementwiseAffine(Linear):
         if divides and self.w is None:
             raise ValueError("ElementwiseAffine: divides needs a weight")
         self.repeats, self.spread, self.divides = int(repeats), int(spread), bool(divides)
-        self.S = None if rows is None else _one_hot(rows, self._shape[0], self.b if
-                                                    self.w is None else self.w)
+        self.rows = None if rows is None else _indices(rows, self._shape[0])
+        # the gradient's scatter: a run of consecutive rows (positions) is placed between
+        # zeros (start: its first); other rows are summed by the one-hot S (count, R), S G
+        self.start = None if self.rows is None else _first_of_run(self.rows)
+        self.S = None if self.rows is None or self.start is not None else \
+            _one_hot(self.rows, self._shape[0], self.b if self.w is None else self.w)
 
     def __repr__(self) -> str:
         spread = "" if self.spread == 1 else f", spread {self.spread}"
-        rows = "" if self.S is None else f", rows of {self._shape[0]}"
+        rows = "" if self.rows is None else f", rows of {self._shape[0]}"
         return f"ElementwiseAffine({self._entries} x {self.repeats}{spread}{rows})"
 
     @property
@@ -173,18 +178,28 @@ class ElementwiseAffine(Linear):
     @property
     def _read(self) -> tuple:
         """The shape of the parameters' entries read: the rows' ``(R, ...)`` with ``rows``."""
-        return self._shape if self.S is None else (self.S.shape[1], *self._shape[1:])
+        return self._shape if self.rows is None else (self.rows.size, *self._shape[1:])
 
     @property
     def _entries(self) -> int:
         return int(np.prod(self._read))
 
     def _rows(self, a: Any) -> Any:
-        """The entries of a parameter read, flat: ``a[rows]`` as ``S^T a`` (exact, one-hot)."""
-        if self.S is None:
+        """The entries of a parameter read, flat: ``a[rows]`` (a gather, ``O(R)``)."""
+        if self.rows is None:
             return _flat(a)
-        xp = backend.namespace(a)
-        return _flat(xp.matmul(xp.matrix_transpose(self.S), xp.reshape(a, (a.shape[0], -1))))
+        table = backend.namespace(a).reshape(a, (a.shape[0], -1))
+        return _flat(backend.take_rows(table, backend.like(self.rows, a)))
+
+    def _scatter(self, g: Any) -> Any:
+        """The gradient of the rows read, ``(R, ...)``, summed into the table's rows."""
+        xp = backend.namespace(g)
+        g = xp.reshape(g, (self.rows.size, -1))
+        if self.start is None:
+            return xp.matmul(self.S, g)
+        before, after = (xp.zeros((n, g.shape[1]), dtype=g.dtype, device=backend.device(g))
+                         for n in (self.start, self._shape[0] - self.start - self.rows.size))
+        return xp.concat([before, g, after])
 
     def _every(self, a: Any) -> Any:
         """A parameter's value at every entry: its rows read, each spread, then repeated."""
@@ -236,7 +251,7 @@ class ElementwiseAffine(Linear):
         """``dE/dweight = sum grad * x``, ``dE/dbias = sum grad``, over samples and repeats.
 
         An entry's spread and the samples are consecutive in ``(N, r)`` C order, so one
-        axis holds both. With ``rows``, each row read gets its sum (``S`` times them).
+        axis holds both. With ``rows``, each row read gets its sum (:meth:`_scatter`).
         """
         x = inputs[0] if inputs[0].ndim == 2 else inputs[0][:, None]
         g = grad if grad.ndim == 2 else grad[:, None]
@@ -245,9 +260,7 @@ class ElementwiseAffine(Linear):
 
         def summed(a: Any) -> Any:
             a = xp.sum(xp.reshape(a, parts), axis=(0, 2))
-            if self.S is not None:
-                a = xp.matmul(self.S, xp.reshape(a, (self.S.shape[1], -1)))
-            return xp.reshape(a, self._shape)
+            return xp.reshape(a if self.rows is None else self._scatter(a), self._shape)
 
         out = {} if self.w is None else {"weight": -summed(g * x) / (self.w * self.w)
                                          if self.divides else summed(g * x)}
@@ -259,12 +272,23 @@ def _parameter(a: Any, what: str) -> Any:
     return _weight(a, what, a.ndim if hasattr(a, "ndim") else np.ndim(a))
 
 
-def _one_hot(rows: Sequence[int], count: int, like: Any) -> Any:
-    """``S`` ``(count, R)`` with ``S[rows[j], j] = 1``: a table's rows read, as a product."""
+def _indices(rows: Sequence[int], count: int) -> np.ndarray:
+    """``rows`` as flat host indices into a table of ``count`` rows, or ``ValueError``."""
     rows = np.asarray(rows).reshape(-1)
     if rows.size == 0 or not np.issubdtype(rows.dtype, np.integer) or \
             rows.min() < 0 or rows.max() >= count:
         raise ValueError(f"ElementwiseAffine: rows must be indices in [0, {count}), got {rows}")
+    return rows.astype(np.int64)
+
+
+def _first_of_run(rows: np.ndarray) -> int | None:
+    """The first row where ``rows`` are consecutive (``arange(start, start + R)``), else None."""
+    return int(rows[0]) if np.array_equal(rows, np.arange(rows[0], rows[0] + rows.size)) \
+        else None
+
+
+def _one_hot(rows: np.ndarray, count: int, like: Any) -> Any:
+    """``S`` ``(count, R)`` with ``S[rows[j], j] = 1``: the rows' gradients summed, ``S G``."""
     S = np.zeros((count, rows.size))
     S[rows, np.arange(rows.size)] = 1.0
     return backend.like(S, like)
