@@ -280,9 +280,9 @@ class WindowMaximum(Diagonal):
         entries = backend.take_rows(padded, backend.like(slots, x))  # (w, k, r)
         window, place = self._owners
         if self.ties == "split":
-            tied = entries == xp.max(entries, axis=1, keepdims=True)
-            share = 1.0 / xp.sum(xp.astype(tied, x.dtype), axis=1)  # (w, r)
-            mine = backend.take_rows(xp.max(entries, axis=1), backend.like(window, x))
+            top = xp.max(entries, axis=1)  # (w, r)
+            share = 1.0 / xp.sum(xp.astype(entries == top[:, None, :], x.dtype), axis=1)
+            mine = backend.take_rows(top, backend.like(window, x))
             owned = backend.like((place >= 0).astype(np.float64), x)[:, None]
             mask = xp.astype(columns == mine, x.dtype) * backend.take_rows(
                 share, backend.like(window, x)) * xp.astype(owned, x.dtype)

@@ -29,7 +29,6 @@ __all__ = ["SolverInfo", "KINDS", "BUILTIN", "register", "unregister", "refuse",
            "names", "available"]
 
 KINDS = ("direct", "iterative", "krylov", "block", "hybrid")
-REQUIREMENTS = ("chain", "time_structure", "reducible", "shared_couplings", "shared_matrix")
 # How each requirement reads in "needs a ..." messages.
 REQUIREMENT_WORDS = {"chain": "chain", "time_structure": "time structure",
                      "reducible": "chain or RNN system",
@@ -43,6 +42,7 @@ _MEETS = {"chain": lambda system, tags: "chain" in tags,
           "shared_couplings": lambda system, tags: "per-sample" not in tags,
           "shared_matrix": lambda system, tags: ("shared-matrix" in tags
                                                  or system.shares_matrix)}
+REQUIREMENTS = tuple(_MEETS)
 BACKENDS = ("numpy", "cupy", "torch", "array_api_strict")
 ENTRY_POINT_GROUP = "propop.solvers"
 _DIRECT, _REDUCTION = "propop.solvers.direct", "propop.solvers.reduction"
