@@ -1122,6 +1122,9 @@ def test_maxima_and_minima_with_ties_match_torch_node_by_node():
     (lambda h: F.normalize(h, p=1.0), r"F.normalize with p=1.0"),
     (lambda h: h.max(-1).indices * 1.0, r"the indices of a maximum or minimum"),
     (lambda h: h + h.new_zeros(h.shape), r"a constant the size of the batch"),
+    (lambda h: h + torch.full_like(h, h.shape[0]), r"a constant the size of the batch"),
+    (lambda h: h.cumsum(1, dtype=torch.float32), r"cumsum with a dtype"),
+    (lambda h: h.cumsum(0), r"dim=0 for a batch"),
     (lambda h: torch.einsum("btd,bsd", h, h), r"give the output \(->\) and no '...'"),
     (lambda h: torch.einsum("...td->...dt", h), r"give the output \(->\) and no '...'"),
     (lambda h: torch.einsum("btd->td", h), r"must start with the batch's subscript"),
@@ -1366,6 +1369,12 @@ def test_products_and_reductions_name_what_they_cannot_do():
         pp.Graph(3).add("m", L.Multiply())
     with pytest.raises(ValueError, match="needs a weight, a bias, or both"):
         L.ElementwiseAffine(None)
+    with pytest.raises(ValueError, match="divides needs a weight"):
+        L.ElementwiseAffine(None, np.ones(3), divides=True)
+    with pytest.raises(ValueError, match=r"rows must be indices in \[0, 4\), got \[0 4\]"):
+        L.ElementwiseAffine(None, np.ones((4, 2)), rows=[0, 4])
+    with pytest.raises(ValueError, match=r"rows must be indices in \[0, 4\)"):
+        L.ElementwiseAffine(None, np.ones((4, 2)), rows=[0.5])
     assert np.isnan(L.Power(-0.5).forward([np.array([1.0, -2.0])])[1])  # as torch.rsqrt
     with pytest.raises(ValueError, match=r"node 'root' \(Power\(0.5\)\) gives non-finite "
                                          r"values from finite inputs \(1 of 4 entries, first "
