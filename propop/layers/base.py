@@ -63,6 +63,10 @@ class Linear(Layer):
     """``z = sum_i J_i x_i + bias`` with shared ``J_i``."""
 
     bias: Any = None
+    # Whether jacobians() is the layer's structure alone, fixed when it is made (a
+    # selection, a sum, a constant map), never its values: a graph's systems then make
+    # its couplings once (propop.systems.graph). A layer with weights keeps False.
+    structural = False
 
     def jacobians(self, sizes: Sequence[int]) -> list:
         """The shared ``J_i`` for inputs of ``sizes``."""

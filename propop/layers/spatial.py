@@ -188,6 +188,8 @@ class Conv1d(Conv2d):
 class AvgPool2d(Linear):
     """Average pooling as ``torch.nn.AvgPool2d`` (``count_include_pad=True``)."""
 
+    structural = True
+
     def __init__(self, kernel_size: int | Sequence[int], stride: Any = None, padding: Any = 0,
                  *, input_shape: Sequence[int]) -> None:
         self.input_shape = tuple(int(s) for s in input_shape)
@@ -328,6 +330,8 @@ class Windows(Linear):
 
     Copies overlapping pooling windows apart (:func:`max_pool`).
     """
+
+    structural = True
 
     def __init__(self, index: Any, input_size: int) -> None:
         self.index = np.asarray(index, dtype=np.int64).reshape(-1)

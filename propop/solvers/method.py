@@ -45,6 +45,15 @@ class Method:
         """The per-right-hand-side work: the :class:`Solution` of ``system``."""
         raise NotImplementedError
 
+    def applies(self, state: Any) -> bool:
+        """Whether :meth:`compute` applies the operator (its iterations, its true residual).
+
+        :func:`propop.prepare` then builds the operator's products once, after
+        ``init``; a method whose blocks are its rows evaluated (substitution)
+        says no, and its plan builds none.
+        """
+        return True
+
     @property
     def parameters(self) -> list[inspect.Parameter]:
         """The options the method takes: ``init``'s keywords, then ``compute``'s."""

@@ -156,10 +156,13 @@ def prepare(system: Any, method: str | Callable[..., Solution] | Method = "subst
     start = time.perf_counter()
     own = {k: v for k, v in options.items() if k not in COMPUTE_OPTIONS}
 
-    def init() -> Any:  # every solve's true residual applies the operator: build that here
-        operator = make_system(system).system.operator_of.ready()
+    def init() -> Any:  # a solve's true residual applies the operator: built here, once
+        operator = make_system(system).system.operator_of
         with backend.quiet(system.backend.xp):
-            return runner.init(operator, **own)
+            state = runner.init(operator, **own)
+        if runner.applies(state):
+            operator.ready()
+        return state
 
     try:
         if guard is None:

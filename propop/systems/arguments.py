@@ -12,6 +12,7 @@ scalings. It also promotes every coefficient to one floating type.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -128,11 +129,18 @@ def _scalings(row_scale: Any, layer_scales: Any, scale_stack: Any, layout: Any,
 
 
 def _all_finite(arrays: tuple) -> bool:
-    """Whether every entry of ``arrays`` is finite: one reduction for all."""
+    """Whether every entry of ``arrays`` is finite: the sum of their sums, one synchronisation.
+
+    NaN and Inf survive the sums (:func:`propop.backend.all_finite`); where the
+    total is not finite (or overflowed), each array's entries decide.
+    """
     xp = backend.namespace(arrays[0])
-    if len(arrays) == 1:  # a sum, no array of flags (backend.all_finite)
+    if len(arrays) == 1:
         return backend.all_finite(arrays[0], xp)
-    return bool(xp.all(xp.isfinite(xp.concat([xp.reshape(a, (-1,)) for a in arrays]))))
+    with backend.quiet(xp):
+        if math.isfinite(float(sum(xp.sum(a) for a in arrays))):
+            return True
+    return all(backend.all_finite(a, xp) for a in arrays)
 
 
 def _checked_stack(stack: Any, what: str, columns: tuple, sizes: tuple,

@@ -15,13 +15,14 @@ graph's values are.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
 from .. import backend
-from .._checks import real_array, require_finite
+from .._checks import canonical_matrix, real_array, require_finite
 from ..layers.base import scaled_identity, transposed
 from ..networks.graph import Graph
 from ..networks.trace import Trace
@@ -42,21 +43,58 @@ def _compose(left: Any, right: Any, size: int) -> Any:
         out.toarray() if sp.issparse(out) else out)
 
 
-def _couplings(graph: Graph, like: Any) -> dict:
-    """``{(k, p): M}`` for the forward direction, node indices, parallel edges summed.
+# graph -> {(row, col, backend, device, transposed): (layers, M)}: the couplings of the
+# edges into structural nodes, made once per graph and backend (a weak key: a graph's
+# own go with it)
+_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    On the backend and device of ``like``.
+
+def _structural(layer: Any) -> bool:
+    """Whether the couplings into a node of ``layer`` are its structure alone.
+
+    A diagonal node's (its selection) and a structural linear layer's
+    (:attr:`~propop.layers.base.Linear.structural`: no values in its Jacobians).
+    """
+    return not layer.linear or layer.structural
+
+
+def _couplings(graph: Graph, like: Any, transpose: bool = False) -> dict:
+    """``{(k, p): M}`` of the forward direction (``M^T`` if ``transpose``), parallel edges summed.
+
+    Node indices; on the backend and device of ``like``; a transposed sparse
+    coupling as a canonical CSR array. The couplings into structural nodes
+    (:func:`_structural`) are kept for the graph and backend while the graph
+    holds the same layers; those into a node with values in its Jacobian (a
+    weight) are made from its current values at every call.
     """
     index = {n: i for i, n in enumerate(graph.order)}
+    sizes, block_sizes = graph.sizes, graph.block_sizes
+    kept = _KEPT.setdefault(graph, {})
+    on = (backend.of(like).name, str(backend.device(like)), transpose)
     out: dict[tuple[int, int], Any] = {}
+    made: dict[tuple[int, int], Any] = {}
     for p, i, k in graph.edges():
-        layer = graph.layers[k]
-        J = backend.to_host(layer.jacobians([graph.sizes[index[q]] for q in graph.inputs[k]])[i]
+        key, layer = (index[k], index[p]), graph.layers[k]
+        stamp = (layer, graph.layers.get(p))
+        hit = kept.get(key + on)
+        if hit is not None and all(a is b for a, b in zip(hit[0], stamp)):
+            out[key] = hit[1]
+            continue
+        J = backend.to_host(layer.jacobians([sizes[index[q]] for q in graph.inputs[k]])[i]
                             ) if layer.linear else None
-        M = _compose(J, graph.selection(p), graph.block_sizes[index[p]])
-        key = (index[k], index[p])
-        out[key] = M if key not in out else out[key] + M
-    return {key: backend.matrix_on(M, like) for key, M in out.items()}
+        M = _compose(J, graph.selection(p), block_sizes[index[p]])
+        made[key] = M if key not in made else made[key] + M
+    for key, M in made.items():
+        M = backend.matrix_on(M, like)
+        if transpose:
+            M = transposed(M)
+            M = canonical_matrix(M, "a coupling") if backend.is_sparse(M) and \
+                M.format != "csr" else M
+        layer = graph.layers[graph.order[key[0]]]
+        if _structural(layer):
+            kept[key + on] = ((layer, graph.layers.get(graph.order[key[1]])), M)
+        out[key] = M
+    return out
 
 
 def _names(graph: Graph, letter: str) -> list[str]:
@@ -76,8 +114,10 @@ def _graph_backward(graph: Graph, trace: Trace, eps: Any, *, form: str = "scaled
     index = {n: i for i, n in enumerate(graph.order)}
     scales = [None if graph.is_linear(n) else graph.layers[n].slope(trace.y[index[n]])
               for n in graph.order]
-    xp, at = backend.namespace(trace.x), backend.device(trace.x)
-    rhs = [xp.zeros((s,) + batch, dtype=trace.x.dtype, device=at) for s in graph.block_sizes]
+    xp, sizes = backend.namespace(trace.x), graph.block_sizes
+    offsets = np.cumsum((0,) + sizes)
+    rhs = xp.zeros((int(offsets[-1]),) + batch, dtype=trace.x.dtype,
+                   device=backend.device(trace.x))  # one array; the outputs' blocks written
     for name, e in zip(graph.outputs, eps):
         k = index[name]
         e = real_array(e, f"eps for output {name!r}", graph.dtype)
@@ -86,11 +126,12 @@ def _graph_backward(graph: Graph, trace: Trace, eps: Any, *, form: str = "scaled
             raise ValueError(f"eps for output {name!r} has shape {e.shape}, expected "
                              f"{(graph.sizes[k],) + batch}")
         A = graph.selection(name)
-        rhs[k] = rhs[k] + (e if scales[k] is None else scales[k] * (
+        block = slice(int(offsets[k]), int(offsets[k + 1]))
+        rhs[block, ...] = rhs[block, ...] + (e if scales[k] is None else scales[k] * (
             e if A is None else backend.matrix_on(A, e).T @ e))
-    edges = [(p, k, transposed(M)) for (k, p), M in _couplings(graph, trace.x).items()]
-    return TriangularSystem(None, scales, xp.concat(rhs), lower=False,
-                            sizes=graph.block_sizes, form=form, names=_names(graph, "v"),
+    edges = [(p, k, M) for (k, p), M in _couplings(graph, trace.x, transpose=True).items()]
+    return TriangularSystem(None, scales, rhs, lower=False, sizes=sizes, form=form,
+                            names=_names(graph, "v"),
                             edges=sorted(edges, key=lambda e: (e[1], e[0])),
                             paper_hint=", where a slope is 0 (E = 1/f' does not exist)",
                             rhs_support=[index[name] for name in graph.outputs],

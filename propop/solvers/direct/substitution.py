@@ -19,13 +19,12 @@ from ..registry import register
 from ..solution import Solution, Status
 from ...systems.coefficients import DENSE, PER_SAMPLE, SPARSE
 
-__all__ = ["substitution", "LevelScheduled", "substitute", "sweep", "row",
+__all__ = ["Substitution", "LevelScheduled", "substitute", "sweep", "row",
            "approximation_report"]
 
 
 @register("substitution", kind="direct", exact=True, native=True)
-def substitution(system: Any, *, rtol: float | None = None, atol: float = 0.0,
-                 recheck: bool = False) -> Solution:
+class Substitution(Method):
     """Block forward/back substitution: the sequential baseline.
 
     Eqs. def_forw_prop2 and def_back_prop2, written on the system's blocks.
@@ -46,8 +45,21 @@ def substitution(system: Any, *, rtol: float | None = None, atol: float = 0.0,
     in topological order, an RNN's layers step by step on their stacked arrays,
     never unrolled into per-block objects.
     """
-    return finish(system, substitute(system), tol=Tolerance.of(system, rtol, atol),
-                  levels=system.nblocks, direct=True, evaluated=not recheck)
+
+    def init(self, operator: Any, *, rtol: float | None = None, atol: float = 0.0,
+             recheck: bool = False) -> dict:
+        """The options: substitution has no per-matrix work of its own."""
+        return dict(rtol=rtol, atol=atol, recheck=recheck)
+
+    def applies(self, state: dict) -> bool:
+        """Only ``recheck`` applies the operator: the rows are evaluated, not multiplied again."""
+        return state["recheck"]
+
+    def compute(self, state: dict, system: Any) -> Solution:
+        """The blocks by :func:`substitute`, each checked finite (``recheck``: the residual)."""
+        return finish(system, substitute(system),
+                      tol=Tolerance.of(system, state["rtol"], state["atol"]),
+                      levels=system.nblocks, direct=True, evaluated=not state["recheck"])
 
 
 def substitute(system: Any, order: Any = None) -> Any:
@@ -138,6 +150,10 @@ class LevelScheduled(Method):
         return dict(rtol=rtol, atol=atol, unrolled=unrolled,
                     order=None if unrolled is operator else [k for lv in levels for k in lv],
                     sizes=[len(level) for level in levels])
+
+    def applies(self, state: dict) -> bool:
+        """No: every block is its row evaluated, as :class:`Substitution`'s."""
+        return False
 
     def compute(self, state: dict, system: Any) -> Solution:
         """Substitution in the levels' order."""

@@ -250,6 +250,10 @@ class Auto(Method):
         chosen = info(choice.method).method
         return choice, chosen, chosen.init(operator, rtol=rtol, atol=atol)
 
+    def applies(self, state: tuple) -> bool:
+        """Whether the chosen method applies the operator."""
+        return state[1].applies(state[2])
+
     def compute(self, state: tuple, system: Any) -> Solution:
         """The chosen method's ``compute``; ``info["auto"]`` says what was chosen and why."""
         choice, chosen, inner = state
