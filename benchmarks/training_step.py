@@ -15,7 +15,10 @@ says otherwise:
   ``O(tau H^3)`` reduction), so its row is for scale only;
 - an **MLP** (``nn.Sequential`` of ``nn.Linear`` and ``nn.Tanh``, computed as the FNN
   it is) and a **residual MLP** (residual blocks: a graph): plain autograd against
-  ``propop.torch.parallelize`` with substitution and cyclic reduction.
+  ``propop.torch.parallelize`` with substitution and cyclic reduction;
+- a **transformer encoder layer** (``nn.TransformerEncoderLayer``, post-norm, no
+  dropout, its attention imported as a graph of products, softmaxes and norms):
+  plain autograd against ``parallelize`` with substitution.
 
 Times are medians over interleaved rounds after a warm-up
 (``benchmarks.common.timings``); ratios are to plain autograd.
@@ -35,7 +38,9 @@ from .common import arguments, by_kind, publish, timings
 
 GRU = [(16, 32, 2, 8, 256)]  # (input, hidden, layers, batch, tau)
 MLP = [(64, 8, 32, False), (64, 8, 32, True)]  # (width, layers, batch, residual)
-QUICK = {"gru": [(3, 4, 2, 2, 8)], "mlp": [(4, 3, 2, False), (4, 3, 2, True)]}
+ATTENTION = [(32, 4, 64, 16, 16)]  # (d_model, heads, feed-forward width, tokens, batch)
+QUICK = {"gru": [(3, 4, 2, 2, 8)], "mlp": [(4, 3, 2, False), (4, 3, 2, True)],
+         "attention": [(4, 2, 8, 3, 2)]}
 REPEATS = 7
 
 
@@ -125,6 +130,30 @@ def mlp_row(device: str, width: int, layers: int, batch: int, residual: bool = F
     return _row("mlp", case, *_timed(jobs), "torch autograd")
 
 
+def attention_row(device: str, d_model: int, heads: int, ff: int, tokens: int,
+                  batch: int) -> dict:
+    """A transformer encoder layer's step: plain autograd against parallelize's solve."""
+    import torch
+
+    import propop.torch as ptorch
+
+    torch.manual_seed(0)
+    plain = torch.nn.TransformerEncoderLayer(d_model, heads, ff, dropout=0.0,
+                                             batch_first=True).to(device=device,
+                                                                  dtype=torch.float64)
+    x = torch.randn(batch, tokens, d_model, dtype=torch.float64, device=device)
+
+    def loss(model: Any) -> Any:
+        return (model(x) ** 2).mean()
+
+    parallel = ptorch.parallelize(copy.deepcopy(plain), method="substitution",
+                                  example_input=x)
+    jobs = {"torch autograd": _step(copy.deepcopy(plain), loss),
+            "parallelize substitution": _step(parallel, loss)}
+    return _row("attention", f"d={d_model} heads={heads} ff={ff} tokens={tokens} "
+                f"batch={batch}", *_timed(jobs), "torch autograd")
+
+
 def _timed(jobs: dict[str, Callable]) -> tuple[dict, dict]:
     """``(times, errors)``: each job's first step tried alone, the ones that ran timed.
 
@@ -150,7 +179,8 @@ def _row(kind: str, case: str, times: dict, errors: dict, base: str) -> dict:
 def table(rows: list[dict]) -> str:
     """Markdown: per case, each contender's median step time and its ratio to plain."""
     out = []
-    for title, chosen, names in by_kind(rows, (("gru", "GRU language model"), ("mlp", "MLP"))):
+    for title, chosen, names in by_kind(rows, (("gru", "GRU language model"), ("mlp", "MLP"),
+                                                   ("attention", "transformer encoder layer"))):
         names += [n for row in chosen for n in row.get("errors", {}) if n not in names]
         out += [f"**One training step, {title}** (Adam, float64): median [ms], / plain "
                 "autograd's", "", "| case | " + " | ".join(names) + " |",
@@ -175,9 +205,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a check that it runs")
     parser.add_argument("--device", default="cpu", help="a PyTorch device: cpu or cuda")
     args = parser.parse_args()
-    grids = QUICK if args.quick else {"gru": GRU, "mlp": MLP}
+    grids = QUICK if args.quick else {"gru": GRU, "mlp": MLP, "attention": ATTENTION}
     rows = ([gru_row(args.device, *case) for case in grids["gru"]]
-            + [mlp_row(args.device, *case) for case in grids["mlp"]])
+            + [mlp_row(args.device, *case) for case in grids["mlp"]]
+            + [attention_row(args.device, *case) for case in grids["attention"]])
     publish("training_step" + ("_quick" if args.quick else ""), rows, table(rows))
 
 
