@@ -159,3 +159,17 @@ def test_row_scalings_checked_in_one_sum_still_name_the_bad_block():
     bad[1, 0] = np.nan
     with pytest.raises(ValueError, match=r"block 2: row scaling contains NaN"):
         pp.TriangularSystem(M, [None, big, bad], rhs, lower=True, sizes=[2, 2, 2])
+
+
+@pytest.mark.parametrize("bad", [1, 2])
+def test_a_nan_in_a_large_or_a_small_row_scaling_is_named(bad):
+    """Small scalings are concatenated for the check and large ones summed alone."""
+    sizes = [2, 3, 1 << 16]  # block 2's scaling is large, block 1's small
+    M = [np.ones((3, 2)), np.ones((1 << 16, 3))]
+    scales = [None, np.ones(3), np.ones(1 << 16)]
+    rhs = np.ones(sum(sizes))
+    assert pp.TriangularSystem(M, scales, rhs, lower=True, sizes=sizes).nblocks == 3
+    scales[bad] = scales[bad].copy()
+    scales[bad][-1] = np.inf
+    with pytest.raises(ValueError, match=rf"block {bad}: row scaling contains NaN or Inf"):
+        pp.TriangularSystem(M, scales, rhs, lower=True, sizes=sizes)

@@ -129,18 +129,23 @@ def _scalings(row_scale: Any, layer_scales: Any, scale_stack: Any, layout: Any,
 
 
 def _all_finite(arrays: tuple) -> bool:
-    """Whether every entry of ``arrays`` is finite: the sum of their sums, one synchronisation.
+    """Whether every entry of ``arrays`` is finite: one sum of sums, one synchronisation.
 
-    NaN and Inf survive the sums (:func:`propop.backend.all_finite`); where the
-    total is not finite (or overflowed), each array's entries decide.
+    Small arrays (a layer's scalings, one per block) are concatenated and summed
+    once, large ones (a graph's broadcast products) summed where they are, not
+    copied. NaN and Inf survive the sums (:func:`propop.backend.all_finite`);
+    where the total is not finite (or overflowed), each part's entries decide.
     """
     xp = backend.namespace(arrays[0])
     if len(arrays) == 1:
         return backend.all_finite(arrays[0], xp)
+    large = [a for a in arrays if math.prod(a.shape) >= backend.SMALL_FINITE]
+    small = [xp.reshape(a, (-1,)) for a in arrays if math.prod(a.shape) < backend.SMALL_FINITE]
+    parts = large + ([xp.concat(small)] if small else [])
     with backend.quiet(xp):
-        if math.isfinite(float(sum(xp.sum(a) for a in arrays))):
+        if math.isfinite(float(sum(xp.sum(a) for a in parts))):
             return True
-    return all(backend.all_finite(a, xp) for a in arrays)
+    return all(backend.all_finite(a, xp) for a in parts)
 
 
 def _checked_stack(stack: Any, what: str, columns: tuple, sizes: tuple,
