@@ -262,6 +262,9 @@ def _gelu_df(y: Any) -> Any:
     return s + 2 * y * s * t * _GELU_C * (1 + 3 * _GELU_K * y * y)
 
 
+_TWO_OVER_SQRT_PI = 2 / math.sqrt(math.pi)  # erf's slope at 0
+
+
 def _gelu_erf(y: Any) -> Any:
     """``y Phi(y) = 0.5 y (1 + erf(y / sqrt(2)))``: PyTorch's default ``nn.GELU()``."""
     return 0.5 * y * (1 + backend.erf(y / math.sqrt(2)))
@@ -443,5 +446,7 @@ for _activation in (
                elementwise="cos"),
     Activation("abs", lambda y: abs(y), lambda y: _xp(y).sign(y), 1.0,
                "|y|; slope 0 at 0, as PyTorch's", elementwise="abs"),
+    Activation("erf", backend.erf, lambda y: _TWO_OVER_SQRT_PI * _xp(y).exp(-y * y), 1.0,
+               "erf(y) (a GELU written by hand: 0.5 y (1 + erf(y / sqrt 2)))"),
 ):
     register_activation(_activation)

@@ -35,6 +35,7 @@ TORCH_ACTIVATIONS = {
     "sin": torch.sin,
     "cos": torch.cos,
     "abs": torch.abs,
+    "erf": torch.erf,
     "clamp": lambda y: y * 1,  # clamp's defaults: both sides open
 }
 

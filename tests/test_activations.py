@@ -11,7 +11,7 @@ from reference import TORCH_ACTIVATIONS, torch
 F = torch.nn.functional
 
 MORE = ("celu", "selu", "hardtanh", "relu6", "mish", "softsign", "hardsigmoid", "hardswish",
-        "tanhshrink", "logsigmoid", "sin", "cos", "abs", "clamp")
+        "tanhshrink", "logsigmoid", "sin", "cos", "abs", "clamp", "erf")
 ACTIVATIONS = HIDDEN + ("exp",) + MORE
 # the kinks of the piecewise ones (0, +-1, +-3, 6) and both sides of softplus's threshold
 Y = np.concatenate([np.linspace(-6, 6, 241), [-1e-300, 1e-300, 1e-310, -3e2, 3e2, 6.0, 19.99,

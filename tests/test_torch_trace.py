@@ -396,6 +396,29 @@ def test_sin_cos_abs_and_clamp_match_torch_node_by_node():
     check_node_by_node(Elementwise(), 2 * np.random.default_rng(7).standard_normal((6, 5)))
 
 
+class HandWrittenGelu(nn.Module):
+    """The exact GELU written by hand, as BERT's and older Hugging Face code do, and erf."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.ModuleList(nn.Linear(5, 5) for _ in range(3))
+
+    def forward(self, x):
+        x = self.fc[0](x)
+        x = x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0)))
+        x = torch.special.erf(self.fc[1](x))
+        return self.fc[2](x).erf()
+
+
+def test_erf_and_a_gelu_written_with_it_match_torch_node_by_node():
+    torch.manual_seed(8)
+    x = 2 * np.random.default_rng(8).standard_normal((6, 5))
+    check_node_by_node(HandWrittenGelu(), x)
+    graph = pp.from_torch(HandWrittenGelu(), (5,))
+    kinds = [repr(graph.layers[n]) for n in graph.order[1:]]
+    assert kinds.count("Activation('erf')") == 3
+
+
 def test_softplus_is_pytorchs_on_both_sides_of_its_threshold():
     """Above ``threshold=20`` PyTorch's softplus is ``y`` itself, and its slope one."""
     torch.manual_seed(0)

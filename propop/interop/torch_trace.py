@@ -60,7 +60,7 @@ Each operation becomes zero or more :mod:`~propop.layers` nodes of a
   (``negative_slope``), Tanh, Sigmoid, ELU and CELU (``alpha``), SELU, SiLU, Mish,
   Softplus (``beta``, ``threshold``), Hardtanh (``min_val``, ``max_val``), ReLU6,
   Hardsigmoid, Hardswish, Softsign, Tanhshrink, LogSigmoid, GELU (exact, and
-  ``approximate="tanh"``), ``exp``, ``sin``, ``cos``, ``abs``, ``clamp``/``clip``
+  ``approximate="tanh"``), ``exp``, ``sin``, ``cos``, ``abs``, ``erf``, ``clamp``/``clip``
   with constant bounds (:data:`propop.activations.FAMILIES`),
   Softmax and LogSoftmax over any dimension (:func:`~propop.layers.softmax_over`).
 
@@ -108,9 +108,9 @@ _FUNCTIONS = {torch.relu: "relu", F.relu: "relu", torch.tanh: "tanh", F.tanh: "t
               F.mish: "mish", F.softsign: "softsign", F.hardsigmoid: "hardsigmoid",
               F.hardswish: "hardswish", F.tanhshrink: "tanhshrink", F.logsigmoid: "logsigmoid",
               torch.sin: "sin", torch.cos: "cos", torch.abs: "abs", torch.clamp: "clamp",
-              torch.clip: "clamp"}
+              torch.clip: "clamp", torch.erf: "erf", torch.special.erf: "erf"}
 _METHODS = {name: name for name in ("relu", "tanh", "sigmoid", "exp", "sin", "cos", "abs",
-                                    "clamp")} | {"clip": "clamp"}
+                                    "clamp", "erf")} | {"clip": "clamp"}
 # the settings of propop's activation families (PyTorch's names and defaults), in the
 # functions' positional order after the input
 _SETTINGS = {name: tuple(defaults) for name, (_, defaults) in FAMILIES.items()}
