@@ -95,6 +95,17 @@ def test_the_kept_couplings_go_with_their_graph():
     assert gone() is None  # what the cache keeps does not keep the graph alive
 
 
+def test_the_kept_couplings_are_kept_per_backend():
+    torch = pytest.importorskip("torch")
+    graph = token_graph()
+    host = np.ones((graph.input_size, 2))
+    for like in (host, torch.ones((graph.input_size, 2), dtype=torch.float64), host):
+        on_torch = isinstance(like, torch.Tensor)
+        for M in graph_systems._couplings(graph, like, transpose=True).values():
+            assert isinstance(M, torch.Tensor) == on_torch
+            assert not on_torch or M.dtype == torch.float64
+
+
 @pytest.mark.parametrize("dim", [None, 0, 1, -1])
 def test_concat_forward_places_the_inputs_as_its_jacobians_say(dim):
     rng = np.random.default_rng(3)

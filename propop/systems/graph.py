@@ -43,9 +43,9 @@ def _compose(left: Any, right: Any, size: int) -> Any:
         out.toarray() if sp.issparse(out) else out)
 
 
-# graph -> {(row, col, backend, device, transposed): (layers, M)}: the couplings of the
-# edges into structural nodes, made once per graph and backend (a weak key: a graph's
-# own go with it)
+# graph -> {(row, col, backend, device, dtype, transposed): (layers, M)}: the couplings
+# of the edges into structural nodes, made once per graph and backend (a weak key: a
+# graph's own go with it)
 _KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -70,7 +70,7 @@ def _couplings(graph: Graph, like: Any, transpose: bool = False) -> dict:
     index = {n: i for i, n in enumerate(graph.order)}
     sizes, block_sizes = graph.sizes, graph.block_sizes
     kept = _KEPT.setdefault(graph, {})
-    on = (backend.of(like).name, str(backend.device(like)), transpose)
+    on = (backend.of(like).name, str(backend.device(like)), str(like.dtype), transpose)
     out: dict[tuple[int, int], Any] = {}
     made: dict[tuple[int, int], Any] = {}
     for p, i, k in graph.edges():
