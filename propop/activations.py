@@ -450,3 +450,13 @@ for _activation in (
                "erf(y) (a GELU written by hand: 0.5 y (1 + erf(y / sqrt 2)))"),
 ):
     register_activation(_activation)
+
+# Functions defined on part of the line (log for y > 0, log1p for y > -1): no activations
+# of a network (FNN.random, the CLI's --activation take every registered one), but nodes
+# a traced model computes (propop.from_torch); out of the domain the graph's forward
+# names the node
+PARTIAL = {f.name: f for f in (
+    Activation("log", lambda y: _xp(y).log(y), lambda y: 1 / y, 1.0, "log(y), y > 0",
+               elementwise="log"),
+    Activation("log1p", lambda y: _xp(y).log1p(y), lambda y: 1 / (1 + y), 1.0,
+               "log(1 + y), y > -1", elementwise="log1p"))}

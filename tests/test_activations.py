@@ -165,3 +165,21 @@ def test_newton_tangent_is_its_definition_bit_for_bit(name, dtype):
     assert a.dtype == dtype and beta.dtype == dtype
     assert np.array_equal(a, act.df(y))
     assert np.array_equal(beta, act.f(y) - act.df(y) * y)
+
+
+@pytest.mark.parametrize(("name", "reference", "low", "start"), [
+    ("log", torch.log, 0.0, 1e-300), ("log1p", torch.log1p, -1.0, 1e-15)])
+def test_partial_functions_match_torch_on_their_domain(name, reference, low, start):
+    """``log`` and ``log1p``: no network's activations, but what from_torch imports."""
+    assert name not in pp.available_activations()
+    act = activations.PARTIAL[name]
+    y = low + np.concatenate([np.geomspace(start, 1e3, 200), [1.0, 2.0, 0.5]])
+    t = torch.tensor(y, requires_grad=True)
+    fy = reference(t)
+    fy.sum().backward()
+    np.testing.assert_allclose(act.f(y), fy.detach().numpy(), rtol=1e-15, atol=0)
+    np.testing.assert_allclose(act.df(y), t.grad.numpy(), rtol=1e-15, atol=0)
+    inner = y[(y > low + 1e-3) & (y < low + 1e3)]
+    h = 1e-6 * (inner - low)
+    fd = (act.f(inner + h) - act.f(inner - h)) / (2 * h)
+    np.testing.assert_allclose(act.df(inner), fd, rtol=1e-6)

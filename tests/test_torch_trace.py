@@ -1,6 +1,7 @@
 """from_torch by tracing: every node's value and gradient against PyTorch's, node by node."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -396,12 +397,18 @@ def test_sin_cos_abs_and_clamp_match_torch_node_by_node():
     check_node_by_node(Elementwise(), 2 * np.random.default_rng(7).standard_normal((6, 5)))
 
 
-class HandWrittenGelu(nn.Module):
-    """The exact GELU written by hand, as BERT's and older Hugging Face code do, and erf."""
+class Linears(nn.Module):
+    """``count`` layers ``nn.Linear(5, 5)`` in ``self.fc``, for a ``forward`` to combine."""
+
+    count = 3
 
     def __init__(self):
         super().__init__()
-        self.fc = nn.ModuleList(nn.Linear(5, 5) for _ in range(3))
+        self.fc = nn.ModuleList(nn.Linear(5, 5) for _ in range(self.count))
+
+
+class HandWrittenGelu(Linears):
+    """The exact GELU written by hand, as BERT's and older Hugging Face code do, and erf."""
 
     def forward(self, x):
         x = self.fc[0](x)
@@ -417,6 +424,42 @@ def test_erf_and_a_gelu_written_with_it_match_torch_node_by_node():
     graph = pp.from_torch(HandWrittenGelu(), (5,))
     kinds = [repr(graph.layers[n]) for n in graph.order[1:]]
     assert kinds.count("Activation('erf')") == 3
+
+
+class HandWrittenLogs(Linears):
+    """log and log1p as users write them: a log-softmax, a softplus, a log-sigmoid."""
+
+    count = 4
+
+    def forward(self, x):
+        h = self.fc[0](x)
+        h = h - torch.log(torch.exp(h).sum(-1, keepdim=True))
+        h = torch.log1p(torch.exp(self.fc[1](h)))
+        h = torch.sigmoid(self.fc[2](h)).log() + torch.special.log1p(h).log1p()
+        return self.fc[3](h)
+
+
+def test_log_and_log1p_match_torch_node_by_node():
+    torch.manual_seed(9)
+    check_node_by_node(HandWrittenLogs(), 2 * np.random.default_rng(9).standard_normal((6, 5)))
+
+
+def test_a_logarithm_out_of_its_domain_names_its_node():
+    class Log(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 3)
+
+        def forward(self, x):
+            return torch.log(self.fc(x))
+
+    graph = pp.from_torch(Log().double(), (3,))
+    x = np.random.default_rng(1).standard_normal((3, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # named, not warned about
+        with pytest.raises(ValueError, match=r"node 'log' \(Activation\('log'\)\) gives "
+                                             r"non-finite.*logarithm of one outside its domain"):
+            graph.forward(x)
 
 
 def test_softplus_is_pytorchs_on_both_sides_of_its_threshold():

@@ -61,7 +61,8 @@ Each operation becomes zero or more :mod:`~propop.layers` nodes of a
   Softplus (``beta``, ``threshold``), Hardtanh (``min_val``, ``max_val``), ReLU6,
   Hardsigmoid, Hardswish, Softsign, Tanhshrink, LogSigmoid, GELU (exact, and
   ``approximate="tanh"``), ``exp``, ``sin``, ``cos``, ``abs``, ``erf``, ``clamp``/``clip``
-  with constant bounds (:data:`propop.activations.FAMILIES`),
+  with constant bounds (:data:`propop.activations.FAMILIES`), ``log`` and ``log1p``
+  (:data:`propop.activations.PARTIAL`: out of their domain the forward names the node),
   Softmax and LogSoftmax over any dimension (:func:`~propop.layers.softmax_over`).
 
 Values are flat per sample in PyTorch's C order, samples as columns, so a
@@ -89,7 +90,7 @@ from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from .. import layers as L
-from ..activations import FAMILIES, get_activation
+from ..activations import FAMILIES, PARTIAL, get_activation
 from ..networks.graph import INPUT, Graph
 
 __all__ = ["trace", "to_numpy", "ACTIVATIONS"]
@@ -108,9 +109,10 @@ _FUNCTIONS = {torch.relu: "relu", F.relu: "relu", torch.tanh: "tanh", F.tanh: "t
               F.mish: "mish", F.softsign: "softsign", F.hardsigmoid: "hardsigmoid",
               F.hardswish: "hardswish", F.tanhshrink: "tanhshrink", F.logsigmoid: "logsigmoid",
               torch.sin: "sin", torch.cos: "cos", torch.abs: "abs", torch.clamp: "clamp",
-              torch.clip: "clamp", torch.erf: "erf", torch.special.erf: "erf"}
+              torch.clip: "clamp", torch.erf: "erf", torch.special.erf: "erf",
+              torch.log: "log", torch.log1p: "log1p", torch.special.log1p: "log1p"}
 _METHODS = {name: name for name in ("relu", "tanh", "sigmoid", "exp", "sin", "cos", "abs",
-                                    "clamp", "erf")} | {"clip": "clamp"}
+                                    "clamp", "erf", "log", "log1p")} | {"clip": "clamp"}
 # the settings of propop's activation families (PyTorch's names and defaults), in the
 # functions' positional order after the input
 _SETTINGS = {name: tuple(defaults) for name, (_, defaults) in FAMILIES.items()}
@@ -1317,6 +1319,8 @@ def _activation_module(self: _Translator, module: Any, x: Value, name: str, node
 
 def _member(kind: str, settings: dict) -> Any:
     """The activation ``kind`` at a module's or call's ``settings``, or the refusal naming one."""
+    if kind in PARTIAL:
+        return PARTIAL[kind]
     try:
         return get_activation(kind, **settings)
     except (TypeError, ValueError) as error:

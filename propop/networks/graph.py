@@ -299,12 +299,14 @@ class Graph:
     def forward(self, x: Any) -> Trace:
         """Every node's output, node by node; ``y`` holds diagonal nodes' inputs."""
         z = {INPUT: self.check_input(x)}
-        for name in self._order[1:]:
-            z[name] = self.layers[name].forward([z[p] for p in self.inputs[name]])
-            if not backend.all_finite(z[name]):  # from finite inputs: this node's doing
-                raise ValueError(f"node {name!r} ({self.layers[name]!r}) gives non-finite "
-                                 f"values from finite inputs ({_nonfinite(z[name])}): a "
-                                 "power of a negative number, or an overflow")
+        with backend.quiet(backend.namespace(z[INPUT])):  # what is not finite is named below
+            for name in self._order[1:]:
+                z[name] = self.layers[name].forward([z[p] for p in self.inputs[name]])
+                if not backend.all_finite(z[name]):  # from finite inputs: this node's doing
+                    raise ValueError(
+                        f"node {name!r} ({self.layers[name]!r}) gives non-finite values from "
+                        f"finite inputs ({_nonfinite(z[name])}): a power of a negative "
+                        "number, a logarithm of one outside its domain, or an overflow")
         return self._trace(z)
 
     def _trace(self, z: dict) -> Trace:
