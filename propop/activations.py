@@ -61,6 +61,11 @@ class Activation:
         The name of ``f`` in the array module where ``f`` is that very
         function (``"tanh"``): sequential loops then call it directly,
         writing into their output (:meth:`writer`).
+    domain : float, optional
+        For a function defined on ``y > domain`` alone (``log``: 0): there
+        :meth:`linearize` takes the tangent or secant at ``domain + 1`` instead,
+        finite, where a Newton iterate (one from zeros) is outside; ``None``: the
+        whole line.
     """
 
     name: str
@@ -70,6 +75,7 @@ class Activation:
     description: str = ""
     df_of_output: ArrayFunction | None = None
     elementwise: str | None = None
+    domain: float | None = None
 
     def writer(self, xp: Any) -> Callable[..., Any]:
         """``write(y, out=z)`` that stores ``f(y)`` in ``z``, resolved once for ``xp``.
@@ -131,6 +137,9 @@ class Activation:
             raise ValueError(
                 f"unknown linearization {linearization!r}; choose one of {LINEARIZATIONS}"
             )
+        if self.domain is not None:  # a point inside stands in for one outside
+            xp = backend.namespace(y)
+            y = xp.where(y > self.domain, y, xp.asarray(self.domain + 1.0, dtype=y.dtype))
         return self.secant(y) if linearization == "secant" else self.newton(y)
 
 
@@ -457,6 +466,6 @@ for _activation in (
 # names the node
 PARTIAL = {f.name: f for f in (
     Activation("log", lambda y: _xp(y).log(y), lambda y: 1 / y, 1.0, "log(y), y > 0",
-               elementwise="log"),
+               elementwise="log", domain=0.0),
     Activation("log1p", lambda y: _xp(y).log1p(y), lambda y: 1 / (1 + y), 1.0,
-               "log(1 + y), y > -1", elementwise="log1p"))}
+               "log(1 + y), y > -1", elementwise="log1p", domain=-1.0))}

@@ -444,6 +444,22 @@ def test_log_and_log1p_match_torch_node_by_node():
     check_node_by_node(HandWrittenLogs(), 2 * np.random.default_rng(9).standard_normal((6, 5)))
 
 
+def test_newton_forward_through_logarithms_from_zeros_is_the_pass():
+    """A zero start is outside log's domain: the tangent at 1 stands in until it is inside."""
+    torch.manual_seed(9)
+    graph = pp.from_torch(HandWrittenLogs().double(), (5,))
+    x = 2 * np.random.default_rng(9).standard_normal((5, 6))
+    reference = graph.forward(x)
+    trace = pp.forward(graph, x, method="substitution", linearization="newton")
+    assert trace.info["converged"]
+    for k, (ours, theirs) in enumerate(zip(trace.z, reference.z)):
+        assert relative_error(ours, theirs) < 1e-12, graph.order[k]
+    log = pp.activations.PARTIAL["log"]
+    a, beta = log.linearize(np.array([-2.0, 0.0, 0.5]), "newton")
+    np.testing.assert_array_equal(a, [1.0, 1.0, 2.0])  # 1/y at 1, 1, 0.5
+    np.testing.assert_array_equal(beta, [-1.0, -1.0, np.log(0.5) - 1.0])
+
+
 def test_a_logarithm_out_of_its_domain_names_its_node():
     class Log(nn.Module):
         def __init__(self):
