@@ -111,7 +111,7 @@ def test_demo_announces_each_section_and_reads_each_table():
     assert float(attention.split("iterations, ")[1].split()[0]) < 1e-12
     hand = out.split("Operations written by hand")[1].split("\n")[0]
     assert "Annotated Transformer's LayerNorm" in hand and "amax with ties" in hand
-    assert "GELU from erf" in hand
+    assert "GELU from erf" in hand and "log-softmax from exp and log" in hand
     assert float(hand.split("every gradient ")[1].split()[0]) < 1e-12
     cell = out.split("Your own cell, written for one sample")[1].split("\n")[0]
     assert "512 steps of 8 samples" in cell  # against the user's loop, computed apart

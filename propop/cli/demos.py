@@ -340,6 +340,7 @@ def _hand_written(torch: Any) -> None:
             mean, std = h.mean(-1, keepdim=True), h.std(-1, keepdim=True)
             h = self.a_2 * (h - mean) / (std + 1e-6) + self.b_2
             h = h * 0.5 * (1.0 + torch.erf(h / math.sqrt(2.0)))  # BERT's GELU
+            h = h - torch.log(torch.exp(h).sum(-1, keepdim=True))  # a log-softmax
             shifted = torch.roll(h, 1, dims=1) + torch.nn.functional.pad(h, (1, 1))[..., 2:]
             pooled = torch.relu(h).amax(dim=1, keepdim=True)  # ties among the zeros split
             return self.head(torch.maximum(shifted, pooled) + h.flip(1))
@@ -348,9 +349,9 @@ def _hand_written(torch: Any) -> None:
     graph, worst, _ = _against_autograd(torch, Mixer().double(),
                                         np.random.default_rng(5).standard_normal((3, 5, 6)))
     print(f"Operations written by hand (the Annotated Transformer's LayerNorm from mean and "
-          f"std, BERT's GELU from erf, torch.roll, F.pad, amax with ties, torch.maximum, "
-          f"flip), traced into {len(graph.order) - 1} nodes: every gradient {worst:.0e} from "
-          "autograd's.\n")
+          f"std, BERT's GELU from erf, a log-softmax from exp and log, torch.roll, F.pad, "
+          f"amax with ties, torch.maximum, flip), traced into {len(graph.order) - 1} nodes: "
+          f"every gradient {worst:.0e} from autograd's.\n")
 
 
 def _own_cell(torch: Any) -> None:

@@ -73,9 +73,10 @@ def _couplings(graph: Graph, like: Any, transpose: bool = False) -> dict:
     on = (backend.of(like).name, str(backend.device(like)), str(like.dtype), transpose)
     out: dict[tuple[int, int], Any] = {}
     made: dict[tuple[int, int], Any] = {}
+    stamps: dict[tuple[int, int], tuple] = {}  # the layers an edge's coupling is made of
     for p, i, k in graph.edges():
         key, layer = (index[k], index[p]), graph.layers[k]
-        stamp = (layer, graph.layers.get(p))
+        stamps[key] = stamp = (layer, graph.layers.get(p))
         hit = kept.get(key + on)
         if hit is not None and all(a is b for a, b in zip(hit[0], stamp)):
             out[key] = hit[1]
@@ -90,9 +91,8 @@ def _couplings(graph: Graph, like: Any, transpose: bool = False) -> dict:
             M = transposed(M)
             M = canonical_matrix(M, "a coupling") if backend.is_sparse(M) and \
                 M.format != "csr" else M
-        layer = graph.layers[graph.order[key[0]]]
-        if _structural(layer):
-            kept[key + on] = ((layer, graph.layers.get(graph.order[key[1]])), M)
+        if _structural(stamps[key][0]):
+            kept[key + on] = (stamps[key], M)
         out[key] = M
     return out
 
