@@ -2,9 +2,10 @@
 
 A chain of unequal widths, a stacked chain, a chain with per-sample couplings (a
 recurrence's), an RNN's time layout, a GRU's (per-sample Jacobians over time), a
-residual graph, a diagonal recurrence (quasi-Newton's: identity couplings) and a
-linear network's batch
-(one matrix for every sample: the block methods' case). ``tests/test_backends.py``
+residual graph, a diagonal recurrence (quasi-Newton's: identity couplings), a
+linear network's batch (one matrix for every sample: the block methods' case),
+and two of sparse couplings: an MLP of sparse weights and a convolutional graph
+(each backend's sparse matrices: SciPy's, CuPy's, PyTorch's CSR tensors). ``tests/test_backends.py``
 solves them on every backend with every native method; ``python -m benchmarks.gpu
 --record`` does the same on a GPU.
 """
@@ -76,5 +77,25 @@ def linear(r: int) -> pp.TriangularSystem:
     return pp.backward_system(net, trace, np.random.default_rng(7).standard_normal((3, r)))
 
 
+def sparse(r: int) -> pp.TriangularSystem:
+    """The backward system of an MLP of sparse weights (density 0.4): CSR couplings."""
+    net = pp.FNN.random([6, 8, 8, 5], activation="tanh", seed=0, bias=0.1, density=0.4)
+    trace = net.forward(np.random.default_rng(10).standard_normal((6, r)))
+    return pp.backward_system(net, trace, np.ones((5, r)))
+
+
+def conv(r: int) -> pp.TriangularSystem:
+    """The backward system of a convolution, tanh and a dense layer: a convolution's Jacobian."""
+    rng = np.random.default_rng(11)
+    graph = pp.Graph(2 * 4 * 4).add(
+        "conv", pp.layers.Conv2d(rng.standard_normal((3, 2, 3, 3)) * 0.3, np.full(3, 0.1),
+                                 input_shape=(2, 4, 4), padding=1)).add(
+        "act", pp.layers.Activation("tanh")).add(
+        "fc", pp.layers.Dense(rng.standard_normal((5, 3 * 4 * 4)) * 0.2, np.zeros(5)))
+    trace = graph.forward(rng.standard_normal((2 * 4 * 4, r)))
+    return pp.backward_system(graph, trace, graph.loss_gradient(trace, np.zeros((5, r))))
+
+
 SYSTEMS = {"fnn-unequal": fnn_unequal, "fnn-stacked": fnn_stacked, "per-sample": per_sample,
-           "rnn": rnn, "gru": gru, "graph": graph, "diagonal": diagonal, "linear": linear}
+           "rnn": rnn, "gru": gru, "graph": graph, "diagonal": diagonal, "linear": linear,
+           "sparse": sparse, "conv": conv}

@@ -18,7 +18,9 @@ says otherwise:
   ``propop.torch.parallelize`` with substitution and cyclic reduction;
 - a **transformer encoder layer** (``nn.TransformerEncoderLayer``, post-norm, no
   dropout, its attention imported as a graph of products, softmaxes and norms):
-  plain autograd against ``parallelize`` with substitution.
+  plain autograd against ``parallelize`` with substitution, on the host (NumPy and
+  SciPy's sparse couplings) and with ``backend="torch"`` (on the inputs' device, the
+  couplings PyTorch's CSR tensors).
 
 Times are medians over interleaved rounds after a warm-up
 (``benchmarks.common.timings``); ratios are to plain autograd.
@@ -146,10 +148,12 @@ def attention_row(device: str, d_model: int, heads: int, ff: int, tokens: int,
     def loss(model: Any) -> Any:
         return (model(x) ** 2).mean()
 
-    parallel = ptorch.parallelize(copy.deepcopy(plain), method="substitution",
-                                  example_input=x)
+    parallel, on_device = (ptorch.parallelize(copy.deepcopy(plain), method="substitution",
+                                              example_input=x, backend=kind)
+                           for kind in ("numpy", "torch"))
     jobs = {"torch autograd": _step(copy.deepcopy(plain), loss),
-            "parallelize substitution": _step(parallel, loss)}
+            "parallelize substitution": _step(parallel, loss),  # on the host, SciPy's
+            "parallelize substitution, backend=torch": _step(on_device, loss)}  # CSR tensors
     return _row("attention", f"d={d_model} heads={heads} ff={ff} tokens={tokens} "
                 f"batch={batch}", *_timed(jobs), "torch autograd")
 

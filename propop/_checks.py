@@ -77,7 +77,7 @@ def as_coupling(M: Any, what: str) -> Any:
         if M.dtype.kind == "f":
             return M
     elif backend.is_sparse(M):
-        if M.format == "csr" and M.has_canonical_format and M.dtype.kind == "f":
+        if M.format == "csr" and M.has_canonical_format and backend.kind(M.dtype) == "f":
             return M
     elif backend.kind(getattr(M, "dtype", None)) == "f":
         return M
@@ -95,8 +95,10 @@ def canonical_matrix(M: Any, what: str, dtype: Any = None) -> Any:
     if not be.sparse.issparse(M):
         M = real_array(M, what, dtype)
     else:
-        if M.dtype.kind not in "fiub":
+        if backend.kind(M.dtype) not in "fiub":
             raise ValueError(f"{what} has dtype {M.dtype}; propop works in real arithmetic")
+        if be.name == "torch":  # CSR tensors are canonical and floating as they are made
+            return M if dtype is None else backend.astype(M, dtype)
         make = getattr(be.sparse, "csr_array", None) or be.sparse.csr_matrix
         M = make(M, dtype=dtype or (M.dtype if M.dtype.kind == "f" else np.float64), copy=True)
         M.sum_duplicates()

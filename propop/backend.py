@@ -51,8 +51,9 @@ class Backend:
         ``array_api_strict``: NumPy 2 is an array API namespace itself; CuPy's and
         PyTorch's come with array-api-compat's standard names.
     sparse : module
-        ``scipy.sparse`` or ``cupyx.scipy.sparse`` (PyTorch and the strict
-        namespace: none, every ``issparse`` is false).
+        ``scipy.sparse``, ``cupyx.scipy.sparse`` or, for PyTorch, the CSR tensors
+        of :mod:`propop.torch_sparse` (the strict namespace: none, every
+        ``issparse`` is false).
     """
 
     name: str
@@ -65,7 +66,7 @@ class Backend:
 
         Slow to import and needed only by the methods and views that use it.
         """
-        if self.name in DENSE_ONLY:
+        if self.name not in ("numpy", "cupy"):  # no SciPy-like solvers there
             return _NoSparse
         return importlib.import_module(("scipy" if self.name == "numpy" else "cupyx.scipy")
                                        + ".sparse.linalg")
@@ -76,7 +77,7 @@ class Backend:
 
 
 class _NoSparse:
-    """The sparse module of a backend without sparse arrays (PyTorch tensors: dense only)."""
+    """The sparse module of a backend without sparse arrays (the strict namespace)."""
 
     @staticmethod
     def issparse(_: Any) -> bool:
@@ -84,8 +85,9 @@ class _NoSparse:
 
 
 def _load(name: str) -> Backend:
-    if name == "torch":  # dense tensors through the array API (array-api-compat)
-        return Backend("torch", importlib.import_module("array_api_compat.torch"), _NoSparse)
+    if name == "torch":  # tensors through the array API (array-api-compat), CSR tensors
+        return Backend("torch", importlib.import_module("array_api_compat.torch"),
+                       importlib.import_module("propop.torch_sparse").SPARSE)
     if name == "array_api_strict":
         return Backend(name, importlib.import_module(name), _NoSparse)
     if name == "numpy":
@@ -122,8 +124,9 @@ def _name_of(obj: Any) -> str:
     if kind not in _TYPES:
         module = kind.__module__ or ""
         top = module.split(".")[0]
-        _TYPES[kind] = ("cupy" if top in ("cupy", "cupyx") else
-                        top if top in ("torch", "array_api_strict") else "numpy")
+        _TYPES[kind] = getattr(kind, "propop_backend", None) or (  # propop's CSR tensors
+            "cupy" if top in ("cupy", "cupyx") else
+            top if top in ("torch", "array_api_strict") else "numpy")
     return _TYPES[kind]
 
 
@@ -591,8 +594,9 @@ def matrix_on(M: Any, array: Any) -> Any:
     """The shared matrix ``M`` (dense or sparse, any backend) on ``array``'s backend and device.
 
     ``M`` itself where it is there already; a sparse one stays sparse on CuPy
-    (``cupyx.scipy.sparse``) and is expanded on the backends without sparse
-    arrays; in ``array``'s dtype. For a layer's fixed structure (a selection, a
+    (``cupyx.scipy.sparse``) and PyTorch (:class:`~propop.torch_sparse.CSRTensor`)
+    and is expanded on the strict namespace, which has no sparse arrays; in
+    ``array``'s dtype. For a layer's fixed structure (a selection, a
     concatenation's placement, a sum's identity), made on the host.
     """
     kind = _name_of(array)
@@ -603,7 +607,8 @@ def matrix_on(M: Any, array: Any) -> Any:
         rows, cols = host.shape
         memory.require(rows * cols * itemsize(array.dtype), f"a sparse {rows} x {cols} matrix "
                        f"(a layer's structure) as a dense {kind} array",
-                       "keep the network on 'numpy' or 'cupy', which have sparse arrays")
+                       "keep the network on 'numpy', 'cupy' or 'torch', which have sparse "
+                       "arrays")
         host = host.toarray()
     return astype(convert(host, kind, getattr(array, "device", None)), array.dtype)
 
@@ -802,7 +807,7 @@ def is_matrix_like(obj: Any) -> bool:
 
 
 KINDS = ("numpy", "torch", "cupy", "array_api_strict")
-DENSE_ONLY = ("torch", "array_api_strict")  # backends without sparse arrays
+DENSE_ONLY = ("array_api_strict",)  # backends without sparse arrays
 
 
 def convert(array: Any, kind: str, device: Any = None) -> Any:
@@ -810,8 +815,9 @@ def convert(array: Any, kind: str, device: Any = None) -> Any:
 
     ``device`` is a PyTorch device (``"cuda"``, say) for ``kind="torch"``; CuPy
     arrays live on the current CUDA device. Sparse arrays move between
-    ``scipy.sparse`` and ``cupyx.scipy.sparse``; PyTorch and the strict namespace
-    have no sparse arrays here.
+    ``scipy.sparse``, ``cupyx.scipy.sparse`` and PyTorch's CSR tensors
+    (:class:`~propop.torch_sparse.CSRTensor`); the strict namespace has no sparse
+    arrays.
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -822,9 +828,10 @@ def convert(array: Any, kind: str, device: Any = None) -> Any:
         return host
     if is_sparse(host):
         if kind in DENSE_ONLY:
-            raise TypeError(f"{'PyTorch tensors are' if kind == 'torch' else kind + ' is'} "
-                            "dense here: a network or system with sparse weights moves to "
-                            "'numpy' or 'cupy' only")
+            raise TypeError(f"{kind} is dense here: a network or system with sparse "
+                            "weights moves to 'numpy', 'cupy' or 'torch' only")
+        if kind == "torch":
+            return _named("torch").sparse.csr_matrix(host, device=device)
         return _named("cupy").sparse.csr_matrix(host)
     if kind == "array_api_strict":
         return _named(kind).xp.asarray(host)
@@ -882,8 +889,8 @@ def dense(array: Any) -> Any:
 def to_host(array: Any) -> Any:
     """Return ``array`` as a NumPy array (a no-op for NumPy input)."""
     name = _name_of(array)
-    if name == "torch":
-        return array.detach().cpu().numpy()
+    if name == "torch":  # a CSR tensor as SciPy's CSR array
+        return array.to_host() if is_sparse(array) else array.detach().cpu().numpy()
     if name == "array_api_strict":
         return importlib.import_module("numpy").asarray(array)
     return array.get() if name == "cupy" else array
@@ -1029,7 +1036,8 @@ def outer_on_pattern(Wk: Any, vk: Any, zk: Any) -> Any:
     else:
         products = vk[rows] * zk[Wk.indices]
         data = products if vk.ndim == 1 else products.sum(axis=1)
-    return type(Wk)((data, Wk.indices.copy(), Wk.indptr.copy()), shape=Wk.shape)
+    return type(Wk)((data, be.xp.asarray(Wk.indices, copy=True),
+                     be.xp.asarray(Wk.indptr, copy=True)), shape=Wk.shape)
 
 
 def over_time(M: Any, Z: Any) -> Any:

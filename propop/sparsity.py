@@ -127,7 +127,8 @@ def prune(net: FNN, density: float, pattern: str = "magnitude", *, block: int = 
 
 def density_of(net: FNN) -> float:
     """Stored weights over all weights, over every layer of ``net``."""
-    nnz = sum(W.nnz if sp.issparse(W) else np.count_nonzero(W) for W in net.W)
+    nnz = sum(W.nnz if backend.is_sparse(W) else np.count_nonzero(backend.to_host(W))
+              for W in net.W)
     return nnz / sum(W.shape[0] * W.shape[1] for W in net.W)
 
 

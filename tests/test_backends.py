@@ -11,6 +11,7 @@ block and sample by sample, with NumPy's substitution.
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
 import propop as pp
 from benchmarks.systems import SYSTEMS
@@ -105,17 +106,40 @@ def test_products_and_views_on_every_backend(kind, device, name):
                                    pp.solve(system.sample(i), "substitution").x, rtol=1e-12)
 
 
-@pytest.mark.parametrize("kind", ["torch", "array_api_strict"])
-def test_sparse_couplings_move_dense_to_a_dense_backend_and_networks_refuse(kind):
+def test_sparse_couplings_move_dense_to_the_strict_namespace_and_networks_refuse():
     net = pp.FNN.random([30, 30, 30], activation="tanh", seed=0, density=0.1)
     system = pp.backward_system(net, net.forward(np.ones((30, 2))), np.ones((30, 2)))
     assert "sparse" in system.tags
-    moved = system.to(kind)
+    moved = system.to("array_api_strict")
     assert "sparse" not in moved.tags
     np.testing.assert_allclose(backend.to_host(pp.solve(moved, "substitution").x),
                                pp.solve(system, "substitution").x, rtol=1e-12)
-    with pytest.raises(TypeError, match="dense here.*'numpy' or 'cupy'"):
-        net.to(kind)
+    with pytest.raises(TypeError, match="dense here.*'numpy', 'cupy' or 'torch'"):
+        net.to("array_api_strict")
+
+
+def test_sparse_couplings_and_networks_stay_sparse_on_pytorch():
+    """PyTorch's CSR tensors: a sparse network moves as it is, its gradients on its pattern."""
+    from propop.torch_sparse import CSRTensor
+
+    net = pp.FNN.random([30, 30, 30], activation="tanh", seed=0, density=0.1)
+    x, t = np.random.default_rng(0).standard_normal((30, 2)), np.zeros((30, 2))
+    system = pp.backward_system(net, net.forward(x), np.ones((30, 2)))
+    moved = system.to("torch")
+    assert "sparse" in moved.tags
+    assert all(isinstance(M, CSRTensor) for M in moved.blocks.coupling)
+    np.testing.assert_allclose(backend.to_host(pp.solve(moved, "substitution").x),
+                               pp.solve(system, "substitution").x, rtol=1e-12)
+    on_torch = net.to("torch")
+    assert on_torch.sparse and all(isinstance(W, CSRTensor) for W in on_torch.W)
+    g = pp.backprop(on_torch, torch.from_numpy(x), torch.from_numpy(t))
+    for mine, theirs in zip(g.W, pp.backprop(net, x, t).W):  # the same pattern and values
+        host = backend.to_host(mine)
+        np.testing.assert_array_equal(host.indptr, theirs.indptr)
+        np.testing.assert_array_equal(host.indices, theirs.indices)
+        np.testing.assert_allclose(host.data, theirs.data, rtol=1e-12, atol=1e-15)
+    assert all(sp.issparse(W) for W in on_torch.to("numpy").W)
+    assert pp.sparsity.density_of(on_torch) == pp.sparsity.density_of(net)
 
 
 def test_the_gpu_benchmark_runs_end_to_end_on_the_cpu(tmp_path, monkeypatch, capsys):

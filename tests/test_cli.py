@@ -101,6 +101,10 @@ def test_demo_announces_each_section_and_reads_each_table():
             "torch.Tensor" in row]
     assert len(rows) == 8 and max(float(row[4]) for row in rows) < 1e-12
     assert sum("residual graph" in row[1] for row in rows) == 2
+    sparse = [row.split("|") for row in tensors.splitlines()
+              if row.startswith("| FNN of sparse")]
+    assert len(sparse) == 2 and all("CSRTensor" in row[3] for row in sparse)
+    assert max(float(row[4]) for row in sparse) < 1e-12
     own = out.split("Your own models.")[1].split("\n")[0]
     assert "pre-norm SwiGLU unit (LayerNorm, a product of two tensors)" in own
     differences = own.split("largest difference: ")[1].rstrip(".").split(", ")

@@ -151,8 +151,8 @@ def test_a_moved_graph_says_what_it_takes():
     import scipy.sparse as sp
 
     sparse = pp.Graph(4).add("fc", L.Dense(sp.random(4, 4, density=0.5, random_state=0)))
-    with pytest.raises(TypeError, match=r"node 'fc': .*dense here.*'numpy' or 'cupy'"):
-        sparse.to("torch")
+    with pytest.raises(TypeError, match=r"node 'fc': .*dense here.*'numpy', 'cupy' or 'torch'"):
+        sparse.to("array_api_strict")
     moved = pp.Graph.residual_mlp(4, 1).to("torch")
     with pytest.raises(ValueError, match=r"x is a numpy.ndarray.*PyTorch tensors.*as_tensor"):
         moved.forward(rng.standard_normal((4, 2)))
@@ -211,13 +211,35 @@ def test_a_graph_of_no_parameters_moves_too():
 
 
 def test_a_structure_too_large_to_expand_is_refused_by_the_memory_budget():
-    """A convolution's sparse Jacobian becomes dense on PyTorch: within the budget, or named."""
+    """A convolution's sparse Jacobian is dense on the strict namespace: within the budget."""
     _, graph, x, _ = imported("conv2d")
-    moved = graph.to("torch")
+    moved = graph.to("array_api_strict")
     with pp.memory.limit(100_000), pytest.raises(pp.MemoryBudgetError,
-                                                 match=r"sparse \d+ x \d+ matrix.*'numpy'"):
-        moved.forward(torch.from_numpy(x))
+                                                 match=r"sparse \d+ x \d+ matrix.*'torch'"):
+        moved.forward(strict.asarray(x))
     assert graph.forward(x).z[-1].shape[0] == graph.sizes[-1]  # NumPy keeps it sparse
+
+
+def test_a_convolution_stays_sparse_on_pytorch_within_a_budget_its_dense_form_is_not():
+    """PyTorch's CSR tensors: the Jacobian's dense form would be refused, its CSR one fits."""
+    from propop.torch_sparse import CSRTensor
+
+    _, graph, x, _ = imported("conv2d")
+    conv = next(layer for layer in graph.layers.values() if isinstance(layer, L.Conv2d))
+    rows, cols = conv._pattern[3]
+    moved, budget = graph.to("torch"), 100_000
+    assert rows * cols * 8 > budget  # the dense Jacobian would not fit
+    with pp.memory.limit(budget):
+        trace = moved.forward(torch.from_numpy(x))
+        G = pp.backward_system(moved, trace, moved.loss_gradient(trace, torch.zeros_like(
+            trace.output)))
+    assert any(isinstance(M, CSRTensor) for M in G.operator_of.couplings.arrays())
+    reference = graph.forward(x)
+    np.testing.assert_allclose(trace.output.numpy(), reference.output, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(pp.solve(G, "substitution").x.numpy(), pp.solve(
+        pp.backward_system(graph, reference, graph.loss_gradient(
+            reference, np.zeros(reference.output.shape))), "substitution").x,
+        rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.parametrize(("kind", "device"), [pytest.param("numpy", None, id="numpy"),

@@ -97,6 +97,7 @@ def backends() -> None:
 
     rng = np.random.default_rng(1)
     fnn = FNN.random([6, 9, 5, 7], activation="tanh", seed=0)
+    sparse = FNN.random([6, 9, 5, 7], activation="tanh", seed=0, density=0.4)
     rnn = RNN.random([3, 4, 4], activation="tanh", seed=0)
     gru = GRU(3, 4, num_layers=2, seed=0)
     graph = Graph.residual_mlp(6, 2)
@@ -104,6 +105,8 @@ def backends() -> None:
     cases = {"FNN 6-9-5-7": (fnn, x, rng.standard_normal((7, 3)),
                              lambda: FNN([torch.from_numpy(W) for W in fnn.W],
                                          [torch.from_numpy(b) for b in fnn.b])),
+             "FNN of sparse weights (40%)": (sparse, x, rng.standard_normal((7, 3)),
+                                             lambda: sparse.to("torch")),
              "RNN, 12 steps": (rnn, xs, rng.standard_normal((12, 4, 3)),
                                lambda: RNN([torch.from_numpy(W) for W in rnn.W],
                                            [torch.from_numpy(U) for U in rnn.U],
@@ -112,9 +115,9 @@ def backends() -> None:
                                        lambda: gru.to("torch")),
              "residual graph, 2 blocks": (graph, x, rng.standard_normal((6, 3)),
                                           lambda: graph.to("torch"))}
-    print("PyTorch tensors, one code path: networks of tensors (any widths, RNNs, GRUs, "
-          "graphs) "
-          "backpropagate with every propop-native method on the same code as NumPy's "
+    print("PyTorch tensors, one code path: networks of tensors (any widths, sparse weights as "
+          "CSR tensors, RNNs, GRUs, graphs) backpropagate with every propop-native method on "
+          "the same code as NumPy's "
           f"(CuPy and PyTorch CUDA too, {_gpu_runs()}; propop solvers says where each "
           "method has run):\n")
     print("| network | method | returns | max relative difference from NumPy |\n"
@@ -141,7 +144,7 @@ def _first_gradient(g: Any, host: bool = True) -> Any:
 
     value = g.W[0] if hasattr(g, "W") else next(iter(g.parameters.values()))
     value = next(iter(value.values())) if isinstance(value, dict) else value  # a graph's node
-    return backend.to_host(value) if host else value
+    return backend.dense(backend.to_host(value)) if host else value
 
 
 def torch_loop() -> None:

@@ -22,7 +22,7 @@ class Conv2d(Linear):
     ``(C, H, W)`` flattened. Output channel ``o`` reads the input channels of its
     group, ``o // (out_channels / groups)``; kernel entries are ``dilation``
     apart. The Jacobian is an explicit sparse matrix whose pattern is built once
-    on the host (on PyTorch, expanded where it meets a tensor).
+    on the host (a CSR tensor on PyTorch, :mod:`propop.torch_sparse`).
     """
 
     values = ("W", "b")

@@ -120,7 +120,7 @@ def _block_diagonal(be: backend.Backend, matrices: list) -> Any:
     for c in counts:
         starts.append(starts[-1] + c)
     indptr = xp.concat([M.indptr[:-1] + s for M, s in zip(matrices, starts)]
-                            + [xp.asarray([starts[-1]])])
+                       + [backend.like(np.asarray([starts[-1]]), matrices[0].indptr)])
     indices = xp.concat([M.indices + i * cols for i, M in enumerate(matrices)])
     data = xp.concat([M.data for M in matrices])
     cls = getattr(be.sparse, "csr_array", None) or be.sparse.csr_matrix

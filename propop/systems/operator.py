@@ -476,8 +476,8 @@ class Operator:
     def to(self, kind: str, device: Any = None) -> Operator:
         """The same operator with its arrays on backend ``kind`` (:meth:`TriangularSystem.to`).
 
-        A backend without sparse arrays (PyTorch, the strict namespace) takes
-        sparse couplings as dense ones, within the memory budget.
+        The backend without sparse arrays (the strict namespace) takes sparse
+        couplings as dense ones, within the memory budget.
         """
         move = functools.partial(backend.convert, kind=kind, device=device)
         like = move(self.backend.xp.zeros(1, dtype=self.dtype))

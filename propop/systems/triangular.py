@@ -323,8 +323,8 @@ class TriangularSystem:
 
         ``kind`` is ``"numpy"``, ``"torch"``, ``"cupy"`` or ``"array_api_strict"``;
         ``device`` a PyTorch device such as ``"cuda"``. A chain given by its stacks
-        moves as its stacks; sparse couplings become dense on the backends without
-        sparse arrays (PyTorch, the strict namespace).
+        moves as its stacks; sparse couplings stay sparse on CuPy and PyTorch (CSR
+        tensors) and become dense on the strict namespace, which has no sparse arrays.
         """
         rhs = backend.convert(self._scaled_rhs, kind, device)
         return TriangularSystem.of(self._op.to(kind, device), rhs, self.rhs_support)

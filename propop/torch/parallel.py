@@ -17,7 +17,9 @@ convolution Jacobians work: float32 and CUDA tensors are taken there and their
 results brought back (a copy per call). With ``backend="torch"`` the graph's values
 are float64 tensors on the inputs' device (:meth:`propop.Graph.to`, moved once per
 device) and the passes, the solve and the gradients run there with propop's native
-methods: nothing goes to the host, and a convolution's Jacobian is a dense matrix.
+methods: nothing goes to the host but the layers' structure, made there once, and
+a convolution's kernel, read there to fill its sparse Jacobian (a CSR tensor,
+:mod:`propop.torch_sparse`), at every call.
 """
 
 from __future__ import annotations

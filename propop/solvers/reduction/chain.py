@@ -246,7 +246,7 @@ def _stacked(system: Any, shared_diagonal: str | None, diagonal: bool = False
     else:
         matrices = system.blocks.coupling
         C = _stack_matrices(system.backend, [matrices[j] for j in couplings], n,
-                            dtype)[:, None, ...]
+                            dtype, backend.device(system.rhs))[:, None, ...]
     return Chain(L, C, xp.permute_dims(G, (0, 2, 1)), order, system.sizes)
 
 
@@ -268,19 +268,21 @@ def _coupling_scales(system: Any, couplings: list) -> Any:
     return S[:, :, None] if S.ndim == 2 else S
 
 
-def _stack_matrices(be: backend.Backend, matrices: list, n: int, dtype: Any) -> Any:
-    """Dense ``(m, n, n)`` stack of ``n x n`` matrices, sparse ones scattered in one go."""
+def _stack_matrices(be: backend.Backend, matrices: list, n: int, dtype: Any,
+                    device: Any) -> Any:
+    """Dense ``(m, n, n)`` stack of ``n x n`` matrices on ``device``, sparse ones scattered."""
     xp = be.xp
     if not matrices:  # a chain of one block
-        return xp.zeros((0, n, n), dtype=dtype)
+        return xp.zeros((0, n, n), dtype=dtype, device=device)
     if not all(be.sparse.issparse(M) for M in matrices):  # dense, or dense and sparse mixed
         return backend.astype(xp.stack([backend.dense(M) for M in matrices]), dtype)
     # canonical CSR (TriangularSystem makes them so): no duplicates, one scatter
-    counts = xp.diff(xp.concat([M.indptr for M in matrices]).reshape(-1, n + 1),
-                     axis=1).reshape(-1)
-    rows = xp.repeat(xp.tile(xp.arange(n), len(matrices)), counts)
-    block = xp.repeat(xp.arange(len(matrices)), counts.reshape(-1, n).sum(axis=1))
-    out = xp.zeros((len(matrices), n, n), dtype=dtype)
+    counts = xp.reshape(xp.diff(xp.reshape(xp.concat([M.indptr for M in matrices]),
+                                           (-1, n + 1)), axis=1), (-1,))
+    rows = xp.repeat(xp.tile(xp.arange(n, device=device), (len(matrices),)), counts)
+    block = xp.repeat(xp.arange(len(matrices), device=device),
+                      xp.sum(xp.reshape(counts, (-1, n)), axis=1))
+    out = xp.zeros((len(matrices), n, n), dtype=dtype, device=device)
     out[block, rows, xp.concat([M.indices for M in matrices])] = xp.concat(
         [M.data for M in matrices])
     return out

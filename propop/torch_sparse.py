@@ -1,0 +1,190 @@
+"""Sparse matrices of the PyTorch backend: CSR tensors with SciPy's interface.
+
+``scipy.sparse`` serves NumPy and ``cupyx.scipy.sparse`` serves CuPy with the same
+interface. PyTorch has CSR tensors (``torch.sparse_csr_tensor``, on the CPU and
+on CUDA) but none of that interface, so :class:`CSRTensor` wraps one with the
+part of it that propop's algorithms read: ``shape``, ``dtype``, ``nnz``, ``data``,
+``indices``, ``indptr``, ``T``, ``@`` with dense tensors of one or two axes,
+``toarray()``, ``astype()`` and ``tocoo()`` (an error path's index, on the host).
+The module :data:`SPARSE` is the backend's ``sparse`` module (``issparse``,
+``csr_matrix``) as SciPy's is NumPy's.
+
+A layer's structure (a convolution's Jacobian, a concatenation's placement, a
+broadcast) or a sparse weight thus stays sparse on PyTorch's devices, where it
+was expanded to a dense matrix before (an attention layer's broadcasts were
+8192 x 16384 dense tensors). Every matrix made here is canonical: sorted
+indices, no duplicates, as :func:`propop._checks.canonical_matrix` makes SciPy's.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+__all__ = ["CSRTensor", "SPARSE"]
+
+
+def _csr(indptr: Any, indices: Any, data: Any, shape: tuple) -> Any:
+    """``torch.sparse_csr_tensor`` without its one-time "beta" warning (the layout is used)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta")
+        warnings.filterwarnings("ignore", "Sparse invariant checks are implicitly disabled")
+        return torch.sparse_csr_tensor(indptr, indices, data, size=shape, device=data.device)
+
+
+class CSRTensor:
+    """A canonical CSR matrix of PyTorch tensors on one device.
+
+    Parameters
+    ----------
+    arg : tuple or CSRTensor or scipy.sparse matrix
+        ``(data, indices, indptr)`` tensors (SciPy's constructor's form, the
+        pattern sorted and free of duplicates: the caller's promise), another
+        ``CSRTensor``, or a SciPy sparse matrix of any format (made canonical on
+        the host).
+    shape : tuple, optional
+        ``(m, n)``; required with the tuple form.
+    dtype : torch.dtype, optional
+    device : torch.device or str, optional
+        For a SciPy matrix; default the CPU.
+    copy : bool
+        Accepted as SciPy's; a new object shares no tensor it changes.
+    """
+
+    format = "csr"
+    has_canonical_format = True
+    ndim = 2
+    propop_backend = "torch"  # what propop.backend.of reads: this type's backend
+
+    def __init__(self, arg: Any, shape: tuple | None = None, dtype: Any = None,
+                 device: Any = None, copy: bool = False) -> None:
+        if isinstance(arg, CSRTensor):
+            data, indices, indptr, shape = arg.data, arg.indices, arg.indptr, arg.shape
+        elif sp.issparse(arg):
+            host = sp.csr_array(arg, copy=True)
+            host.sum_duplicates()
+            host.sort_indices()
+            device = torch.device(device or "cpu")
+            data, indices, indptr = (torch.as_tensor(a, device=device) for a in (
+                host.data, host.indices.astype(np.int64), host.indptr.astype(np.int64)))
+            shape = host.shape
+        else:
+            data, indices, indptr = arg
+            if shape is None:
+                raise ValueError("CSRTensor((data, indices, indptr)) needs shape=(m, n)")
+        if dtype is not None and data.dtype != dtype:
+            data = data.to(dtype)
+        self.shape = (int(shape[0]), int(shape[1]))
+        self.tensor = _csr(indptr, indices, data, self.shape)
+
+    # -- what the algorithms read --------------------------------------------------------
+    @property
+    def data(self) -> Any:
+        """The stored entries, in row order."""
+        return self.tensor.values()
+
+    @property
+    def indices(self) -> Any:
+        """Each stored entry's column."""
+        return self.tensor.col_indices()
+
+    @property
+    def indptr(self) -> Any:
+        """Row ``i``'s entries are ``data[indptr[i]:indptr[i + 1]]``."""
+        return self.tensor.crow_indices()
+
+    @property
+    def dtype(self) -> Any:
+        """The entries' ``torch.dtype``."""
+        return self.tensor.dtype
+
+    @property
+    def device(self) -> Any:
+        """The ``torch.device`` the tensors live on."""
+        return self.tensor.device
+
+    @property
+    def nnz(self) -> int:
+        """How many entries are stored."""
+        return int(self.tensor.values().shape[0])
+
+    @functools.cached_property
+    def T(self) -> CSRTensor:  # noqa: N802 (SciPy's name)
+        """The transpose as a canonical CSR matrix, made once on the device."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta")
+            flipped = self.tensor.t().to_sparse_csr()  # CSC of the transpose, as CSR
+        out = CSRTensor.__new__(CSRTensor)
+        out.shape, out.tensor = (self.shape[1], self.shape[0]), flipped
+        out.__dict__["T"] = self
+        return out
+
+    def __matmul__(self, x: Any) -> Any:
+        """``M @ x`` for a dense tensor of one or two axes (PyTorch's CSR product)."""
+        if not isinstance(x, torch.Tensor):
+            return NotImplemented
+        if x.ndim not in (1, 2) or x.shape[0] != self.shape[1]:
+            raise ValueError(f"matmul of a sparse {self.shape} matrix and x of shape "
+                             f"{tuple(x.shape)}: x must be ({self.shape[1]},) or "
+                             f"({self.shape[1]}, k)")
+        if x.dtype != self.dtype:
+            x = x.to(self.dtype)
+        return self.tensor @ x
+
+    def __rmatmul__(self, x: Any) -> Any:
+        """``x @ M`` for a dense tensor: ``(M^T x^T)^T``."""
+        if not isinstance(x, torch.Tensor):
+            return NotImplemented
+        return (self.T @ x.T).T if x.ndim == 2 else self.T @ x
+
+    def toarray(self) -> Any:
+        """The dense tensor."""
+        return self.tensor.to_dense()
+
+    def astype(self, dtype: Any) -> CSRTensor:
+        """The same pattern with entries in ``dtype``."""
+        return self if dtype == self.dtype else CSRTensor(
+            (self.data.to(dtype), self.indices, self.indptr), shape=self.shape)
+
+    def tocsr(self) -> CSRTensor:
+        """Itself: it is canonical CSR."""
+        return self
+
+    def tocoo(self) -> Any:
+        """The matrix on the host as SciPy's COO (for error messages' indices)."""
+        return self.to_host().tocoo()
+
+    def to_host(self) -> Any:
+        """SciPy's CSR array of the same entries."""
+        return sp.csr_array((self.data.cpu().numpy(), self.indices.cpu().numpy(),
+                             self.indptr.cpu().numpy()), shape=self.shape)
+
+    def to(self, where: Any) -> CSRTensor:
+        """The same matrix in dtype ``where`` or on device ``where`` (``Tensor.to``'s two)."""
+        if isinstance(where, torch.dtype):
+            return self.astype(where)
+        return CSRTensor((self.data.to(where), self.indices.to(where),
+                          self.indptr.to(where)), shape=self.shape)
+
+    def __repr__(self) -> str:
+        return (f"<CSRTensor {self.shape[0]} x {self.shape[1]}, {self.nnz} stored entries, "
+                f"{self.dtype} on {self.device}>")
+
+
+def _issparse(obj: Any) -> bool:
+    return isinstance(obj, CSRTensor)
+
+
+def _csr_matrix(arg: Any, shape: tuple | None = None, dtype: Any = None,
+                copy: bool = False, device: Any = None) -> CSRTensor:
+    return CSRTensor(arg, shape=shape, dtype=dtype, device=device, copy=copy)
+
+
+# the backend's sparse module: SciPy's two names that propop calls on any backend
+SPARSE = SimpleNamespace(issparse=_issparse, csr_matrix=_csr_matrix, csr_array=_csr_matrix)
