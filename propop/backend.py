@@ -1028,7 +1028,8 @@ def outer_on_pattern(Wk: Any, vk: Any, zk: Any) -> Any:
     be = of(Wk)
     if not be.sparse.issparse(Wk):
         return vk[:, None] * zk[None, :] if vk.ndim == 1 else vk @ zk.T
-    rows = be.xp.repeat(be.xp.arange(Wk.shape[0]), be.xp.diff(Wk.indptr))
+    rows = be.xp.repeat(be.xp.arange(Wk.shape[0], device=device(Wk.indptr)),
+                        be.xp.diff(Wk.indptr))
     size = Wk.shape[0] * Wk.shape[1]
     if vk.ndim == 2 and 64 * Wk.nnz >= size and size <= 2**22 and \
             Wk.nnz * vk.shape[1] >= 2**18:

@@ -68,6 +68,14 @@ def test_every_native_method_makes_its_arrays_beside_its_operands(name):
         np.testing.assert_allclose(solution.x.numpy(), reference, rtol=1e-7, atol=1e-9)
 
 
+def sparse_rnn():
+    """An RNN whose recurrent weights are SciPy CSR arrays (its small entries dropped)."""
+    import scipy.sparse as sp
+
+    dense = pp.RNN.random([3, 4, 4], seed=0)
+    return pp.RNN(dense.W, [sp.csr_array(U * (np.abs(U) > 0.3)) for U in dense.U], dense.b)
+
+
 def networks():
     from test_torch_trace import ConvNet, randomised
 
@@ -76,12 +84,16 @@ def networks():
     conv = pp.from_torch(randomised(ConvNet()).double(), (2, 9, 9))
     return {"fnn-unequal": (pp.FNN.random([4, 6, 3, 5], seed=0), rng.standard_normal((4, 2))),
             "fnn-stacked": (pp.FNN.random([5] * 4, seed=0), rng.standard_normal((5, 2))),
+            "fnn-sparse": (pp.FNN.random([6, 8, 8, 5], seed=0, density=0.4),
+                           rng.standard_normal((6, 2))),
             "rnn": (pp.RNN.random([3, 4, 4], seed=0), rng.standard_normal((10, 3, 2))),
+            "rnn-sparse": (sparse_rnn(), rng.standard_normal((10, 3, 2))),
             "graph": (pp.Graph.residual_mlp(5, 2), rng.standard_normal((5, 2))),
             "conv-graph": (conv, rng.standard_normal((162, 2)))}
 
 
-@pytest.mark.parametrize("name", ["fnn-unequal", "fnn-stacked", "rnn", "graph", "conv-graph"])
+@pytest.mark.parametrize("name", ["fnn-unequal", "fnn-stacked", "fnn-sparse", "rnn",
+                                  "rnn-sparse", "graph", "conv-graph"])
 def test_a_network_of_tensors_makes_its_arrays_beside_its_weights(name):
     net, x = networks()[name]
     moved, X = net.to("torch"), torch.from_numpy(x)
