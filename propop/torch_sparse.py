@@ -38,6 +38,14 @@ def _csr(indptr: Any, indices: Any, data: Any, shape: tuple) -> Any:
         return torch.sparse_csr_tensor(indptr, indices, data, size=shape, device=data.device)
 
 
+def _canonical(M: Any) -> Any:
+    """SciPy's canonical CSR array of ``M``: duplicates summed, indices sorted (a copy)."""
+    host = sp.csr_array(M, copy=True)
+    host.sum_duplicates()
+    host.sort_indices()
+    return host
+
+
 class CSRTensor:
     """A canonical CSR matrix of PyTorch tensors on one device.
 
@@ -54,7 +62,9 @@ class CSRTensor:
     device : torch.device or str, optional
         For a SciPy matrix; default the CPU.
     copy : bool
-        Accepted as SciPy's; a new object shares no tensor it changes.
+        Accepted as SciPy's. As ``torch.as_tensor`` does, a canonical SciPy
+        matrix's entries on the CPU may be shared, not copied (a dense array's
+        move to PyTorch's CPU shares its memory too); no method here writes them.
     """
 
     format = "csr"
@@ -67,12 +77,11 @@ class CSRTensor:
         if isinstance(arg, CSRTensor):
             data, indices, indptr, shape = arg.data, arg.indices, arg.indptr, arg.shape
         elif sp.issparse(arg):
-            host = sp.csr_array(arg, copy=True)
-            host.sum_duplicates()
-            host.sort_indices()
+            host = arg if arg.format == "csr" and arg.has_canonical_format else _canonical(arg)
             device = torch.device(device or "cpu")
             data, indices, indptr = (torch.as_tensor(a, device=device) for a in (
-                host.data, host.indices.astype(np.int64), host.indptr.astype(np.int64)))
+                host.data if host.data.flags.writeable else host.data.copy(),  # read-only
+                host.indices.astype(np.int64), host.indptr.astype(np.int64)))  # (shared)
             shape = host.shape
         else:
             data, indices, indptr = arg

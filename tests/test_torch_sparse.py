@@ -88,12 +88,16 @@ def test_a_nan_in_a_csr_tensor_is_named_at_its_index():
 
 
 def test_making_and_transposing_them_warns_nothing():
+    M = sp.random_array((5, 5), density=0.5, format="csr", rng=np.random.default_rng(2))
+    shared = M.copy()
+    shared.data.setflags(write=False)  # a read-only structure (a shared scaled identity)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        T = CSRTensor(sp.random_array((5, 5), density=0.5, format="csr",
-                                      rng=np.random.default_rng(2)))
+        T = CSRTensor(M)
         T.T @ torch.ones(5, dtype=torch.float64)
+        read_only = CSRTensor(shared)
     assert not caught, [str(w.message) for w in caught]
+    np.testing.assert_array_equal(read_only.toarray().numpy(), M.toarray())
 
 
 def test_a_sparse_rnn_moves_to_pytorch_and_backpropagates_as_on_numpy():

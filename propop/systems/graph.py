@@ -86,11 +86,11 @@ def _couplings(graph: Graph, like: Any, transpose: bool = False) -> dict:
         M = _compose(J, graph.selection(p), block_sizes[index[p]])
         made[key] = M if key not in made else made[key] + M
     for key, M in made.items():
-        M = backend.matrix_on(M, like)
-        if transpose:
+        if transpose:  # on the host, where it was composed (SciPy's transpose is cheap)
             M = transposed(M)
-            M = canonical_matrix(M, "a coupling") if backend.is_sparse(M) and \
+            M = canonical_matrix(M, "a coupling") if sp.issparse(M) and \
                 M.format != "csr" else M
+        M = backend.matrix_on(M, like)
         if _structural(stamps[key][0]):
             kept[key + on] = (stamps[key], M)
         out[key] = M
