@@ -18,7 +18,6 @@ indices, no duplicates, as :func:`propop._checks.canonical_matrix` makes SciPy's
 
 from __future__ import annotations
 
-import functools
 import warnings
 from types import SimpleNamespace
 from typing import Any
@@ -123,15 +122,18 @@ class CSRTensor:
         """How many entries are stored."""
         return int(self.tensor.values().shape[0])
 
-    @functools.cached_property
+    @property
     def T(self) -> CSRTensor:  # noqa: N802 (SciPy's name)
-        """The transpose as a canonical CSR matrix, made once on the device."""
+        """The transpose as a canonical CSR matrix, made on the device at each call.
+
+        Not kept: the entries may be written in place (``M.data.mul_(2)``), and a
+        kept transpose would then be stale.
+        """
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta")
             flipped = self.tensor.t().to_sparse_csr()  # CSC of the transpose, as CSR
         out = CSRTensor.__new__(CSRTensor)
         out.shape, out.tensor = (self.shape[1], self.shape[0]), flipped
-        out.__dict__["T"] = self
         return out
 
     def __matmul__(self, x: Any) -> Any:

@@ -184,3 +184,31 @@ def test_a_nan_in_a_large_or_a_small_row_scaling_is_named(bad):
     scales[bad][-1] = np.inf
     with pytest.raises(ValueError, match=rf"block {bad}: row scaling contains NaN or Inf"):
         pp.TriangularSystem(M, scales, rhs, lower=True, sizes=sizes)
+
+
+def test_a_weight_on_the_graphs_device_is_not_sent_through_the_host(monkeypatch):
+    """A dense layer's coupling on PyTorch is its weight's transposed view, made there.
+
+    On a GPU a trip through the host is two copies and a synchronisation per weight per
+    call; on the CPU it is free, so the host conversions are counted instead.
+    """
+    torch = pytest.importorskip("torch")
+    graph = pp.Graph.residual_mlp(5, 2).to("torch")
+    like = torch.ones((graph.input_size, 3), dtype=torch.float64)
+    graph_systems._couplings(graph, like, transpose=True)  # the structural ones, kept
+    sent = []
+    real = pp.backend.to_host
+    monkeypatch.setattr(pp.backend, "to_host", lambda a: sent.append(a) or real(a))
+    couplings = graph_systems._couplings(graph, like, transpose=True)
+    assert not [a for a in sent if isinstance(a, torch.Tensor)]
+    index = {n: i for i, n in enumerate(graph.order)}
+    dense = [n for n, layer in graph.layers.items() if isinstance(layer, L.Dense)]
+    for name in dense:
+        (p,) = graph.inputs[name]
+        M, W = couplings[(index[name], index[p])], graph.layers[name].W
+        assert M.data_ptr() == W.data_ptr() and M.shape == W.T.shape  # W^T, a view
+    monkeypatch.setattr(pp.backend, "to_host", real)
+    host = pp.Graph.residual_mlp(5, 2)  # the same values on NumPy: the same couplings
+    for key, M in graph_systems._couplings(host, np.ones((5, 3)), transpose=True).items():
+        mine = pp.backend.to_host(couplings[key])
+        np.testing.assert_array_equal(pp.backend.dense(mine), pp.backend.dense(M))

@@ -45,7 +45,12 @@ def test_products_and_the_transpose_are_scipys(columns):
     np.testing.assert_allclose((T.T @ torch.from_numpy(y)).numpy(), M.T @ y, rtol=1e-14)
     if columns is not None:  # x @ M, as SciPy's
         np.testing.assert_allclose((torch.from_numpy(y.T) @ T).numpy(), y.T @ M, rtol=1e-14)
-    assert T.T.T is T and T.T.shape == (5, 7)
+    assert T.T.shape == (5, 7)
+    np.testing.assert_array_equal(T.T.T.toarray().numpy(), M.toarray())
+    own = CSRTensor(M.copy())  # (one made from M on the CPU shares M's entries)
+    before = own.T  # a transpose made before the entries are written
+    own.data.mul_(2.0)  # entries written in place: the next transpose reads them
+    np.testing.assert_array_equal(own.T.toarray().numpy(), 2 * before.toarray().numpy())
     np.testing.assert_array_equal(T.T.toarray().numpy(), M.T.toarray())
     assert T.T.format == "csr" and T.T.tensor.layout == torch.sparse_csr
 

@@ -81,20 +81,31 @@ def _couplings(graph: Graph, like: Any, transpose: bool = False) -> dict:
         if hit is not None and all(a is b for a, b in zip(hit[0], stamp)):
             out[key] = hit[1]
             continue
-        J = backend.to_host(layer.jacobians([sizes[index[q]] for q in graph.inputs[k]])[i]
-                            ) if layer.linear else None
-        M = _compose(J, graph.selection(p), block_sizes[index[p]])
-        made[key] = M if key not in made else made[key] + M
+        J = layer.jacobians([sizes[index[q]] for q in graph.inputs[k]])[i] \
+            if layer.linear else None
+        A = graph.selection(p)
+        if J is not None and (A is not None or key in made):  # composed on the host
+            J = backend.to_host(J)
+        M = _compose(J, A, block_sizes[index[p]])
+        made[key] = M if key not in made else backend.to_host(made[key]) + M
     for key, M in made.items():
-        if transpose:  # on the host, where it was composed (SciPy's transpose is cheap)
-            M = transposed(M)
-            M = canonical_matrix(M, "a coupling") if sp.issparse(M) and \
-                M.format != "csr" else M
+        host = backend.of(M).name == "numpy"  # composed there, or a NumPy graph's own
+        if transpose and host:  # SciPy's transpose, not one per call on the device
+            M = _transposed(M)
         M = backend.matrix_on(M, like)
+        if transpose and not host:  # a weight already on the graph's device stays there
+            M = _transposed(M)
         if _structural(stamps[key][0]):
             kept[key + on] = (stamps[key], M)
         out[key] = M
     return out
+
+
+def _transposed(M: Any) -> Any:
+    """``M^T``, a sparse one as a canonical CSR array (SciPy's and CuPy's transposes are CSC)."""
+    M = transposed(M)
+    return canonical_matrix(M, "a coupling") if backend.is_sparse(M) and \
+        M.format != "csr" else M
 
 
 def _names(graph: Graph, letter: str) -> list[str]:
