@@ -45,6 +45,19 @@ def _canonical(M: Any) -> Any:
     return host
 
 
+def _require_fit(data: Any, indices: Any, indptr: Any, shape: tuple | None) -> None:
+    """The tuple form's arrays: 1-D tensors, as many entries as indices, ``m + 1`` pointers."""
+    if shape is None or len(shape) != 2:
+        raise ValueError("CSRTensor((data, indices, indptr)) needs shape=(m, n)")
+    if not all(isinstance(a, torch.Tensor) and a.ndim == 1 for a in (data, indices, indptr)) \
+            or data.shape != indices.shape or indptr.shape[0] != int(shape[0]) + 1:
+        raise ValueError(f"CSRTensor((data, indices, indptr), shape={tuple(shape)}) needs 1-D "
+                         f"tensors, as many entries as indices and m + 1 = {int(shape[0]) + 1} "
+                         "pointers; got shapes " + ", ".join(
+                             str(tuple(getattr(a, "shape", ()))) for a in (data, indices,
+                                                                           indptr)))
+
+
 class CSRTensor:
     """A canonical CSR matrix of PyTorch tensors on one device.
 
@@ -59,11 +72,18 @@ class CSRTensor:
         ``(m, n)``; required with the tuple form.
     dtype : torch.dtype, optional
     device : torch.device or str, optional
-        For a SciPy matrix; default the CPU.
-    copy : bool
-        Accepted as SciPy's. As ``torch.as_tensor`` does, a canonical SciPy
-        matrix's entries on the CPU may be shared, not copied (a dense array's
-        move to PyTorch's CPU shares its memory too); no method here writes them.
+        For a SciPy matrix; default the CPU. As ``torch.as_tensor`` does, a
+        canonical SciPy matrix's entries on the CPU are shared, not copied (a dense
+        array's move to PyTorch's CPU shares its memory too); no method here
+        writes them.
+
+    Raises
+    ------
+    TypeError
+        For anything but the three forms.
+    ValueError
+        For a tuple form whose arrays do not fit each other or ``shape`` (the
+        indices' values are not read: that would synchronise a GPU).
     """
 
     format = "csr"
@@ -72,7 +92,7 @@ class CSRTensor:
     propop_backend = "torch"  # what propop.backend.of reads: this type's backend
 
     def __init__(self, arg: Any, shape: tuple | None = None, dtype: Any = None,
-                 device: Any = None, copy: bool = False) -> None:
+                 device: Any = None) -> None:
         if isinstance(arg, CSRTensor):
             data, indices, indptr, shape = arg.data, arg.indices, arg.indptr, arg.shape
         elif sp.issparse(arg):
@@ -82,10 +102,12 @@ class CSRTensor:
                 host.data if host.data.flags.writeable else host.data.copy(),  # read-only
                 host.indices.astype(np.int64), host.indptr.astype(np.int64)))  # (shared)
             shape = host.shape
-        else:
+        elif isinstance(arg, tuple) and len(arg) == 3:
             data, indices, indptr = arg
-            if shape is None:
-                raise ValueError("CSRTensor((data, indices, indptr)) needs shape=(m, n)")
+            _require_fit(data, indices, indptr, shape)
+        else:
+            raise TypeError(f"CSRTensor takes (data, indices, indptr) tensors, a CSRTensor or "
+                            f"a scipy.sparse matrix, got {type(arg).__name__}")
         if dtype is not None and data.dtype != dtype:
             data = data.to(dtype)
         self.shape = (int(shape[0]), int(shape[1]))
@@ -193,8 +215,8 @@ def _issparse(obj: Any) -> bool:
 
 
 def _csr_matrix(arg: Any, shape: tuple | None = None, dtype: Any = None,
-                copy: bool = False, device: Any = None) -> CSRTensor:
-    return CSRTensor(arg, shape=shape, dtype=dtype, device=device, copy=copy)
+                device: Any = None) -> CSRTensor:
+    return CSRTensor(arg, shape=shape, dtype=dtype, device=device)
 
 
 # the backend's sparse module: SciPy's two names that propop calls on any backend

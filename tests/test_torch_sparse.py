@@ -68,6 +68,16 @@ def test_a_product_of_the_wrong_shape_names_both_and_dtypes_meet():
     np.testing.assert_array_equal(out.numpy(), np.ones(3))
     with pytest.raises(ValueError, match="needs shape"):
         CSRTensor((T.data, T.indices, T.indptr))
+    with pytest.raises(ValueError, match=r"m \+ 1 = 3 pointers; got shapes \(3,\), \(3,\), "
+                                         r"\(4,\)"):
+        CSRTensor((T.data, T.indices, T.indptr), shape=(2, 3))
+    with pytest.raises(ValueError, match="as many entries as indices"):
+        CSRTensor((T.data[:2], T.indices, T.indptr), shape=(3, 3))
+    with pytest.raises(TypeError, match="got ndarray"):
+        CSRTensor(np.eye(3))
+    moved = T.to("cpu")  # Tensor.to's device form
+    assert moved.device.type == "cpu" and moved is not T
+    np.testing.assert_array_equal(moved.toarray().numpy(), np.eye(3))
 
 
 def test_the_backend_knows_them_and_moves_them_both_ways():
