@@ -226,7 +226,7 @@ def test_a_convolution_stays_sparse_on_pytorch_within_a_budget_its_dense_form_is
 
     _, graph, x, _ = imported("conv2d")
     conv = next(layer for layer in graph.layers.values() if isinstance(layer, L.Conv2d))
-    rows, cols = conv._pattern[3]
+    rows, cols = conv._pattern.shape
     moved, budget = graph.to("torch"), 100_000
     assert rows * cols * 8 > budget  # the dense Jacobian would not fit
     with pp.memory.limit(budget):

@@ -72,6 +72,14 @@ class Linear(Layer):
         """The shared ``J_i`` for inputs of ``sizes``."""
         raise NotImplementedError
 
+    def patterns(self, sizes: Sequence[int]) -> list | None:
+        """``(Pattern, values)`` of each ``J_i`` if fixed patterns of values (:mod:`.patterns`).
+
+        ``None`` here: a layer whose Jacobians are its values themselves (a dense
+        weight) or its structure alone.
+        """
+        return None
+
     def forward(self, inputs: Sequence[Any]) -> Any:
         """The output for ``inputs``."""
         shared = self.jacobians([x.shape[0] for x in inputs])

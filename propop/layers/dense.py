@@ -13,6 +13,7 @@ from .. import backend
 from ..activations import Activation as _Function
 from ..activations import get_activation
 from .base import Diagonal, Linear, _one_input, _weight, scaled_identity
+from .patterns import Patterned, diagonal, kron_identity
 
 __all__ = ["Activation", "Dense", "TokenDense", "Add", "Concat", "LinearMap", "BatchNorm",
            "LogSumExp", "softmax_over"]
@@ -94,7 +95,7 @@ class Dense(Linear):
         return out
 
 
-class TokenDense(Linear):
+class TokenDense(Patterned):
     """``nn.Linear`` on each of a sample's ``tokens`` rows: ``z_t = W x_t + b``.
 
     A sample ``(..., in)`` flat in C order is ``tokens`` consecutive inputs of ``in``
@@ -124,16 +125,12 @@ class TokenDense(Linear):
         _one_input(self, sizes, self.tokens * self.W.shape[1])
         return self.tokens * self.W.shape[0]
 
-    def jacobians(self, sizes: Sequence[int]) -> list:
-        """``kron(I_tokens, W)``: ``W`` in every diagonal block of a block-sparse array.
+    def patterns(self, sizes: Sequence[int]) -> list:
+        """``kron(I_tokens, W)``: ``W`` in every diagonal block, its pattern made once a shape.
 
-        Made as BSR blocks and converted (0.15 ms for 16 tokens of a 96 x 32 ``W``,
-        against 1.2 ms for ``scipy.sparse.kron``).
+        The entries the current ``W``'s, gathered on its device.
         """
-        W, T = backend.to_host(self.W), self.tokens
-        (m, n), steps = W.shape, np.arange(T + 1)
-        return [sp.bsr_array((np.broadcast_to(W, (T, m, n)), steps[:-1], steps),
-                             shape=(T * m, T * n)).tocsr()]
+        return [(kron_identity(self.tokens, *self.W.shape), self.W)]
 
     def forward(self, inputs: Sequence[Any]) -> Any:
         """``z_t = W x_t + b``, every token's in one batched product (no Kronecker matrix)."""
@@ -294,7 +291,7 @@ class LinearMap(Linear):
         return list(self.matrices)
 
 
-class BatchNorm(Linear):
+class BatchNorm(Patterned):
     """Batch normalisation in evaluation mode (``torch.nn.BatchNorm1d/2d`` after ``eval()``).
 
     ``z = weight_c (x - mean_c) / sqrt(var_c + eps) + bias_c`` for channel ``c``
@@ -344,9 +341,9 @@ class BatchNorm(Linear):
         _one_input(self, sizes, int(np.prod(self.input_shape)))
         return sizes[0]
 
-    def jacobians(self, sizes: Sequence[int]) -> list:
-        """The shared Jacobians ``J_i``: the diagonal of :attr:`scale`."""
-        return [sp.diags_array(backend.to_host(self.scale), format="csr")]
+    def patterns(self, sizes: Sequence[int]) -> list:
+        """The Jacobian: the diagonal of :attr:`scale`."""
+        return [(diagonal(int(np.prod(self.input_shape))), self.scale)]
 
     def parameters(self) -> dict:
         """Trainable arrays by name: ``weight`` and ``bias`` (as PyTorch's)."""

@@ -27,7 +27,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import backend
-from .base import Diagonal, Linear, _one_input, _weight
+from .base import Diagonal, _one_input, _weight
+from .patterns import Patterned, diagonal
 from .dense import Concat, LinearMap
 from .spatial import Windows
 
@@ -124,7 +125,7 @@ class Power(Diagonal):
         return a, self.forward([x]) - a * x
 
 
-class ElementwiseAffine(Linear):
+class ElementwiseAffine(Patterned):
     """``z = weight * x + bias`` with ``weight``, ``bias`` of a sample's last dimensions.
 
     LayerNorm's affine part, and a traced ``x * p`` or ``x + p`` with a parameter ``p``
@@ -226,12 +227,13 @@ class ElementwiseAffine(Linear):
         _one_input(self, sizes, self._entries * self.spread * self.repeats)
         return sizes[0]
 
-    def jacobians(self, sizes: Sequence[int]) -> list:
-        """``diag(weight)``, spread and repeated (the identity without a weight)."""
+    def patterns(self, sizes: Sequence[int]) -> list:
+        """``diag(weight)``, spread and repeated (the identity's diagonal without a weight)."""
         n = self._entries * self.spread * self.repeats
-        if self.w is None:
-            return [sp.eye_array(n, format="csr")]
-        return [sp.diags_array(backend.to_host(self._scale(self._every(self.w))), format="csr")]
+        if self.w is not None:
+            return [(diagonal(n), self._scale(self._every(self.w)))]
+        xp = backend.namespace(self.b)
+        return [(diagonal(n), xp.ones(n, dtype=self.b.dtype, device=backend.device(self.b)))]
 
     def parameters(self) -> dict:
         """``weight`` and ``bias`` where given (as PyTorch's, in their own shape)."""

@@ -11,11 +11,12 @@ import scipy.sparse as sp
 
 from .. import backend
 from .base import Diagonal, Linear, _one_input, _weight
+from .patterns import Pattern, Patterned
 
 __all__ = ["Conv1d", "Conv2d", "AvgPool2d", "MaxPool2d", "WindowMaximum", "Windows", "max_pool"]
 
 
-class Conv2d(Linear):
+class Conv2d(Patterned):
     """2-D convolution (cross-correlation, as ``torch.nn.Conv2d``), zero padding.
 
     ``W`` has shape ``(out_channels, in_channels / groups, kh, kw)``; inputs are
@@ -75,26 +76,16 @@ class Conv2d(Linear):
         """Where the input channels of ``group`` start in the flat input."""
         return group * self.W.shape[1] * int(np.prod(self.input_shape[1:]))
 
-    def jacobians(self, sizes: Sequence[int]) -> list:
-        """The shared Jacobians ``J_i``."""
-        return [self._jacobian]
+    def patterns(self, sizes: Sequence[int]) -> list:
+        """The Jacobian's pattern and the kernel: its entries gathered per call, on its device.
 
-    @property
-    def _jacobian(self) -> Any:
-        """The sparse Jacobian with the kernel's current values (its pattern made once).
-
-        Built per call from :attr:`_pattern`: kernels changed in place are always seen.
+        Kernels changed in place are always seen.
         """
-        gather, indices, indptr, shape = self._pattern
-        return sp.csr_array((backend.to_host(self.W).reshape(-1)[gather], indices, indptr),
-                            shape=shape)
+        return [(self._pattern, self.W)]
 
     @functools.cached_property
-    def _pattern(self) -> tuple:
-        """``(kernel entry of each non-zero, indices, indptr, shape)`` of the CSR Jacobian.
-
-        Shapes alone decide it; the values are the kernel's, read per call.
-        """
+    def _pattern(self) -> Pattern:
+        """The CSR Jacobian's pattern, each entry a kernel entry: shapes alone decide it."""
         index = self._columns  # (C_g kh kw, P)
         out, ckk = self.W.shape[0], index.shape[0]
         positions = index.shape[1]
@@ -103,12 +94,9 @@ class Conv2d(Linear):
         cols = index[k, p]
         keep = cols >= 0
         cols = cols + self._group_offset(o // (out // self.groups))
-        gather = (o * ckk + k)[keep]
-        rows = (o * positions + p)[keep]
-        shape = (out * positions, int(np.prod(self.input_shape)))
-        order = sp.csr_array((np.arange(1, gather.size + 1, dtype=float), (rows, cols[keep])),
-                             shape=shape)  # where each entry lands in canonical CSR order
-        return gather[order.data.astype(np.int64) - 1], order.indices, order.indptr, shape
+        return Pattern.of_entries((o * positions + p)[keep], cols[keep], (o * ckk + k)[keep],
+                                  (out * positions, int(np.prod(self.input_shape))),
+                                  int(np.prod(self.W.shape)))
 
     def parameters(self) -> dict:
         """Trainable arrays by name."""

@@ -15,6 +15,7 @@ graph's values are.
 
 from __future__ import annotations
 
+import collections
 import weakref
 from typing import Any
 
@@ -24,6 +25,7 @@ import scipy.sparse as sp
 from .. import backend
 from .._checks import canonical_matrix, real_array, require_finite
 from ..layers.base import scaled_identity, transposed
+from ..layers.patterns import Pattern
 from ..networks.graph import Graph
 from ..networks.trace import Trace
 from .builders import backward_system, forward_system
@@ -65,7 +67,11 @@ def _couplings(graph: Graph, like: Any, transpose: bool = False) -> dict:
     coupling as a canonical CSR array. The couplings into structural nodes
     (:func:`_structural`) are kept for the graph and backend while the graph
     holds the same layers; those into a node with values in its Jacobian (a
-    weight) are made from its current values at every call.
+    weight) are made from its current values at every call: a layer whose Jacobian
+    is a fixed pattern of its values (:meth:`~propop.layers.base.Linear.patterns`: a
+    convolution, a token-wise linear map, a scaling) forms it on its values' device,
+    transposed or times the predecessor's selection (the pattern of ``J A`` made
+    once), with no trip through the host and no transpose made per call.
     """
     index = {n: i for i, n in enumerate(graph.order)}
     sizes, block_sizes = graph.sizes, graph.block_sizes
@@ -74,38 +80,66 @@ def _couplings(graph: Graph, like: Any, transpose: bool = False) -> dict:
     out: dict[tuple[int, int], Any] = {}
     made: dict[tuple[int, int], Any] = {}
     stamps: dict[tuple[int, int], tuple] = {}  # the layers an edge's coupling is made of
-    for p, i, k in graph.edges():
+    edges = list(graph.edges())
+    parallel = collections.Counter((index[k], index[p]) for p, _, k in edges)
+    ready = set()  # couplings made from their layer's pattern: oriented, on its device
+    for p, i, k in edges:
         key, layer = (index[k], index[p]), graph.layers[k]
         stamps[key] = stamp = (layer, graph.layers.get(p))
         hit = kept.get(key + on)
         if hit is not None and all(a is b for a, b in zip(hit[0], stamp)):
             out[key] = hit[1]
             continue
-        J = layer.jacobians([sizes[index[q]] for q in graph.inputs[k]])[i] \
-            if layer.linear else None
         A = graph.selection(p)
+        sizes_k = [sizes[index[q]] for q in graph.inputs[k]]
+        patterns = layer.patterns(sizes_k) if layer.linear and parallel[key] == 1 else None
+        if patterns is not None and (A is None or sp.issparse(A)):
+            pattern, values = patterns[i]
+            pattern = _pattern_of(kept, key, stamp, pattern, A)
+            made[key] = (pattern.T if transpose else pattern).matrix(values)
+            ready.add(key)
+            continue
+        J = layer.jacobians(sizes_k)[i] if layer.linear else None
         if J is not None and (A is not None or key in made):  # composed on the host
             J = backend.to_host(J)
         M = _compose(J, A, block_sizes[index[p]])
         made[key] = M if key not in made else backend.to_host(made[key]) + M
     for key, M in made.items():
-        host = backend.of(M).name == "numpy"  # composed there, or a NumPy graph's own
-        if transpose and host:  # SciPy's transpose, not one per call on the device
-            M = _transposed(M)
-        M = backend.matrix_on(M, like)
-        if transpose and not host:  # a weight already on the graph's device stays there
-            M = _transposed(M)
+        M = _placed(M, like, transpose and key not in ready)
         if _structural(stamps[key][0]):
             kept[key + on] = (stamps[key], M)
         out[key] = M
     return out
 
 
-def _transposed(M: Any) -> Any:
-    """``M^T``, a sparse one as a canonical CSR array (SciPy's and CuPy's transposes are CSC)."""
-    M = transposed(M)
+def _pattern_of(kept: dict, key: tuple, stamp: tuple, pattern: Pattern, A: Any) -> Pattern:
+    """The pattern of ``J A`` (``J``'s own without a selection ``A``), made once an edge.
+
+    Kept with the graph's couplings while the edge's layers are the same.
+    """
+    if A is None:
+        return pattern
+    hit = kept.get(key + ("pattern",))
+    if hit is None or hit[1] is not pattern or not all(a is b for a, b in zip(hit[0], stamp)):
+        hit = kept[key + ("pattern",)] = (stamp, pattern, pattern.times(A))
+    return hit[2]
+
+
+def _placed(M: Any, like: Any, flip: bool) -> Any:
+    """``M`` (``M^T`` if ``flip``) on ``like``'s backend and device; a sparse one canonical CSR.
+
+    A matrix on the host is transposed there (SciPy's transpose, not one per call
+    on the device); one already on the graph's device (a weight) stays there,
+    coupled through its transposed view.
+    """
+    host = backend.of(M).name == "numpy"  # composed there, or a NumPy graph's own
+    if flip and host:
+        M = transposed(M)
+    M = backend.matrix_on(M, like)
+    if flip and not host:
+        M = transposed(M)
     return canonical_matrix(M, "a coupling") if backend.is_sparse(M) and \
-        M.format != "csr" else M
+        M.format != "csr" else M  # SciPy's and CuPy's transposes are CSC
 
 
 def _names(graph: Graph, letter: str) -> list[str]:
