@@ -10,7 +10,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import backend
-from .base import Diagonal, Linear, _one_input, _weight
+from .base import Diagonal, Linear, _one_input, _weight, kept_on
 from .patterns import Pattern, Patterned
 
 __all__ = ["Conv1d", "Conv2d", "AvgPool2d", "MaxPool2d", "WindowMaximum", "Windows", "max_pool"]
@@ -72,6 +72,13 @@ class Conv2d(Patterned):
         return _im2col((self.W.shape[1],) + self.input_shape[1:], self.W.shape[2:],
                        self.stride, self.padding, self.dilation)
 
+    @functools.cached_property
+    def _patch_rows(self) -> np.ndarray:
+        """Per group, the input row of each im2col entry (padding: the row past the input)."""
+        index, size = self._columns, int(np.prod(self.input_shape))
+        return np.stack([np.where(index >= 0, index + self._group_offset(group), size)
+                         for group in range(self.groups)])
+
     def _group_offset(self, group: Any) -> Any:
         """Where the input channels of ``group`` start in the flat input."""
         return group * self.W.shape[1] * int(np.prod(self.input_shape[1:]))
@@ -124,8 +131,8 @@ class Conv2d(Patterned):
         G = xp.reshape(g, (self.W.shape[0], index.shape[1] * r))  # (out, P r)
         parts = []
         for group in range(self.groups):
-            shifted = np.where(index >= 0, index + self._group_offset(group), x.shape[0])
-            patches = backend.take_rows(padded, backend.like(shifted, x))  # padding: zero row
+            rows = kept_on(self, "patches", self._patch_rows, x)[group, ...]
+            patches = backend.take_rows(padded, rows)  # padding: the zero row
             patches = xp.reshape(patches, (index.shape[0], index.shape[1] * r))
             parts.append(G[group * per:(group + 1) * per, :] @ patches.T)  # sum over p, r
         out = {"W": xp.reshape(xp.concat(parts), self.W.shape)}
@@ -249,6 +256,11 @@ class WindowMaximum(Diagonal):
         return self._selection
 
     @functools.cached_property
+    def _slots(self) -> np.ndarray:
+        """Each window's input entries, padding as the row past the input (a ``-inf`` row)."""
+        return np.where(self.windows >= 0, self.windows, self.input_size)
+
+    @functools.cached_property
     def _owners(self) -> tuple:
         """Per input entry: its window, its place in the window, and whether it has one."""
         window = np.zeros(self.input_size, dtype=np.int64)
@@ -266,20 +278,19 @@ class WindowMaximum(Diagonal):
         columns = x if x.ndim == 2 else x[:, None]
         padded = xp.concat([columns, xp.full((1, columns.shape[1]), -xp.inf,
                                              dtype=x.dtype, device=backend.device(x))])
-        slots = np.where(self.windows >= 0, self.windows, self.input_size)  # padding: -inf
-        entries = backend.take_rows(padded, backend.like(slots, x))  # (w, k, r)
-        window, place = self._owners
+        slots = kept_on(self, "slots", self._slots, x)
+        entries = backend.take_rows(padded, slots)  # (w, k, r)
+        window, place = (kept_on(self, name, a, x) for name, a in zip(("window", "place"),
+                                                                       self._owners))
         if self.ties == "split":
             top = xp.max(entries, axis=1)  # (w, r)
             share = 1.0 / xp.sum(xp.astype(entries == top[:, None, :], x.dtype), axis=1)
-            mine = backend.take_rows(top, backend.like(window, x))
-            owned = backend.like((place >= 0).astype(np.float64), x)[:, None]
-            mask = xp.astype(columns == mine, x.dtype) * backend.take_rows(
-                share, backend.like(window, x)) * xp.astype(owned, x.dtype)
+            owned = xp.astype(place >= 0, x.dtype)[:, None]
+            mask = xp.astype(columns == backend.take_rows(top, window), x.dtype) * \
+                backend.take_rows(share, window) * owned
         else:
             best = xp.argmax(entries, axis=1)  # (w, r)
-            mask = xp.astype(backend.take_rows(best, backend.like(window, x)) ==
-                             backend.like(place, x)[:, None], x.dtype)
+            mask = xp.astype(backend.take_rows(best, window) == place[:, None], x.dtype)
         return mask if x.ndim == 2 else mask[:, 0]
 
     def linearize(self, x: Any, linearization: str) -> tuple[Any, Any]:

@@ -1,0 +1,90 @@
+"""A graph on PyTorch copies nothing to its device after its first call, one number back.
+
+On a GPU each copy is a transfer and a synchronisation; on the CPU they are free,
+so they are counted: every host array or SciPy matrix sent to PyTorch
+(``backend.like``, ``backend.convert``) and every tensor brought back
+(``backend.to_host``: one a solve, its true residual's norm) during a second
+backprop of each imported module, and during a parallelized transformer layer's
+training step. The results are compared with NumPy's graph and with autograd, so
+a kept array that went stale would show.
+"""
+
+import collections
+import copy
+
+import numpy as np
+import pytest
+
+import propop as pp
+from propop import backend
+
+torch = pytest.importorskip("torch")
+
+from test_graph_backends import MODULES, imported  # noqa: E402
+
+
+@pytest.fixture
+def copies(monkeypatch):
+    """``Counter`` of the copies made while it is active, by direction."""
+    seen = collections.Counter()
+    like, convert, to_host = backend.like, backend.convert, backend.to_host
+
+    def on_host(a):
+        return isinstance(a, np.ndarray) or (backend.is_sparse(a) and
+                                             backend.of(a).name == "numpy")
+
+    def counted_like(values, array):
+        seen["to the device"] += on_host(values)
+        return like(values, array)
+
+    def counted_convert(array, kind, device=None):
+        seen["to the device"] += on_host(array)
+        return convert(array, kind, device)
+
+    def counted_to_host(array):
+        seen["to the host"] += not on_host(array) and array is not None
+        return to_host(array)
+
+    monkeypatch.setattr(backend, "like", counted_like)
+    monkeypatch.setattr(backend, "convert", counted_convert)
+    monkeypatch.setattr(backend, "to_host", counted_to_host)
+    return seen
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_a_graphs_second_backprop_on_pytorch_copies_nothing_but_its_check(name, request):
+    """One number comes back: the solve's true residual, which judges CONVERGED."""
+    _, graph, x, target = imported(name)
+    moved = graph.to("torch")
+    X, T = torch.from_numpy(x), torch.from_numpy(target)
+    pp.backprop(moved, X, T)  # the structure and the index arrays go there once
+    seen = request.getfixturevalue("copies")
+    grads = pp.backprop(moved, X, T, check=True)
+    assert seen == collections.Counter({"to the host": 1}), dict(seen)
+    expected = pp.backprop(graph, x, target)
+    for (a, ga), (b, gb) in zip(grads.named_parameters(), expected.named_parameters()):
+        assert a == b
+        np.testing.assert_allclose(backend.to_host(ga), gb, rtol=1e-12, atol=1e-14)
+
+
+def test_a_parallelized_transformer_step_brings_back_only_its_residual_check(request):
+    """``backend="torch"``: one number to the host a step (the solve's true residual)."""
+    import propop.torch as ptorch
+
+    torch.manual_seed(0)
+    plain = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True).double()
+    x = torch.randn(3, 4, 8, dtype=torch.float64)
+    module = ptorch.parallelize(copy.deepcopy(plain), method="substitution",
+                                example_input=x, backend="torch")
+
+    def gradients(model):
+        model.zero_grad()
+        (model(x) ** 2).mean().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    gradients(module)
+    seen = request.getfixturevalue("copies")
+    mine = gradients(module)
+    assert seen == collections.Counter({"to the host": 1}), dict(seen)
+    for a, b in zip(mine, gradients(plain)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
