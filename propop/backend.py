@@ -29,6 +29,7 @@ from . import memory
 __all__ = ["Backend", "of", "namespace", "is_sparse", "all_finite", "is_real_floating",
            "matmul_into",
            "outer_on_pattern", "over_time", "adopt", "walk", "matmul_out", "DENSE_ONLY",
+           "kept_on",
            "take_rows",
            "subtract_rows", "itemsize", "like", "device", "take_columns", "spread_columns",
            "matmul_writer", "matmul_adder", "kind", "dtype_name", "stack_of", "astype",
@@ -611,6 +612,25 @@ def matrix_on(M: Any, array: Any) -> Any:
                        "arrays")
         host = host.toarray()
     return astype(convert(host, kind, getattr(array, "device", None)), array.dtype)
+
+
+def kept_on(owner: Any, name: str, host: Any, array: Any) -> Any:
+    """``host``, a fixed array made on the host, on ``array``'s backend, device and dtype.
+
+    An index array (a gather's rows, :func:`like`) or a structural matrix (a sum's, a
+    selection's: :func:`matrix_on`, in ``array``'s dtype) that ``owner`` (a layer, a
+    layout) reads at every call, copied there once and kept in ``owner`` while
+    ``host`` is the same object: on a GPU a copy made at every call is a transfer and
+    a synchronisation. ``name`` tells the owner's arrays apart.
+    """
+    kept = owner.__dict__.setdefault("_kept_on", {})  # a layer's to() copies share it
+    key = (name, _name_of(array), str(device(array)), str(array.dtype))
+    hit = kept.get(key)
+    if hit is None or hit[0] is not host:
+        moved = matrix_on(host, array) if is_sparse(host) or is_real_floating(host) \
+            else like(host, array)
+        hit = kept[key] = (host, moved)
+    return hit[1]
 
 
 def take_rows(array: Any, index: Any) -> Any:

@@ -88,3 +88,32 @@ def test_a_parallelized_transformer_step_brings_back_only_its_residual_check(req
     assert seen == collections.Counter({"to the host": 1}), dict(seen)
     for a, b in zip(mine, gradients(plain)):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["jacobi", "batched-gmres"])
+def test_an_iterative_solve_sends_nothing_to_the_device_per_iteration(method, request):
+    """The copies to the device do not grow with the iterations.
+
+    Blocks of unequal sizes (padded once a layout for their norms), each iteration judged.
+    """
+    net = pp.FNN.random([8] + [16] * 9 + [4], activation="tanh", seed=0)  # 11 blocks
+    rng = np.random.default_rng(1)
+    x, target = rng.standard_normal((8, 5)), rng.standard_normal((4, 5))
+    trace = net.forward(x)
+    host = pp.backward_system(net, trace, net.loss_gradient(trace, target))
+    moved = net.to("torch")
+    trace = moved.forward(torch.from_numpy(x))
+    system = pp.backward_system(moved, trace, moved.loss_gradient(trace, torch.from_numpy(
+        target)))
+    pp.solve(system, method, maxiter=1)  # the system's structure goes there once
+    seen = request.getfixturevalue("copies")
+    counts = []
+    for maxiter in (2, 6):  # GMRES: one cycle (its default restart) of that many steps
+        seen.clear()
+        assert pp.solve(system, method, maxiter=maxiter).iterations == maxiter
+        counts.append(seen["to the device"])
+    assert counts[0] == counts[1], counts
+    exact = pp.solve(system, method)
+    assert exact.converged
+    np.testing.assert_allclose(exact.x.numpy(), pp.solve(host, "substitution").x,
+                               rtol=1e-10, atol=1e-12)

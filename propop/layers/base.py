@@ -19,7 +19,7 @@ import scipy.sparse as sp
 from .. import backend
 from .._checks import canonical_matrix, real_array, require_finite
 
-__all__ = ["Layer", "Linear", "Diagonal", "scaled_identity", "transposed", "kept_on"]
+__all__ = ["Layer", "Linear", "Diagonal", "scaled_identity", "transposed"]
 
 _IDENTITIES: dict[int, Any] = {}  # id -> the shared scaled identities (kept by the cache)
 
@@ -83,7 +83,7 @@ class Linear(Layer):
     def forward(self, inputs: Sequence[Any]) -> Any:
         """The output for ``inputs``."""
         shared = self.jacobians([x.shape[0] for x in inputs])
-        out = sum((kept_on(self, f"J{i}", J, x) if self.structural else
+        out = sum((backend.kept_on(self, f"J{i}", J, x) if self.structural else
                    backend.matrix_on(J, x)) @ x for i, (J, x) in enumerate(zip(shared, inputs)))
         if self.bias is None:
             return out
@@ -130,7 +130,7 @@ class Diagonal(Layer):
         a, beta = self.linearize(x, "secant")
         t = a * x + beta
         A = self.selection(x.shape[0])
-        return t if A is None else kept_on(self, "selection", A, t) @ t
+        return t if A is None else backend.kept_on(self, "selection", A, t) @ t
 
     def jacobian(self, inputs: Sequence[Any]) -> list:
         """``dz/dx_i`` for one sample, one sparse array per input."""
@@ -179,25 +179,6 @@ def scaled_identity(n: int, w: float = 1.0) -> Any:
         part.flags.writeable = False
     _IDENTITIES[id(eye)] = eye
     return eye
-
-
-def kept_on(layer: Layer, name: str, host: Any, like: Any) -> Any:
-    """``host``, a layer's fixed array made on the host, on ``like``'s backend and device.
-
-    An index array (a gather's rows) or a structural matrix (a sum's, a
-    selection's: :func:`~propop.backend.matrix_on`, in ``like``'s dtype), copied there
-    once and kept with the layer while ``host`` is the same object: on a GPU a copy
-    made at every call is a transfer and a synchronisation. ``name`` tells the
-    layer's arrays apart.
-    """
-    kept = layer.__dict__.setdefault("_kept_on", {})  # shared by to()'s copies: keyed
-    key = (name, backend.of(like).name, str(backend.device(like)), str(like.dtype))
-    hit = kept.get(key)
-    if hit is None or hit[0] is not host:
-        moved = backend.matrix_on(host, like) if backend.is_sparse(host) or \
-            np.issubdtype(host.dtype, np.floating) else backend.like(host, like)
-        hit = kept[key] = (host, moved)
-    return hit[1]
 
 
 def transposed(M: Any) -> Any:

@@ -12,7 +12,7 @@ import scipy.sparse as sp
 from .. import backend
 from ..activations import Activation as _Function
 from ..activations import get_activation
-from .base import Diagonal, Linear, _one_input, _weight, kept_on, scaled_identity
+from .base import Diagonal, Linear, _one_input, _weight, scaled_identity
 from .patterns import Patterned, diagonal, kron_identity
 
 __all__ = ["Activation", "Dense", "TokenDense", "Add", "Concat", "LinearMap", "BatchNorm",
@@ -415,10 +415,11 @@ class LogSumExp(Diagonal):
         xp = backend.namespace(x)
         padded = xp.concat([x, xp.full((1, x.shape[1]), -xp.inf, dtype=x.dtype,
                                        device=backend.device(x))])
-        top = xp.max(backend.take_rows(padded, kept_on(self, "slots", self._slots, x)), axis=1)
-        groups = kept_on(self, "groups", self.groups, x)
+        slots = backend.kept_on(self, "slots", self._slots, x)
+        top = xp.max(backend.take_rows(padded, slots), axis=1)
+        groups = backend.kept_on(self, "groups", self.groups, x)
         e = xp.exp(x - backend.take_rows(top, groups))
-        total = kept_on(self, "sums", self._sums, e) @ e
+        total = backend.kept_on(self, "sums", self._sums, e) @ e
         return e / backend.take_rows(total, groups), xp.log(total) + top
 
     def forward(self, inputs: Sequence[Any]) -> Any:
@@ -436,7 +437,7 @@ class LogSumExp(Diagonal):
         """The tangent, exact at ``x``: ``a = softmax(x)``, ``A beta = lse(x) - a . x``."""
         columns = x if x.ndim == 2 else x[:, None]
         s, lse = self._parts(columns)
-        a, beta = s, s * (backend.take_rows(lse, kept_on(self, "groups", self.groups, x))
+        a, beta = s, s * (backend.take_rows(lse, backend.kept_on(self, "groups", self.groups, x))
                           - columns)
         return (a, beta) if x.ndim == 2 else (a[:, 0], beta[:, 0])
 

@@ -27,7 +27,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import backend
-from .base import Diagonal, _one_input, _weight, kept_on
+from .base import Diagonal, _one_input, _weight
 from .patterns import Patterned, diagonal
 from .dense import Concat, LinearMap
 from .spatial import Windows
@@ -190,7 +190,7 @@ class ElementwiseAffine(Patterned):
         if self.rows is None:
             return _flat(a)
         table = backend.namespace(a).reshape(a, (a.shape[0], -1))
-        return _flat(backend.take_rows(table, kept_on(self, "rows", self.rows, a)))
+        return _flat(backend.take_rows(table, backend.kept_on(self, "rows", self.rows, a)))
 
     def _scatter(self, g: Any) -> Any:
         """The gradient of the rows read, ``(R, ...)``, summed into the table's rows."""

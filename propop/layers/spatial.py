@@ -10,7 +10,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import backend
-from .base import Diagonal, Linear, _one_input, _weight, kept_on
+from .base import Diagonal, Linear, _one_input, _weight
 from .patterns import Pattern, Patterned
 
 __all__ = ["Conv1d", "Conv2d", "AvgPool2d", "MaxPool2d", "WindowMaximum", "Windows", "max_pool"]
@@ -131,7 +131,7 @@ class Conv2d(Patterned):
         G = xp.reshape(g, (self.W.shape[0], index.shape[1] * r))  # (out, P r)
         parts = []
         for group in range(self.groups):
-            rows = kept_on(self, "patches", self._patch_rows, x)[group, ...]
+            rows = backend.kept_on(self, "patches", self._patch_rows, x)[group, ...]
             patches = backend.take_rows(padded, rows)  # padding: the zero row
             patches = xp.reshape(patches, (index.shape[0], index.shape[1] * r))
             parts.append(G[group * per:(group + 1) * per, :] @ patches.T)  # sum over p, r
@@ -278,9 +278,9 @@ class WindowMaximum(Diagonal):
         columns = x if x.ndim == 2 else x[:, None]
         padded = xp.concat([columns, xp.full((1, columns.shape[1]), -xp.inf,
                                              dtype=x.dtype, device=backend.device(x))])
-        slots = kept_on(self, "slots", self._slots, x)
+        slots = backend.kept_on(self, "slots", self._slots, x)
         entries = backend.take_rows(padded, slots)  # (w, k, r)
-        window, place = (kept_on(self, name, a, x) for name, a in zip(("window", "place"),
+        window, place = (backend.kept_on(self, name, a, x) for name, a in zip(("window", "place"),
                                                                        self._owners))
         if self.ties == "split":
             top = xp.max(entries, axis=1)  # (w, r)

@@ -24,7 +24,7 @@ import scipy.sparse as sp
 
 from .. import backend
 from .._checks import canonical_matrix, real_array, require_finite
-from ..layers.base import kept_on, scaled_identity, transposed
+from ..layers.base import scaled_identity, transposed
 from ..layers.patterns import Pattern
 from ..networks.graph import Graph
 from ..networks.trace import Trace
@@ -102,7 +102,7 @@ def _couplings(graph: Graph, like: Any, transpose: bool = False) -> dict:
         J = layer.jacobians(sizes_k)[i] if layer.linear else None
         if J is not None and A is not None and key not in made and not backend.is_sparse(J) \
                 and backend.of(J).name != "numpy":  # a dense weight there: composed there
-            made[key] = J @ kept_on(graph.layers[p], "selection", A, J)
+            made[key] = J @ backend.kept_on(graph.layers[p], "selection", A, J)
             continue
         if J is not None and (A is not None or key in made):  # composed on the host
             J = backend.to_host(J)

@@ -128,15 +128,16 @@ def gmres(block: Block, X: Any, tol: Tolerance, maxiter: int, m: int,
     while it < maxiter and not met.all():
         done = backend.like(met, R)
         beta = block.norms(R)  # below rounding of the cycle's start, a restart must refine
-        floor = np.maximum(block.floor(tol, X), 10 * backend.eps(R.dtype) * beta)
+        floor = backend.like(np.maximum(block.floor(tol, X), 10 * backend.eps(R.dtype) * beta),
+                             R)  # on R's device, in float64: each step compares there
         beta = xp.astype(backend.like(beta, R), R.dtype)
         cycle = _Cycle(xp, R, beta, m, block.dot)
-        steps = backend.like(np.zeros(norms.size, dtype=np.int64), R)
+        steps = xp.zeros(norms.size, dtype=xp.int64, device=backend.device(R))
         for j in range(min(m, maxiter - it)):
             it += 1
             estimate, exhausted = cycle.step(j, block.A(block.M(cycle.V[j])))
             steps = xp.where(done, steps, j + 1)
-            done = done | backend.like(backend.to_host(estimate) <= floor, R) | exhausted
+            done = done | (estimate <= floor) | exhausted
             history.append(float(xp.max(xp.where(done, 0.0, estimate))))
             if bool(xp.all(done)):
                 break
