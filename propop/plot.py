@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from . import backend
 from .networks.fnn import FNN
 from .solvers.plan import solve
 from .systems import backward_system
@@ -52,7 +53,7 @@ def plot_system(system: Any, ax: Any = None, sample: int = 0) -> Any:
     ax = _axes(ax)
     single = system.sample(sample) if system.nrhs is not None else system
     if single.size <= ENTRY_LIMIT:
-        ax.spy(single.matrix.tocsr(), markersize=max(0.5, 200 / single.size))
+        ax.spy(backend.to_host(single.matrix).tocsr(), markersize=max(0.5, 200 / single.size))
         ax.set_title(f"{'lower' if system.lower else 'upper'} system, N = {single.size}")
     else:
         ax.spy(block_pattern(system), markersize=max(1.0, 200 / system.nblocks))

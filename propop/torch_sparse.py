@@ -45,6 +45,27 @@ def _canonical(M: Any) -> Any:
     return host
 
 
+def _from_triplets(data: Any, row: Any, col: Any, shape: tuple | None) -> tuple:
+    """``(data, indices, indptr)`` of the entries ``(row[k], col[k]) = data[k]``, summed.
+
+    SciPy's ``(data, (row, col))`` form, on the tensors' device: PyTorch's
+    ``coalesce`` sums duplicates and sorts the entries row by row.
+    """
+    if shape is None or len(shape) != 2:
+        raise ValueError("CSRTensor((data, (row, col))) needs shape=(m, n)")
+    if not all(isinstance(a, torch.Tensor) and a.ndim == 1 for a in (data, row, col)) or \
+            not data.shape == row.shape == col.shape:
+        raise ValueError("CSRTensor((data, (row, col))) needs 1-D tensors of one length; got "
+                         "shapes " + ", ".join(str(tuple(getattr(a, "shape", ())))
+                                               for a in (data, row, col)))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta")
+        warnings.filterwarnings("ignore", "Sparse invariant checks are implicitly disabled")
+        csr = torch.sparse_coo_tensor(torch.stack([row, col]), data, size=tuple(shape)
+                                      ).coalesce().to_sparse_csr()
+    return csr.values(), csr.col_indices(), csr.crow_indices()
+
+
 def _require_fit(data: Any, indices: Any, indptr: Any, shape: tuple | None) -> None:
     """The tuple form's arrays: 1-D tensors, as many entries as indices, ``m + 1`` pointers."""
     if shape is None or len(shape) != 2:
@@ -65,7 +86,8 @@ class CSRTensor:
     ----------
     arg : tuple or CSRTensor or scipy.sparse matrix
         ``(data, indices, indptr)`` tensors (SciPy's constructor's form, the
-        pattern sorted and free of duplicates: the caller's promise), another
+        pattern sorted and free of duplicates: the caller's promise), ``(data,
+        (row, col))`` tensors (SciPy's triplets, duplicates summed), another
         ``CSRTensor``, or a SciPy sparse matrix of any format (made canonical on
         the host).
     shape : tuple, optional
@@ -105,9 +127,12 @@ class CSRTensor:
         elif isinstance(arg, tuple) and len(arg) == 3:
             data, indices, indptr = arg
             _require_fit(data, indices, indptr, shape)
+        elif isinstance(arg, tuple) and len(arg) == 2 and isinstance(arg[1], tuple):
+            data, indices, indptr = _from_triplets(arg[0], *arg[1], shape)
         else:
-            raise TypeError(f"CSRTensor takes (data, indices, indptr) tensors, a CSRTensor or "
-                            f"a scipy.sparse matrix, got {type(arg).__name__}")
+            raise TypeError(f"CSRTensor takes (data, indices, indptr) or (data, (row, col)) "
+                            f"tensors, a CSRTensor or a scipy.sparse matrix, got "
+                            f"{type(arg).__name__}")
         if dtype is not None and data.dtype != dtype:
             data = data.to(dtype)
         self.shape = (int(shape[0]), int(shape[1]))

@@ -106,6 +106,24 @@ def test_products_and_views_on_every_backend(kind, device, name):
                                    pp.solve(system.sample(i), "substitution").x, rtol=1e-12)
 
 
+@pytest.mark.parametrize("name", list(SYSTEMS))
+def test_the_explicit_matrix_on_pytorch_is_a_csr_tensor_equal_to_the_products(name):
+    """``system.matrix`` and ``system.csr``: canonical CSR tensors whose products are apply's."""
+    from propop.torch_sparse import CSRTensor
+
+    system = SYSTEMS[name](2)
+    moved = system.to("torch")
+    M = moved.matrix
+    assert isinstance(M, CSRTensor) and moved.csr is M and M.device == moved.rhs.device
+    host = sp.csr_array(backend.to_host(M))
+    assert host.has_canonical_format
+    np.testing.assert_allclose(host.toarray(), system.csr.toarray(), rtol=1e-15, atol=0)
+    x = np.random.default_rng(7).standard_normal(system.rhs.shape)
+    stacked = (M @ torch.from_numpy(x.T.reshape(-1).copy())).numpy()
+    expected = system.apply(x)
+    np.testing.assert_allclose(stacked, expected.T.reshape(-1), rtol=1e-13, atol=1e-13)
+
+
 def test_sparse_couplings_move_dense_to_the_strict_namespace_and_networks_refuse():
     net = pp.FNN.random([30, 30, 30], activation="tanh", seed=0, density=0.1)
     system = pp.backward_system(net, net.forward(np.ones((30, 2))), np.ones((30, 2)))

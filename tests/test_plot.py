@@ -27,6 +27,14 @@ def test_small_system_shows_every_entry():
     assert "upper system, N = 12" in ax.get_title()
 
 
+def test_a_system_on_pytorch_shows_the_same_entries():
+    torch = pytest.importorskip("torch")
+    B = backward((4, 5, 3))
+    ours = plot.plot_system(B.to("torch")).lines[0].get_xydata()
+    assert isinstance(B.to("torch").rhs, torch.Tensor)
+    np.testing.assert_array_equal(ours, plot.plot_system(B).lines[0].get_xydata())
+
+
 def test_large_system_shows_the_block_pattern():
     B = backward((50,) * 45)
     ax = plot.plot_system(B)

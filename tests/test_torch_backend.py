@@ -89,7 +89,7 @@ def test_torch_systems_say_what_they_take():
     np.testing.assert_allclose(pp.solve(listed).x.numpy(), pp.solve(system).x.numpy(),
                                rtol=1e-14)
     with pytest.raises(TypeError, match="PyTorch tensors do not have"):
-        _ = system.matrix
+        _ = system.operator  # SciPy's LinearOperator; the explicit matrix is a CSR tensor
     other = next(s.name for s in pp.solvers.available() if "torch" not in s.backends)
     with pytest.raises(ValueError, match="torch arrays"):
         pp.solve(system, other)

@@ -34,6 +34,24 @@ def test_a_matrix_is_made_canonical_as_scipy_makes_it():
     assert (T.to_host() != canonical).nnz == 0
 
 
+def test_triplets_of_tensors_are_summed_and_sorted_as_scipy_does():
+    """SciPy's ``(data, (row, col))`` form with tensors, on their device."""
+    M = unsorted_with_duplicates()
+    canonical = sp.csr_array(M)
+    canonical.sum_duplicates()
+    canonical.sort_indices()
+    T = CSRTensor((torch.from_numpy(M.data), (torch.from_numpy(M.row), torch.from_numpy(M.col))),
+                  shape=M.shape)
+    np.testing.assert_array_equal(T.indptr.numpy(), canonical.indptr)
+    np.testing.assert_array_equal(T.indices.numpy(), canonical.indices)
+    np.testing.assert_array_equal(T.data.numpy(), canonical.data)
+    rows = torch.tensor([0, 1])
+    with pytest.raises(ValueError, match="needs shape"):
+        CSRTensor((torch.ones(2), (rows, rows)))
+    with pytest.raises(ValueError, match=r"1-D tensors of one length.*\(3,\), \(2,\)"):
+        CSRTensor((torch.ones(3), (rows, rows)), shape=(2, 2))
+
+
 @pytest.mark.parametrize("columns", [None, 1, 3])
 def test_products_and_the_transpose_are_scipys(columns):
     rng = np.random.default_rng(0)

@@ -3,7 +3,9 @@
 For ``columns`` right-hand sides (``None``: one vector) the matrix is the block
 diagonal of the columns' shifted systems, acting on the samples stacked one after
 another (``x.T.reshape(-1)``). Each view is built once per operator and number of
-columns (:meth:`Operator.view`). PyTorch tensors have no sparse matrices here.
+columns (:meth:`Operator.view`). On PyTorch the matrix is a CSR tensor
+(:class:`~propop.torch_sparse.CSRTensor`), made on the operator's device; the
+``LinearOperator`` is SciPy's (CuPy's) alone.
 """
 
 from __future__ import annotations
@@ -23,17 +25,16 @@ def shape(op: Operator, columns: int | None) -> tuple[int, int]:
     return (n, n)
 
 
-def _require_sparse_backend(op: Operator, what: str) -> None:
+def _require_scipy_interface(op: Operator) -> None:
     if op.backend.name == "torch":
-        raise TypeError(f"{what} is a scipy.sparse (cupyx on a GPU) object, which PyTorch "
-                        "tensors do not have; build the system from NumPy or CuPy arrays "
-                        "for it, or solve with a method that runs on PyTorch tensors "
-                        "(propop solvers lists them)")
+        raise TypeError("operator is a SciPy (cupyx on a GPU) LinearOperator, which PyTorch "
+                        "tensors do not have; the explicit matrix (system.matrix, "
+                        "system.csr) is a CSR tensor there, and system.apply the product")
 
 
 def linear_operator(op: Operator, columns: int | None) -> Any:
     """Matrix-free ``LinearOperator`` equal to :func:`matrix` (samples stacked)."""
-    _require_sparse_backend(op, "operator")
+    _require_scipy_interface(op)
 
     def build() -> Any:
         r, n = columns or 1, op.size
@@ -55,7 +56,6 @@ def linear_operator(op: Operator, columns: int | None) -> Any:
 
 def matrix(op: Operator, columns: int | None) -> Any:
     """The explicit sparse matrix: BSR where the blocks are dense, CSR otherwise."""
-    _require_sparse_backend(op, "matrix")
 
     def build() -> Any:
         explicit = csr(op, columns)
@@ -69,7 +69,6 @@ def matrix(op: Operator, columns: int | None) -> Any:
 
 def csr(op: Operator, columns: int | None) -> Any:
     """The explicit matrix of :func:`matrix` as a CSR array, built once."""
-    _require_sparse_backend(op, "csr")
 
     def build() -> Any:
         xp = op.backend.xp
@@ -90,27 +89,33 @@ def csr(op: Operator, columns: int | None) -> Any:
 
 def _triplets(op: Operator, shift: int) -> tuple[Any, Any, Any]:
     """``(rows, cols, values)`` of one sample's matrix, indices shifted by ``shift``."""
-    xp = op.backend.xp
+    xp, device = op.backend.xp, op.device
     B, o = op.blocks, op.offsets
     rows, cols, vals = [], [], []
     for k, d in enumerate(B.diagonal):
-        idx = xp.arange(o[k], o[k + 1]) + shift
+        idx = xp.arange(o[k] + shift, o[k + 1] + shift, device=device)
         rows.append(idx)
         cols.append(idx)
-        vals.append(xp.ones(B.sizes[k], dtype=op.dtype) if d is None else d.reshape(-1))
+        vals.append(xp.ones(B.sizes[k], dtype=op.dtype, device=device) if d is None
+                    else xp.reshape(d, (-1,)))
     for e in B.edges:
         coo = _coo(op.backend, e.matrix)
-        scale = None if e.scale is None else e.scale.reshape(-1)
-        rows.append(coo[0] + o[e.row] + shift)
-        cols.append(coo[1] + o[e.col] + shift)
-        vals.append(-(coo[2] if scale is None else scale[coo[0]] * coo[2]).astype(op.dtype))
+        scale = None if e.scale is None else xp.reshape(e.scale, (-1,))
+        rows.append(coo[0] + (o[e.row] + shift))
+        cols.append(coo[1] + (o[e.col] + shift))
+        vals.append(-backend.astype(coo[2] if scale is None else
+                                    backend.take_rows(scale, coo[0]) * coo[2], op.dtype))
     return xp.concat(rows), xp.concat(cols), xp.concat(vals)
 
 
 def _coo(be: backend.Backend, M: Any) -> tuple[Any, Any, Any]:
-    """``(rows, cols, values)`` of a dense or sparse matrix."""
+    """``(rows, cols, values)`` of a dense or sparse matrix, on its device."""
+    xp = be.xp
+    if be.name == "torch" and be.sparse.issparse(M):  # its tocoo is the host's (error paths)
+        rows = xp.repeat(xp.arange(M.shape[0], device=M.device), xp.diff(M.indptr))
+        return rows, M.indices, M.data
     if be.sparse.issparse(M):
         coo = M.tocoo()
         return coo.row, coo.col, coo.data
-    rows, cols = be.xp.nonzero(be.xp.ones(M.shape, dtype=bool))
-    return rows, cols, M.reshape(-1)
+    rows, cols = xp.nonzero(xp.ones(M.shape, dtype=xp.bool, device=backend.device(M)))
+    return rows, cols, xp.reshape(M, (-1,))
