@@ -13,6 +13,7 @@ autograd's of those modules.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -33,8 +34,10 @@ def _check(output: Any, target: Any, loss: str, reduction: str = "sum") -> Any:
         raise ValueError(f"unknown loss {loss!r}; choose one of {LOSSES}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"unknown reduction {reduction!r}; choose one of {REDUCTIONS}")
-    if loss == "cross_entropy" and tuple(np.shape(target)) == output.shape[1:]:
-        return _one_hot(xp, xp.asarray(target), output)
+    if loss == "cross_entropy" and tuple(np.shape(target)) == tuple(output.shape[1:]):
+        labels = target if hasattr(target, "dtype") and backend.of(target).name == \
+            backend.of(output).name else backend.like(np.asarray(target), output)
+        return _one_hot(xp, labels, output)
     target = real_array(target, "target", output.dtype)
     if target.shape != output.shape:
         raise ValueError(
@@ -47,27 +50,31 @@ def _check(output: Any, target: Any, loss: str, reduction: str = "sum") -> Any:
 
 
 def _one_hot(xp: Any, labels: Any, output: Any) -> Any:
+    """Integer ``labels`` as one-hot columns of ``output``'s dtype, on its device."""
     m = output.shape[0]
-    if labels.dtype.kind not in "iu":
+    if backend.kind(labels.dtype) not in "iu":
         raise ValueError(f"integer labels expected, got dtype {labels.dtype}")
-    if labels.size and (int(labels.min()) < 0 or int(labels.max()) >= m):
-        raise ValueError(f"labels must lie in [0, {m}), got range "
-                         f"[{int(labels.min())}, {int(labels.max())}]")
-    return (xp.arange(m).reshape((m,) + (1,) * labels.ndim) == labels).astype(output.dtype)
+    if math.prod(labels.shape):
+        low, high = int(xp.min(labels)), int(xp.max(labels))
+        if low < 0 or high >= m:
+            raise ValueError(f"labels must lie in [0, {m}), got range [{low}, {high}]")
+    classes = xp.reshape(xp.arange(m, device=backend.device(output)), (m,) + (1,) * labels.ndim)
+    return xp.astype(classes == labels, output.dtype)
 
 
 def _softmax(output: Any) -> Any:
     xp = backend.namespace(output)
-    e = xp.exp(output - output.max(axis=0, keepdims=True))
-    return e / e.sum(axis=0, keepdims=True)
+    e = xp.exp(output - xp.max(output, axis=0, keepdims=True))
+    return e / xp.sum(e, axis=0, keepdims=True)
 
 
 def _scale(output: Any, loss: str, reduction: str) -> float:
     """What the summed loss is multiplied by for ``reduction`` (module docstring)."""
     if reduction == "sum":
         return 1.0
-    samples = max(output.size // max(output.shape[0], 1), 1) if output.ndim > 1 else 1
-    return 1.0 / samples if loss == "cross_entropy" else 2.0 / max(output.size, 1)
+    size = math.prod(output.shape)
+    samples = max(size // max(output.shape[0], 1), 1) if output.ndim > 1 else 1
+    return 1.0 / samples if loss == "cross_entropy" else 2.0 / max(size, 1)
 
 
 def loss_gradient(output: Any, target: Any, loss: str = "mse", reduction: str = "sum") -> Any:
@@ -97,7 +104,7 @@ def loss_gradient(output: Any, target: Any, loss: str = "mse", reduction: str = 
     """
     target = _check(output, target, loss, reduction)
     gradient = output - target if loss == "mse" else (
-        _softmax(output) * target.sum(axis=0) - target)
+        _softmax(output) * backend.namespace(output).sum(target, axis=0) - target)
     scale = _scale(output, loss, reduction)
     return gradient if scale == 1 else gradient * scale
 
@@ -108,6 +115,6 @@ def loss_value(output: Any, target: Any, loss: str = "mse", reduction: str = "su
     target = _check(output, target, loss, reduction)
     if loss == "mse":
         return float(0.5 * xp.sum((output - target) ** 2)) * _scale(output, loss, reduction)
-    shifted = output - output.max(axis=0, keepdims=True)
-    log_p = shifted - xp.log(xp.exp(shifted).sum(axis=0, keepdims=True))
+    shifted = output - xp.max(output, axis=0, keepdims=True)
+    log_p = shifted - xp.log(xp.sum(xp.exp(shifted), axis=0, keepdims=True))
     return float(-xp.sum(target * log_p)) * _scale(output, loss, reduction)

@@ -44,3 +44,29 @@ def test_loss_errors_name_the_problem():
         pp.loss_gradient(z, z, "hinge")
     with pytest.raises(ValueError, match="target contains NaN"):
         pp.loss_gradient(z, np.full((3, 2), np.nan))
+
+
+@pytest.mark.parametrize("kind", ["torch", "array_api_strict"])
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+@pytest.mark.parametrize("labels", [True, False])
+def test_cross_entropy_on_other_backends_is_torchs(kind, reduction, labels):
+    """On PyTorch tensors and the strict namespace, against autograd's cross-entropy."""
+    pytest.importorskip(kind)
+    rng = np.random.default_rng(1)
+    z = rng.standard_normal((5, 4)) * 3
+    t = rng.integers(0, 5, size=4) if labels else rng.dirichlet(np.ones(5), size=4).T
+    zt = torch.tensor(z.T, requires_grad=True)
+    E = F.cross_entropy(zt, torch.as_tensor(t if labels else t.T), reduction=reduction)
+    E.backward()
+    on = lambda a: pp.backend.convert(a, kind)  # noqa: E731
+    g = pp.loss_gradient(on(z), on(t), "cross_entropy", reduction)
+    assert pp.backend.of(g).name == kind
+    np.testing.assert_allclose(pp.backend.to_host(g), zt.grad.numpy().T, rtol=1e-12,
+                               atol=1e-15)
+    assert pp.loss_value(on(z), on(t), "cross_entropy", reduction) == pytest.approx(
+        E.item(), rel=1e-12)
+    assert pp.loss_value(on(z), on(z * 0), "mse", reduction) == pytest.approx(
+        pp.loss_value(z, z * 0, "mse", reduction), rel=1e-14)
+    if labels:
+        with pytest.raises(ValueError, match=r"labels must lie in \[0, 5\), got range"):
+            pp.loss_gradient(on(z), on(t + 5), "cross_entropy")
