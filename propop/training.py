@@ -134,13 +134,12 @@ class _Optimizer:
             m, v = self.state.get(key, (0 * grad, 0 * grad))
             m, v = b1 * m + (1 - b1) * grad, b2 * v + (1 - b2) * grad * grad
             self.state[key] = (m, v)
-            change = (m / (1 - b1**self.t)) / (np.sqrt(v / (1 - b2**self.t)) + self.eps)
+            root = backend.namespace(v).sqrt(v / (1 - b2**self.t))
+            change = (m / (1 - b1**self.t)) / (root + self.eps)
         new = values - self.lr * change
-        if not sparse:
-            return new
-        out = p.copy()
-        out.data = new
-        return out
+        # a sparse weight keeps its pattern: SciPy's, cupyx's and CSR tensors' (data,
+        # indices, indptr) form
+        return type(p)((new, p.indices, p.indptr), shape=p.shape) if sparse else new
 
 
 @dataclass(frozen=True)
@@ -240,16 +239,11 @@ def train(model: Any, x: Any, y: Any, *, epochs: int = 1, batch_size: int = 32,
     (2, 6, 'MAX_ITER')
     """
     kind = model.backend.name
-    if kind != "numpy":
-        raise TypeError(f"pp.train is propop's own training loop on NumPy arrays; this model's "
-                        f"are {kind} arrays: train it with .to('numpy'), or, in PyTorch, "
-                        "wrap the module with propop.torch.parallelize(module, "
-                        "backend='torch') and use torch.optim")
-    x, y = _as_data(x, "x"), _as_targets(y, "y")
+    x, y = _as_data(x, "x", kind), _as_targets(y, "y")
     if (x_test is None) != (y_test is None):
         raise ValueError("x_test and y_test go together: give both or neither")
     if x_test is not None:
-        x_test, y_test = _as_data(x_test, "x_test"), _as_targets(y_test, "y_test")
+        x_test, y_test = _as_data(x_test, "x_test", kind), _as_targets(y_test, "y_test")
     r = np.shape(x)[-1]
     if int(batch_size) != batch_size or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size}")
@@ -273,7 +267,8 @@ def train(model: Any, x: Any, y: Any, *, epochs: int = 1, batch_size: int = 32,
             order = rng.permutation(r) if shuffle else np.arange(r)
             for first in range(0, r, batch_size):
                 index = order[first: first + batch_size]
-                model = _step(model, x[..., index], _columns(y, index), passes, opt, history)
+                model = _step(model, _samples(x, index), _columns(y, index), passes, opt,
+                              history)
                 shown.update()
             history.epochs.append(dict(_evaluate(model, x, y, loss, reduction),
                                        seconds=time.perf_counter() - start,
@@ -308,13 +303,22 @@ def _step(model: Any, xb: Any, yb: Any, passes: _Passes, opt: _Optimizer,
 
 
 def _relative(a: dict, b: dict) -> float:
-    num = sum(float(np.linalg.norm(backend.dense(a[k]) - backend.dense(b[k]))) ** 2 for k in b)
-    den = sum(float(np.linalg.norm(backend.dense(b[k]))) ** 2 for k in b)
+    host = lambda M: np.asarray(backend.to_host(backend.dense(M)))  # noqa: E731
+    num = sum(float(np.linalg.norm(host(a[k]) - host(b[k]))) ** 2 for k in b)
+    den = sum(float(np.linalg.norm(host(b[k]))) ** 2 for k in b)
     return float(np.sqrt(num / max(den, 1e-300)))
 
 
+def _samples(a: Any, index: np.ndarray) -> Any:
+    """The samples ``index`` (host integers) of ``a``, samples on its last axis."""
+    if isinstance(a, np.ndarray):
+        return a[..., index]
+    return backend.namespace(a).take(a, backend.like(index, a), axis=a.ndim - 1)
+
+
 def _columns(y: Any, index: Any) -> Any:
-    return [t[..., index] for t in y] if isinstance(y, list) else np.asarray(y)[..., index]
+    return [_samples(t, index) for t in y] if isinstance(y, list) else _samples(
+        y if hasattr(y, "dtype") else np.asarray(y), index)
 
 
 def _output(model: Any, trace: Any) -> Any:
@@ -324,14 +328,18 @@ def _output(model: Any, trace: Any) -> Any:
 def _evaluate(model: Any, x: Any, y: Any, loss: str, reduction: str) -> dict:
     """The loss (as ``reduction``) and, for labels, the accuracy."""
     out = _output(model, model.forward(x))
+    xp = backend.namespace(out)
     if isinstance(model, RNN):  # features on axis 1: every other axis holds samples
-        value = loss_value(np.moveaxis(out, 1, 0), np.moveaxis(np.asarray(y), 1, 0)
-                           if np.shape(y) == out.shape else y, loss, reduction)
+        value = loss_value(xp.moveaxis(out, 1, 0), xp.moveaxis(y, 1, 0)
+                           if tuple(np.shape(y)) == tuple(out.shape) else y, loss, reduction)
     else:
         value = loss_value(out, y, loss, reduction)
     result = {"loss": float(value)}
     if np.ndim(y) == 1:
-        result["accuracy"] = float(np.mean(np.argmax(out, axis=0) == y))
+        labels = y if backend.of(y).name == backend.of(out).name else backend.like(
+            np.asarray(y), out)
+        hits = xp.argmax(out, axis=0) == labels
+        result["accuracy"] = float(xp.mean(xp.astype(hits, out.dtype)))
     return result
 
 
@@ -342,11 +350,19 @@ def _test(model: Any, x: Any, y: Any, loss: str, reduction: str) -> dict:
     return {f"test_{k}": v for k, v in scores.items()}
 
 
-def _as_data(x: Any, what: str) -> Any:
-    """Inputs as a real array with samples on the last axis (at least one)."""
+def _as_data(x: Any, what: str, kind: str) -> Any:
+    """Inputs as a real array of backend ``kind`` with samples on its last axis (one or more).
+
+    A model's inputs live where its arrays do, as a PyTorch module's live on its
+    device: ``ValueError`` naming both otherwise.
+    """
     x = real_array(x, what)
+    if backend.of(x).name != kind:
+        raise ValueError(f"{what} is a {backend.of(x).name} array but the model's arrays are "
+                         f"{kind}'s: move the data there (propop.backend.convert(x, "
+                         f"{kind!r}), or the model with .to())")
     if x.ndim < 1 or x.shape[-1] == 0:
-        raise ValueError(f"{what} has shape {x.shape}: no samples on its last axis")
+        raise ValueError(f"{what} has shape {tuple(x.shape)}: no samples on its last axis")
     return x
 
 
@@ -355,7 +371,7 @@ def _as_targets(y: Any, what: str) -> Any:
     if isinstance(y, list) and y and np.ndim(y[0]) >= 1 and hasattr(y[0], "shape"):
         return [_as_targets(t, f"{what}[{i}]") for i, t in enumerate(y)]
     labels = np.asarray(y) if not hasattr(y, "dtype") else y
-    if getattr(labels, "dtype", None) is not None and labels.dtype.kind in "iu":
+    if backend.kind(labels.dtype) in "iu":
         return labels
     return real_array(y, what)
 
@@ -367,7 +383,7 @@ def _check_data(x: Any, y: Any, x_test: Any, y_test: Any) -> None:
             continue
         require_finite(inputs, f"x{name}")
         for t in targets if isinstance(targets, list) else [targets]:
-            require_finite(np.asarray(t), f"y{name}")
+            require_finite(t, f"y{name}")
             if np.shape(t)[-1] != np.shape(inputs)[-1]:
                 raise ValueError(f"y{name} has {np.shape(t)[-1]} samples (last axis) but "
                                  f"x{name} has {np.shape(inputs)[-1]}")
@@ -379,7 +395,7 @@ def _check_labels(model: Any, y: Any, loss: str) -> None:
         return
     classes = model.sizes[-1] if not isinstance(model, Graph) else model.sizes[
         model.order.index(model.outputs[0])]
-    y = np.asarray(y)
+    y = np.asarray(backend.to_host(y))
     if y.dtype.kind not in "iu" or y.min() < 0 or y.max() >= classes:
         raise ValueError(f"labels must be integers in [0, {classes}) for a model with "
                          f"{classes} outputs; got values in [{y.min()}, {y.max()}]")

@@ -145,7 +145,8 @@ def _weight(a: Any, what: str, ndim: int = 2) -> Any:
 
     Matrices may be sparse; PyTorch tensors stay tensors (a moved layer's).
     """
-    dtype = backend.namespace(a).float64 if backend.of(a).name == "torch" else np.float64
+    dtype = backend.namespace(a).float64 if hasattr(a, "dtype") and \
+        backend.of(a).name != "numpy" else np.float64  # its backend's: a set_parameter's too
     a = canonical_matrix(a, what, dtype) if ndim == 2 else real_array(a, what, dtype)
     if a.ndim != ndim:
         raise ValueError(f"{what} has {a.ndim} dimensions, expected {ndim}")
