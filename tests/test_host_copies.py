@@ -20,6 +20,7 @@ from propop import backend
 
 torch = pytest.importorskip("torch")
 
+from cases import gpu_backends  # noqa: E402
 from test_graph_backends import MODULES, imported  # noqa: E402
 
 
@@ -51,12 +52,14 @@ def copies(monkeypatch):
     return seen
 
 
+@pytest.mark.parametrize(("kind", "device"), [("torch", None), *gpu_backends()])
 @pytest.mark.parametrize("name", list(MODULES))
-def test_a_graphs_second_backprop_on_pytorch_copies_nothing_but_its_check(name, request):
+def test_a_graphs_second_backprop_on_pytorch_copies_nothing_but_its_check(name, kind, device,
+                                                                          request):
     """One number comes back: the solve's true residual, which judges CONVERGED."""
     _, graph, x, target = imported(name)
-    moved = graph.to("torch")
-    X, T = torch.from_numpy(x), torch.from_numpy(target)
+    moved = graph.to(kind, device)
+    X, T = (backend.convert(a, kind, device) for a in (x, target))
     pp.backprop(moved, X, T)  # the structure and the index arrays go there once
     seen = request.getfixturevalue("copies")
     grads = pp.backprop(moved, X, T, check=True)

@@ -15,6 +15,7 @@ from propop import backend
 from propop import layers as L
 from propop.layers.patterns import Pattern, diagonal, kron_identity
 from propop.systems import graph as graph_systems
+from cases import gpu_backends
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -49,11 +50,12 @@ def canonical(M):
     return sp.issparse(host) and host.format == "csr" and host.has_canonical_format
 
 
-@pytest.mark.parametrize("kind", ["numpy", "torch"])
+@pytest.mark.parametrize(("kind", "device"), [("numpy", None), ("torch", None),
+                                              *gpu_backends()])
 @pytest.mark.parametrize("name", list(CONVS))
-def test_a_convolutions_jacobian_and_its_transpose_are_autograds(name, kind):
+def test_a_convolutions_jacobian_and_its_transpose_are_autograds(name, kind, device):
     layer, reference = conv_case(name)
-    layer = layer.to(kind)
+    layer = layer.to(kind, device)
     sizes = [reference.shape[1]]
     (J,), (back,) = layer.jacobians(sizes), transposed(layer, sizes)
     assert backend.of(J).name == backend.of(back).name == kind
@@ -114,8 +116,9 @@ def test_a_gather_reads_each_position_once_and_a_transpose_twice_is_the_pattern(
     assert diagonal(5).T is diagonal(5)
 
 
-@pytest.mark.parametrize("kind", ["numpy", "torch"])
-def test_a_pattern_times_a_selection_is_the_product_its_transpose_too(kind):
+@pytest.mark.parametrize(("kind", "device"), [("numpy", None), ("torch", None),
+                                              *gpu_backends()])
+def test_a_pattern_times_a_selection_is_the_product_its_transpose_too(kind, device):
     """``J A`` for a convolution and a fixed sparse ``A``: entries that are sums of weights."""
     layer, reference = conv_case("strided-padded")
     A = sp.random_array((reference.shape[1], 11), density=0.3, format="csr",
@@ -123,7 +126,7 @@ def test_a_pattern_times_a_selection_is_the_product_its_transpose_too(kind):
     assert (np.diff(A.tocsc().indptr) > 1).all()  # every column sums several of J's
     pattern = layer._pattern.times(A)
     assert sp.issparse(pattern.source)
-    W = backend.convert(layer.W, kind)
+    W = backend.convert(layer.W, kind, device)
     for M, expected in ((pattern.matrix(W), reference @ A), (pattern.T.matrix(W),
                                                               (reference @ A).T)):
         assert canonical(M) and backend.of(M).name == kind
