@@ -99,8 +99,11 @@ def test_demo_announces_each_section_and_reads_each_table():
     tensors = out.split("PyTorch tensors, one code path:")[1].split("PyTorch in")[0]
     rows = [row.split("|") for row in tensors.splitlines() if row.startswith("| ") and
             "torch.Tensor" in row]
-    assert len(rows) == 8 and max(float(row[4]) for row in rows) < 1e-12
+    assert len(rows) == 10 and max(float(row[4]) for row in rows) < 1e-12
     assert sum("residual graph" in row[1] for row in rows) == 2
+    assert sum(row[1].strip() == "CNN: conv, batch norm, max pool" for row in rows) == 2
+    trained = tensors.split("pp.train on PyTorch tensors")[1].split("\n")[0]
+    assert float(trained.split("weights ")[1].split()[0]) < 1e-12
     sparse = [row.split("|") for row in tensors.splitlines()
               if row.startswith("| FNN of sparse")]
     assert len(sparse) == 2 and all("CSRTensor" in row[3] for row in sparse)

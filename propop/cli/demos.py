@@ -92,6 +92,7 @@ def backends() -> None:
     except ImportError:
         print("PyTorch tensors: skipped, torch is not installed (pip install propop[torch]).\n")
         return
+    from ..interop.torch_import import from_torch
     from ..networks.gated import GRU
     from ..networks.graph import Graph
 
@@ -101,6 +102,10 @@ def backends() -> None:
     rnn = RNN.random([3, 4, 4], activation="tanh", seed=0)
     gru = GRU(3, 4, num_layers=2, seed=0)
     graph = Graph.residual_mlp(6, 2)
+    nn = torch.nn
+    cnn = from_torch(nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.BatchNorm2d(2).eval(),
+                                   nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                                   nn.Linear(18, 3)).double(), input_shape=(1, 6, 6))
     x, xs = rng.standard_normal((6, 3)), rng.standard_normal((12, 3, 3))
     cases = {"FNN 6-9-5-7": (fnn, x, rng.standard_normal((7, 3)),
                              lambda: FNN([torch.from_numpy(W) for W in fnn.W],
@@ -114,7 +119,10 @@ def backends() -> None:
              "2-layer GRU, 12 steps": (gru, xs, rng.standard_normal((12, 4, 3)),
                                        lambda: gru.to("torch")),
              "residual graph, 2 blocks": (graph, x, rng.standard_normal((6, 3)),
-                                          lambda: graph.to("torch"))}
+                                          lambda: graph.to("torch")),
+             "CNN: conv, batch norm, max pool": (cnn, rng.standard_normal((36, 3)),
+                                                 rng.standard_normal((3, 3)),
+                                                 lambda: cnn.to("torch"))}
     print("PyTorch tensors, one code path: networks of tensors (any widths, sparse weights as "
           "CSR tensors, RNNs, GRUs, graphs) backpropagate with every propop-native method on "
           "the same code as NumPy's "
@@ -135,7 +143,28 @@ def backends() -> None:
             difference = float(np.abs(mine - theirs).max() / np.abs(theirs).max())
             print(f"| {name} | {method} | {type(raw).__module__}.{type(raw).__name__} | "
                   f"{difference:.1e} |")
-    print()
+    print("\n(the CNN's Jacobians, its kernel's entries and the batch norm's scaling, are "
+          "formed on the tensors' device from patterns made once, and the dense layer's weight "
+          "times the pooling's selection there too: after its first call a graph there sends "
+          "no array to the device)")
+    _trained_there(fnn, torch)
+
+
+def _trained_there(fnn: FNN, torch: Any) -> None:
+    """``pp.train`` of the demo's FNN on PyTorch tensors against the same run on NumPy."""
+    from .. import backend
+    from ..training import train
+
+    rng = np.random.default_rng(2)
+    x, labels = rng.standard_normal((6, 40)), rng.integers(0, 7, 40)
+    options = dict(epochs=2, batch_size=10, optimizer="adam", lr=0.01, progress=False)
+    host, _ = train(fnn, x, labels, **options)
+    there, history = train(fnn.to("torch"), torch.from_numpy(x), torch.from_numpy(labels),
+                           **options)
+    difference = max(float(np.abs(backend.to_host(a) - b).max()) for a, b in zip(there.W,
+                                                                                 host.W))
+    print(f"pp.train on PyTorch tensors (2 epochs of Adam, labels as a tensor): loss "
+          f"{history.epochs[-1]['loss']:.4f}, weights {difference:.1e} from the NumPy run's.\n")
 
 
 def _first_gradient(g: Any, host: bool = True) -> Any:
