@@ -15,11 +15,12 @@ Core code asks ``be = backend.of(*objects)`` and then calls ``be.xp``,
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import importlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -29,7 +30,7 @@ from . import memory
 __all__ = ["Backend", "of", "namespace", "is_sparse", "all_finite", "is_real_floating",
            "matmul_into",
            "outer_on_pattern", "over_time", "adopt", "walk", "matmul_out", "DENSE_ONLY",
-           "kept_on",
+           "kept_on", "kept_for",
            "take_rows",
            "subtract_rows", "itemsize", "like", "device", "take_columns", "spread_columns",
            "matmul_writer", "matmul_adder", "kind", "dtype_name", "stack_of", "astype",
@@ -631,6 +632,28 @@ def kept_on(owner: Any, name: str, host: Any, array: Any) -> Any:
             else like(host, array)
         hit = kept[key] = (host, moved)
     return hit[1]
+
+
+# (key, backend, device) -> an index array there, a function of the key alone: the last
+# 256 kept (a system's layout is made at every call, its indices are the same each time)
+_KEPT_FOR: collections.OrderedDict = collections.OrderedDict()
+
+
+def kept_for(key: tuple, host: Callable[[], Any], array: Any) -> Any:
+    """``host()``, a host index array that ``key`` alone decides, on ``array``'s device.
+
+    Made and copied there once per key, backend and device (the last 256 kept): the
+    indices of a layout that every call's system rebuilds, which on a GPU would be a
+    transfer and a synchronisation each time.
+    """
+    full = (key, _name_of(array), str(device(array)))
+    index = _KEPT_FOR.pop(full, None)
+    if index is None:
+        index = like(host(), array)
+    _KEPT_FOR[full] = index
+    if len(_KEPT_FOR) > 256:
+        _KEPT_FOR.popitem(last=False)
+    return index
 
 
 def take_rows(array: Any, index: Any) -> Any:

@@ -120,3 +120,30 @@ def test_an_iterative_solve_sends_nothing_to_the_device_per_iteration(method, re
     assert exact.converged
     np.testing.assert_allclose(exact.x.numpy(), pp.solve(host, "substitution").x,
                                rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["substitution", "cyclic-reduction", "jacobi",
+                                    "batched-gmres"])
+@pytest.mark.parametrize("network", ["fnn", "rnn"])
+def test_a_networks_second_backprop_on_pytorch_sends_nothing_to_the_device(network, method,
+                                                                            request):
+    """Unequal widths (padded block norms) and edge groups: their indices made once.
+
+    GMRES sends 3 small arrays a cycle: the columns that go on, their norms and floors,
+    decided on the host from the true residual (one cycle here: restart > nblocks).
+    """
+    rng = np.random.default_rng(2)
+    if network == "fnn":
+        net = pp.FNN.random([8, 16, 5, 4], activation="tanh", seed=0)
+        x, target = rng.standard_normal((8, 5)), rng.standard_normal((4, 5))
+    else:
+        net = pp.RNN.random([4, 6, 6], activation="tanh", seed=0)
+        x, target = rng.standard_normal((20, 4, 3)), rng.standard_normal((20, 6, 3))
+    moved = net.to("torch")
+    X, T = torch.from_numpy(x), torch.from_numpy(target)
+    pp.backprop(moved, X, T, method=method)
+    seen = request.getfixturevalue("copies")
+    mine = pp.backprop(moved, X, T, method=method)
+    assert seen["to the device"] == (3 if method == "batched-gmres" else 0), dict(seen)
+    expected = pp.backprop(net, x, target)
+    np.testing.assert_allclose(mine.W[0].numpy(), expected.W[0], rtol=1e-9, atol=1e-12)

@@ -163,7 +163,8 @@ def block_squares(system: Any, A: Any) -> np.ndarray:
     else:  # the blocks padded into one stack; CuPy's reduceat differences a running sum,
         # which loses a small block after large ones (a gradient that vanishes)
         zero = xp.zeros((1, A.shape[1]), dtype=A.dtype, device=backend.device(A))
-        rows = backend.kept_on(system.layout, "padded rows", system.layout.padded_rows, A)
+        rows = backend.kept_for(("padded rows", tuple(sizes)), lambda: system.layout.padded_rows,
+                                A)
         padded = xp.take(xp.concat([A, zero]), rows, axis=0)
         squares = _squares(xp, xp.reshape(padded, (len(sizes), -1, A.shape[1])),
                            "knc,knc->kc")

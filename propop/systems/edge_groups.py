@@ -106,9 +106,13 @@ class EdgeGroups:
 
 
 def _entries(like: Any, offsets: Any, blocks: list, size: int) -> Any:
-    """The entry indices of ``blocks`` (``size`` entries each), ``(g, size)``, beside ``like``."""
-    starts = np.asarray([int(offsets[k]) for k in blocks])
-    return backend.like(starts[:, None] + np.arange(size)[None, :], like)
+    """The entry indices of ``blocks`` (``size`` entries each), ``(g, size)``, beside ``like``.
+
+    Made once for a layout's signature and device (:func:`~propop.backend.kept_for`).
+    """
+    starts = tuple(int(offsets[k]) for k in blocks)
+    return backend.kept_for(("edge entries", starts, size), lambda: np.asarray(starts)[
+        :, None] + np.arange(size)[None, :], like)
 
 
 def _block_diagonal(be: backend.Backend, matrices: list) -> Any:
