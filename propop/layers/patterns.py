@@ -121,8 +121,8 @@ class Pattern:
             values = backend.to_host(values)
         source, indices, indptr = self._on("numpy" if host else be.name, values)
         flat = np.reshape(values, (-1,)) if host else be.xp.reshape(values, (-1,))
-        if source is None:
-            data = flat
+        if source is None:  # a copy: the matrix is not a view of the layer's parameter
+            data = flat.copy() if host else be.xp.asarray(flat, copy=True)
         elif backend.is_sparse(source):
             data = source @ flat
         else:

@@ -280,8 +280,8 @@ class WindowMaximum(Diagonal):
                                              dtype=x.dtype, device=backend.device(x))])
         slots = backend.kept_on(self, "slots", self._slots, x)
         entries = backend.take_rows(padded, slots)  # (w, k, r)
-        window, place = (backend.kept_on(self, name, a, x) for name, a in zip(("window", "place"),
-                                                                       self._owners))
+        window, place = (backend.kept_on(self, name, a, x)
+                         for name, a in zip(("window", "place"), self._owners))
         if self.ties == "split":
             top = xp.max(entries, axis=1)  # (w, r)
             share = 1.0 / xp.sum(xp.astype(entries == top[:, None, :], x.dtype), axis=1)
