@@ -73,6 +73,24 @@ def test_products_and_the_transpose_are_scipys(columns):
     assert T.T.format == "csr" and T.T.tensor.layout == torch.sparse_csr
 
 
+def test_the_transposes_pattern_is_scipys_with_empty_rows_and_columns():
+    """Made once from the pointers on the device; the entries gathered from the current ones."""
+    M = sp.random_array((9, 6), density=0.3, format="csr", rng=np.random.default_rng(3))
+    M = sp.csr_array(M.multiply(np.array([1, 1, 0, 1, 1, 1.0])[None, :]))  # column 2 empty
+    M = sp.csr_array(sp.vstack([M[:4], sp.csr_array((2, 6)), M[4:]]))  # two empty rows
+    M.eliminate_zeros()
+    T = CSRTensor(M.copy())
+    expected = sp.csr_array(M.T)
+    expected.sort_indices()
+    for _ in range(2):  # the second from the kept pattern
+        flipped = T.T
+        np.testing.assert_array_equal(flipped.indptr.numpy(), expected.indptr)
+        np.testing.assert_array_equal(flipped.indices.numpy(), expected.indices)
+        np.testing.assert_array_equal(flipped.data.numpy(), expected.data)
+    assert T._transposed is T._transposed
+    np.testing.assert_array_equal(T.T.T.toarray().numpy(), M.toarray())
+
+
 def test_a_product_of_the_wrong_shape_names_both_and_dtypes_meet():
     T = CSRTensor(sp.eye_array(3, format="csr"))
     with pytest.raises(ValueError, match=r"sparse \(3, 3\) matrix and x of shape \(4,\)"):
