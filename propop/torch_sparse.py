@@ -224,8 +224,18 @@ class CSRTensor:
 
     def astype(self, dtype: Any) -> CSRTensor:
         """The same pattern with entries in ``dtype``."""
-        return self if dtype == self.dtype else CSRTensor(
-            (self.data.to(dtype), self.indices, self.indptr), shape=self.shape)
+        return self if dtype == self.dtype else self.with_data(self.data.to(dtype))
+
+    def with_data(self, data: Any) -> CSRTensor:
+        """The same pattern with the entries ``data``: its transpose's pattern comes along.
+
+        An optimiser's step on a sparse weight (:func:`propop.train`) keeps the pattern
+        and so the transpose's, made once for all the steps.
+        """
+        out = CSRTensor((data, self.indices, self.indptr), shape=self.shape)
+        if "_transposed" in self.__dict__:
+            out.__dict__["_transposed"] = self.__dict__["_transposed"]
+        return out
 
     def tocsr(self) -> CSRTensor:
         """Itself: it is canonical CSR."""

@@ -137,9 +137,11 @@ class _Optimizer:
             root = backend.namespace(v).sqrt(v / (1 - b2**self.t))
             change = (m / (1 - b1**self.t)) / (root + self.eps)
         new = values - self.lr * change
-        # a sparse weight keeps its pattern: SciPy's, cupyx's and CSR tensors' (data,
-        # indices, indptr) form
-        return type(p)((new, p.indices, p.indptr), shape=p.shape) if sparse else new
+        if not sparse:
+            return new
+        if hasattr(p, "with_data"):  # a CSR tensor: its transpose's pattern comes along
+            return p.with_data(new)
+        return type(p)((new, p.indices, p.indptr), shape=p.shape)  # SciPy's, cupyx's
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,9 @@ def test_the_transposes_pattern_is_scipys_with_empty_rows_and_columns():
         np.testing.assert_array_equal(flipped.data.numpy(), expected.data)
     assert T._transposed is T._transposed
     np.testing.assert_array_equal(T.T.T.toarray().numpy(), M.toarray())
+    stepped = T.with_data(T.data * 3)  # an optimiser's step: the same pattern
+    assert stepped._transposed is T._transposed
+    np.testing.assert_array_equal(stepped.T.toarray().numpy(), 3 * M.T.toarray())
 
 
 def test_a_product_of_the_wrong_shape_names_both_and_dtypes_meet():
