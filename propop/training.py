@@ -241,11 +241,12 @@ def train(model: Any, x: Any, y: Any, *, epochs: int = 1, batch_size: int = 32,
     (2, 6, 'MAX_ITER')
     """
     kind = model.backend.name
-    x, y = _as_data(x, "x", kind), _as_targets(y, "y")
+    x, y = _as_data(x, "x", kind), _as_targets(y, "y", kind)
     if (x_test is None) != (y_test is None):
         raise ValueError("x_test and y_test go together: give both or neither")
     if x_test is not None:
-        x_test, y_test = _as_data(x_test, "x_test", kind), _as_targets(y_test, "y_test")
+        x_test, y_test = (_as_data(x_test, "x_test", kind),
+                          _as_targets(y_test, "y_test", kind))
     r = np.shape(x)[-1]
     if int(batch_size) != batch_size or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size}")
@@ -358,24 +359,33 @@ def _as_data(x: Any, what: str, kind: str) -> Any:
     A model's inputs live where its arrays do, as a PyTorch module's live on its
     device: ``ValueError`` naming both otherwise.
     """
-    x = real_array(x, what)
-    if backend.of(x).name != kind:
-        raise ValueError(f"{what} is a {backend.of(x).name} array but the model's arrays are "
-                         f"{kind}'s: move the data there (propop.backend.convert(x, "
-                         f"{kind!r}), or the model with .to())")
+    x = _where(real_array(x, what), what, kind)
     if x.ndim < 1 or x.shape[-1] == 0:
         raise ValueError(f"{what} has shape {tuple(x.shape)}: no samples on its last axis")
     return x
 
 
-def _as_targets(y: Any, what: str) -> Any:
-    """Targets as arrays (a list of them for several outputs); integer labels stay integers."""
+def _where(a: Any, what: str, kind: str) -> Any:
+    """``a`` itself if it is an array of backend ``kind``, else ``ValueError`` naming both."""
+    if backend.of(a).name != kind:
+        raise ValueError(f"{what} is a {backend.of(a).name} array but the model's arrays are "
+                         f"{kind}'s: move the data there (propop.backend.convert({what}, "
+                         f"{kind!r})), or the model with .to()")
+    return a
+
+
+def _as_targets(y: Any, what: str, kind: str) -> Any:
+    """Targets as arrays (a list of them for several outputs); integer labels stay integers.
+
+    Labels may be host integers for a model on any backend (moved a batch at a time);
+    other targets live where the model's arrays do, as :func:`_as_data`'s inputs.
+    """
     if isinstance(y, list) and y and np.ndim(y[0]) >= 1 and hasattr(y[0], "shape"):
-        return [_as_targets(t, f"{what}[{i}]") for i, t in enumerate(y)]
+        return [_as_targets(t, f"{what}[{i}]", kind) for i, t in enumerate(y)]
     labels = np.asarray(y) if not hasattr(y, "dtype") else y
     if backend.kind(labels.dtype) in "iu":
         return labels
-    return real_array(y, what)
+    return _where(real_array(y, what), what, kind)
 
 
 def _check_data(x: Any, y: Any, x_test: Any, y_test: Any) -> None:

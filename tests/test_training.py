@@ -274,6 +274,12 @@ def test_data_on_another_backend_than_the_model_is_named():
     x, y = np.ones((4, 8)), np.ones((3, 8))
     with pytest.raises(ValueError, match=r"x is a numpy array but the model's arrays are torch"):
         pp.train(net, x, y, loss="mse")
+    X = torch.ones((4, 8), dtype=torch.float64)
     with pytest.raises(ValueError, match=r"x_test is a numpy array"):
-        pp.train(net, torch.ones((4, 8), dtype=torch.float64), y, loss="mse", x_test=x,
+        pp.train(net, X, torch.ones((3, 8), dtype=torch.float64), loss="mse", x_test=x,
                  y_test=y)
+    with pytest.raises(ValueError, match=r"y is a numpy array but the model's arrays are torch"):
+        pp.train(net, X, y, loss="mse")  # before any step, not at the first
+    labels = np.arange(8) % 3  # host labels go with a model anywhere
+    trained, history = pp.train(net, X, labels, loss="cross_entropy", progress=False)
+    assert trained.backend.name == "torch" and len(history.epochs) == 1
