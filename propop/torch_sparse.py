@@ -55,7 +55,7 @@ def _from_triplets(data: Any, row: Any, col: Any, shape: tuple | None) -> tuple:
     if shape is None or len(shape) != 2:
         raise ValueError("CSRTensor((data, (row, col))) needs shape=(m, n)")
     if not all(isinstance(a, torch.Tensor) and a.ndim == 1 for a in (data, row, col)) or \
-            not data.shape == row.shape == col.shape:
+            data.shape != row.shape or row.shape != col.shape:
         raise ValueError("CSRTensor((data, (row, col))) needs 1-D tensors of one length; got "
                          "shapes " + ", ".join(str(tuple(getattr(a, "shape", ())))
                                                for a in (data, row, col)))
@@ -194,7 +194,7 @@ class CSRTensor:
         rows = torch.repeat_interleave(torch.arange(m, device=indptr.device),
                                        indptr[1:] - indptr[:-1])
         cols = self.indices
-        order = torch.argsort(cols * m + rows, stable=True)  # column-major: the transpose's rows
+        order = torch.argsort(cols, stable=True)  # by column, rows ascending: they are sorted
         counts = torch.bincount(cols, minlength=n)
         pointers = torch.zeros(n + 1, dtype=indptr.dtype, device=indptr.device)
         pointers[1:] = torch.cumsum(counts, 0)

@@ -134,6 +134,8 @@ def test_a_pattern_times_a_selection_is_the_product_its_transpose_too(kind, devi
                                    atol=1e-14)
     with pytest.raises(ValueError, match="pattern"):
         layer._pattern.matrix(np.ones(3))
+    with pytest.raises(ValueError, match=r"pattern times a \(3, 11\) matrix"):
+        layer._pattern.times(sp.random_array((3, 11), density=0.5, format="csr"))
 
 
 def test_a_cnns_backward_couplings_on_pytorch_make_no_trip_through_the_host(monkeypatch):
