@@ -109,6 +109,28 @@ def test_an_iterative_linear_solver_that_stalls_newton_is_asked_for_more():
     direct = pp.forward(net, x, method="substitution")
     assert direct.info["converged"] and direct.info["linear_rtol"] == rtol
 
+
+def test_an_iterative_linear_solver_gets_steps_past_the_chain_of_dependencies():
+    """The default ``maxiter`` counts the layers; BiCGStab's solves need a step more.
+
+    After as many secant steps as layers the iterate is exact up to the linear solves'
+    error: 1.04e-8 here (``linear_rtol=1e-8``), above ``rtol``, so the default call
+    raised. With :data:`INEXACT_STEPS` more it reaches the sequential pass; a direct
+    method still stops at the layers' count.
+    """
+    net = pp.FNN.random([4, 6, 3, 5], activation="sigmoid", seed=0, bias=0.1)
+    x = np.random.default_rng(3).standard_normal((4, 3))
+    exact = net.forward(x)
+    trace = pp.forward(net, x, method="bicgstab", linearization="secant", linear_rtol=1e-8)
+    assert trace.info["converged"] and trace.info["iterations"] > net.depth
+    assert trace.info["residuals"][net.depth] > 1e-10 >= trace.info["residuals"][-1]
+    assert relative_error(trace.output, exact.output) < 1e-9
+    with pytest.raises(pp.ConvergenceError, match=f"after {net.depth} iterations"):
+        pp.forward(net, x, method="bicgstab", linearization="secant", linear_rtol=1e-8,
+                   maxiter=net.depth)
+    direct = pp.forward(net, x, method="cyclic-reduction", linearization="secant")
+    assert direct.info["iterations"] == net.depth
+
 def test_tolerances_follow_the_dtype_and_options_are_checked():
     net = pp.GRU(2, 3)
     xs = np.random.default_rng(5).standard_normal((6, 2))
