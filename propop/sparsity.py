@@ -67,7 +67,8 @@ def mask(W: Any, density: float, pattern: str = "magnitude", *, block: int = 4) 
     Parameters
     ----------
     W : array or sparse array, shape (n, m)
-        Entries already zero in a sparse ``W`` count as pruned.
+        Of any backend; entries already zero in a sparse ``W`` count as pruned.
+        The mask is a NumPy array.
     density : float in (0, 1]
         The share of entries to keep: exact for ``"magnitude"`` (at least one
         entry), rounded to whole tiles for ``"block"`` and to a whole band
@@ -89,7 +90,7 @@ def mask(W: Any, density: float, pattern: str = "magnitude", *, block: int = 4) 
            [0, 0, 1, 1]])
     """
     density = require_density(density)
-    dense = np.abs(backend.dense(W))
+    dense = np.abs(backend.to_host(backend.dense(W)))  # a pattern is chosen on the host
     if pattern == "magnitude":
         return _largest(dense, max(1, int(round(density * dense.size))))
     if pattern == "banded":
@@ -111,7 +112,9 @@ def prune(net: FNN, density: float, pattern: str = "magnitude", *, block: int = 
     """``net`` with every weight matrix pruned to ``density`` by ``pattern`` (:func:`mask`).
 
     The kept entries keep their values; the weights become CSR arrays, whose
-    pattern training preserves. Biases are not pruned.
+    pattern training preserves. Biases are not pruned. The pattern is chosen on
+    the host, and the pruned network is on ``net``'s backend and device (a CSR
+    tensor on PyTorch; the strict namespace has no sparse arrays and refuses).
 
     Examples
     --------
@@ -120,9 +123,12 @@ def prune(net: FNN, density: float, pattern: str = "magnitude", *, block: int = 
     >>> round(density_of(net), 2), net.sparse
     (0.25, True)
     """
-    weights = [sp.csr_array(np.where(mask(W, density, pattern, block=block), backend.dense(W), 0))
-               for W in net.W]
-    return FNN(weights, net.b, activation=net.activations)
+    dense = [backend.to_host(backend.dense(W)) for W in net.W]
+    weights = [sp.csr_array(np.where(mask(W, density, pattern, block=block), W, 0))
+               for W in dense]
+    pruned = FNN(weights, [backend.to_host(b) for b in net.b], activation=net.activations)
+    kind = net.backend.name
+    return pruned if kind == "numpy" else pruned.to(kind, backend.device(net.b[0]))
 
 
 def density_of(net: FNN) -> float:

@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import propop as pp
@@ -198,6 +199,10 @@ def test_demo_training_says_what_it_needs_without_scikit_learn(monkeypatch, caps
                                   "direct"),
     (["train", "--layers", "abc"], "--layers takes comma-separated positive widths"),
     (["train", "--method", "scipy.gmre"], "did you mean 'scipy.gmres'"),
+    (["train", "--device", "cuda"], "--device applies to --backend torch, not numpy"),
+    (["train", "--backend", "array_api_strict", "--density", "0.5"],
+     "--backend array_api_strict has no sparse arrays"),
+    (["train", "--backend", "jax"], "argument --backend: invalid choice: 'jax'"),
     (["run", "--method", "hybrid,substitution", "--network", "graph", "--layers", "1",
       "--width", "4", "--batch", "1", "--repeats", "5", "--rtol", "1e-8", "--atol", "x"],
      "argument --atol: invalid tolerance value: 'x'"),
@@ -229,6 +234,25 @@ def test_version_help_defaults_and_tolerances(capsys):
                      "jacobi", "--rtol", "1e-6"]) == 0
     out = capsys.readouterr().out
     assert ", rtol=1e-06;" in out and "| jacobi | no | CONVERGED |" in out
+
+
+@pytest.mark.parametrize("options", [["--density", "0.5"], ["--optimizer", "adam", "--lr", "0.01"],
+                                     ["--method", "jacobi", "--maxiter", "1"]],
+                         ids=["sparse", "adam", "truncated"])
+def test_train_on_pytorch_prints_what_numpy_prints(options, capsys):
+    """``--backend torch``: the network, data and solves there; the same losses and accuracies."""
+    pytest.importorskip("torch")
+    tables = {}
+    for kind in ("numpy", "torch"):
+        assert cli.main(["train", "--epochs", "2", "--layers", "8", *options,
+                         "--backend", kind]) == 0
+        out = capsys.readouterr().out
+        assert out.splitlines()[0].endswith(f"on {kind}")
+        rows = [[float(v) for v in line.split("|")[1:5]] for line in out.splitlines()
+                if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
+        tables[kind] = (rows, out.strip().splitlines()[-1].split(",")[1:])  # density, steps
+    assert len(tables["torch"][0]) == 2 and tables["torch"][1] == tables["numpy"][1]
+    np.testing.assert_allclose(tables["torch"][0], tables["numpy"][0], rtol=0, atol=2e-4)
 
 
 def test_a_failed_training_solve_is_one_line_not_a_traceback():

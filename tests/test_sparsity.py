@@ -99,6 +99,38 @@ def test_gradual_pruning_reaches_the_density_and_one_stage_is_one_shot(data):
         np.testing.assert_array_equal(a.toarray(), b.toarray())
 
 
+@pytest.mark.parametrize("pattern", ["magnitude", "block", "banded"])
+def test_pruning_a_network_on_pytorch_keeps_it_there_and_prunes_as_on_numpy(data, pattern):
+    """The pattern is chosen on the host; the pruned weights are CSR tensors on its device.
+
+    ``mask`` took ``np.abs`` of a tensor, whose ``size`` is a method: pruning on
+    PyTorch raised a TypeError.
+    """
+    pytest.importorskip("torch")
+    from propop import backend
+
+    xtr, ytr, _, _ = data
+    net = mlp(hidden=32)
+    moved = net.to("torch")
+    np.testing.assert_array_equal(sparsity.mask(moved.W[0], 0.3, pattern),
+                                  sparsity.mask(net.W[0], 0.3, pattern))
+    ours, theirs = sparsity.prune(moved, 0.3, pattern), sparsity.prune(net, 0.3, pattern)
+    assert ours.backend.name == "torch" and sparsity.density_of(ours) == \
+        sparsity.density_of(theirs)
+    for a, b in zip(ours.W, theirs.W):
+        assert backend.of(a).name == "torch"
+        np.testing.assert_array_equal(backend.to_host(a).toarray(), b.toarray())
+    X = backend.convert(xtr, "torch")
+    trained, _ = sparsity.prune_gradually(moved, X, ytr, 0.3, 2, 1, pattern, batch_size=50,
+                                          lr=0.5)
+    expected, _ = sparsity.prune_gradually(net, xtr, ytr, 0.3, 2, 1, pattern, batch_size=50,
+                                           lr=0.5)
+    for a, b in zip(trained.W, expected.W):
+        assert relative_error(backend.to_host(a).toarray(), b.toarray()) < 1e-12
+    with pytest.raises(TypeError, match="array_api_strict is dense here"):
+        sparsity.prune(net.to("array_api_strict"), 0.3, pattern)
+
+
 def test_the_density_report(data):
     xtr, ytr, xte, yte = data
     rows = sparsity.report(mlp(hidden=48), xtr, ytr, [1.0, 0.05], xte, yte, "magnitude",

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .. import solvers
+from .. import backend, solvers
 from ..networks.fnn import FNN
 from ..solvers.solution import ConvergenceError
 from ..systems import backward_system
@@ -59,6 +59,9 @@ def _train(args: argparse.Namespace) -> int:
     sizes = [64, *hidden, 10]
     net = FNN.random(sizes, activation=args.activation, output_activation="identity",
                      density=1.0 if args.prune else args.density, seed=args.seed)
+    if args.backend != "numpy":  # the network and inputs there; integer labels go anywhere
+        net = net.to(args.backend, args.device)
+        xtr, xte = (backend.convert(x, args.backend, args.device) for x in (xtr, xte))
     options = {**({} if args.maxiter is None else {"maxiter": args.maxiter}),
                **tolerances(args)}
     settings = dict(batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
@@ -71,7 +74,8 @@ def _train(args: argparse.Namespace) -> int:
     print(f"Training {'-'.join(map(str, sizes))} ({args.activation}, {sparsity}) on the "
           f"digits with {solver}, "
           f"forward {f'Newton with {args.forward}' if args.forward else 'sequential'}, "
-          f"{args.optimizer} lr={args.lr}, batch {args.batch_size}\n")
+          f"{args.optimizer} lr={args.lr}, batch {args.batch_size}, on {args.backend}"
+          f"{f' ({args.device})' if args.device else ''}\n")
     if args.prune:
         net, histories = prune_gradually(net, xtr, ytr, args.density, args.stages, args.epochs,
                                          args.prune, **settings)

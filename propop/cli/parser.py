@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
-from .. import solvers
+from .. import backend, solvers
 from ..activations import available_activations
 from ..sparsity import PATTERNS
 from .experiments import NETWORKS
@@ -117,6 +117,11 @@ def parser() -> _Parser:
     fit.add_argument("--forward", default=None,
                      help="Newton forward with this solver (default: the sequential pass)")
     fit.add_argument("--seed", type=int, default=0, help="of the weights and the batches")
+    fit.add_argument("--backend", default="numpy", choices=backend.KINDS,
+                     help="where the network, the data and every solve live (torch: the "
+                          "torch extra; cupy: the gpu extra)")
+    fit.add_argument("--device", default=None,
+                     help="a PyTorch device for --backend torch, such as cuda")
     run.add_argument("--distributed", action="store_true",
                      help="the mpi.* methods (default), times per rank; run as mpiexec -n P "
                           "python -m mpi4py -m propop run --distributed")
@@ -186,6 +191,11 @@ def check_training(args: argparse.Namespace) -> None:
         raise ValueError("--prune needs --density below 1 (the share of weights kept)")
     if args.stages != 1 and not args.prune:
         raise ValueError("--stages applies with --prune (gradual pruning)")
+    if args.device is not None and args.backend != "torch":
+        raise ValueError(f"--device applies to --backend torch, not {args.backend}")
+    if args.backend in backend.DENSE_ONLY and (args.density < 1 or args.prune):
+        raise ValueError(f"--backend {args.backend} has no sparse arrays: sparse weights "
+                         "(--density below 1, --prune) train on numpy, torch or cupy")
     kind = solvers.info(args.method).kind
     if args.maxiter is not None and kind == "direct":
         raise ValueError(f"--maxiter applies to iterative methods; {args.method} is direct "
