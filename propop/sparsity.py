@@ -211,9 +211,19 @@ def report(net: FNN, x: Any, y: Any, densities: Sequence[float], x_test: Any, y_
         ``fill_in`` (non-zeros of a reduced block over an original one, per
         level), ``cr_seconds`` and ``substitution_seconds`` (medians),
         ``cr_error`` (relative to substitution) and ``levels``.
+
+    Raises
+    ------
+    ValueError
+        For a network on another backend than NumPy (sparse cyclic reduction
+        multiplies SciPy's sparse arrays).
     """
     if int(repeats) != repeats or repeats < 1:
         raise ValueError(f"repeats must be an integer >= 1, got {repeats}")
+    if net.backend.name != "numpy":  # refused before any density is trained
+        raise ValueError(f"report measures sparse cyclic reduction, whose products are "
+                         f"SciPy's (on the CPU); this network is on {net.backend.name}: "
+                         "pass net.to('numpy') and NumPy data")
     rows = []
     for density in densities:
         model, histories = prune_gradually(net, x, y, density, stages, epochs, pattern,

@@ -129,6 +129,8 @@ def test_pruning_a_network_on_pytorch_keeps_it_there_and_prunes_as_on_numpy(data
         assert relative_error(backend.to_host(a).toarray(), b.toarray()) < 1e-12
     with pytest.raises(TypeError, match="array_api_strict is dense here"):
         sparsity.prune(net.to("array_api_strict"), 0.3, pattern)
+    with pytest.raises(ValueError, match="this network is on torch"):  # before any training
+        sparsity.report(moved, X, ytr, [0.3], X, ytr, pattern, epochs=10**6)
 
 
 def test_the_density_report(data):
