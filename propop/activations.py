@@ -108,6 +108,10 @@ class Activation:
         forw_diag). Where ``f(y) / y`` does not exist or overflows, the limit
         ``a = f'(0)`` is used if ``f(y) = 0``; otherwise ``a = 0`` and
         ``beta = f(y)``, so the linearisation is exact at ``y`` in every case.
+        Where ``f(0) != 0`` (a sigmoid) ``a`` grows as ``1 / y`` near zero (267 at
+        ``y = 0.0019``): such rows make the forward system ill-conditioned, and a
+        reduction's rounding in float32 can miss ``rtol`` (named by
+        :func:`propop.forward`); Newton's tangents have bounded slopes.
         """
         xp = backend.namespace(y)
         fy = self.f(y)

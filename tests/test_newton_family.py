@@ -399,3 +399,24 @@ def test_the_jacobians_memory_guard_counts_the_steps_memos():
             pp.forward(net, xs, method="cyclic-reduction", linearization="newton")
     with pp.memory.limit((jacobians + memos + 1) * tau * r * 8):
         assert pp.forward(net, xs, method="cyclic-reduction").info["converged"]
+
+
+def test_secant_steps_of_a_sigmoid_in_float32_by_pcr_are_refused_not_returned():
+    """The paper's secant through the origin, ``a = f(y) / y``, is 267 at ``y = 0.0019``.
+
+    A sigmoid's ``f(0) = 1/2``: PCR's products of such rows leave the exact-by-depth
+    iterate at 3.1e-5 against float32's ``rtol`` 1.2e-5 (substitution 4e-8), however
+    many steps. That is a ConvergenceError naming the last solve's amplified rounding
+    and the alternatives, never a converged trace; Newton's tangents converge.
+    """
+    net = pp.FNN.random([4, 6, 3, 5], activation="sigmoid", seed=0, dtype="float32")
+    x = np.array([-0.70373523, -1.2654215, -0.62327445, 0.04132598], dtype=np.float32)
+    exact = net.forward(x)
+    assert np.abs(np.asarray(exact.y[1])).min() < 2e-3
+    with pytest.raises(pp.ConvergenceError, match=r"(?s)rounding was amplified beyond rtol "
+                       r"\(float32\).*linearization='newton'|linearization='newton'.*"
+                       r"rounding was amplified"):
+        pp.forward(net, x, method="parallel-cyclic-reduction", linearization="secant")
+    tangent = pp.forward(net, x, method="parallel-cyclic-reduction")
+    assert tangent.info["converged"]
+    assert relative_error(tangent.output, exact.output) < 1e-5

@@ -410,6 +410,6 @@ def _failed(solution: Solution | None, iterations: int, stop: str, value: float,
     measure = "nonlinear residual" if stop == "residual" else "relative change of the states"
     return replace(base, status=Status.MAX_ITER, message=(
         f"forward iteration stopped after {iterations} iterations with {measure} "
-        f"{value:.2e} > rtol={rtol:g}; raise maxiter (the number of layers is always enough "
-        "with exact linear solves, one more for stop='change') or use "
-        "linearization='newton'"))
+        f"{value:.2e} > rtol={rtol:g}; raise maxiter (in exact arithmetic the number of "
+        "layers is enough, one more for stop='change'), raise rtol to what the dtype and "
+        "the linear solves reach, or use linearization='newton'"))
