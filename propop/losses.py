@@ -21,7 +21,7 @@ import numpy as np
 from . import backend
 from ._checks import real_array, require_finite
 
-__all__ = ["LOSSES", "REDUCTIONS", "loss_gradient", "loss_value"]
+__all__ = ["LOSSES", "REDUCTIONS", "loss_gradient", "loss_value", "require_steps_target"]
 
 LOSSES = ("mse", "cross_entropy")
 REDUCTIONS = ("sum", "mean")
@@ -41,12 +41,29 @@ def _check(output: Any, target: Any, loss: str, reduction: str = "sum") -> Any:
     target = real_array(target, "target", output.dtype)
     if target.shape != output.shape:
         raise ValueError(
-            f"target has shape {target.shape}, expected {output.shape} (the output's)"
-            + (" or integer labels of shape " + str(output.shape[1:])
-               if loss == "cross_entropy" else "")
-        )
+            f"target has shape {tuple(target.shape)}, expected {tuple(output.shape)} (the "
+            "output's)" + (f" or integer labels of shape {tuple(output.shape[1:])}"
+                           if loss == "cross_entropy" else ""))
     require_finite(target, "target")
     return target
+
+
+def require_steps_target(output: Any, target: Any, loss: str) -> None:
+    """A recurrent network's target, checked in the shapes its caller sees, or raise.
+
+    ``output`` is ``(tau, k[, r])``, steps first; the target is shaped like it (or
+    features first, ``(k, tau[, r])``), or integer labels ``(tau[, r])`` for
+    ``"cross_entropy"``. Named here, before the features move to axis 0 for
+    :func:`loss_gradient`, whose message would give the moved shapes.
+    """
+    shape, want = tuple(np.shape(target)), tuple(output.shape)
+    labels = want[:1] + want[2:]
+    if shape in (want, (want[1], want[0]) + want[2:]) or (loss == "cross_entropy" and
+                                                          shape == labels):
+        return
+    raise ValueError(f"target has shape {shape}, expected {want} (the output's: steps, "
+                     "features[, samples])" + (f" or integer labels of shape {labels}"
+                                               if loss == "cross_entropy" else ""))
 
 
 def _one_hot(xp: Any, labels: Any, output: Any) -> Any:

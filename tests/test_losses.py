@@ -70,3 +70,31 @@ def test_cross_entropy_on_other_backends_is_torchs(kind, reduction, labels):
     if labels:
         with pytest.raises(ValueError, match=r"labels must lie in \[0, 5\), got range"):
             pp.loss_gradient(on(z), on(t + 5), "cross_entropy")
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+@pytest.mark.parametrize("cell", ["rnn", "gru"])
+def test_a_recurrent_targets_shape_is_named_as_the_caller_sees_it(kind, cell):
+    """Steps first, as the output; the moved features-first shapes were named before.
+
+    A GRU's output of 4 steps, 3 features and 2 samples is ``(4, 3, 2)``; a target
+    of 5 steps was said to miss ``(3, 4, 2)``, the loss's internal layout (and on
+    PyTorch as ``torch.Size([...])``).
+    """
+    from propop import backend
+
+    net = pp.RNN.random([2, 3], seed=0) if cell == "rnn" else pp.GRU(2, 3, seed=0)
+    net = net.to(kind)
+    xs = backend.convert(np.zeros((4, 2, 2)), kind)
+    assert tuple(net.outputs(net.forward(xs)).shape if cell == "gru"
+                 else net.forward(xs).output.shape) == (4, 3, 2)
+    wrong = backend.convert(np.zeros((5, 3, 2)), kind)
+    with pytest.raises(ValueError, match=r"target has shape \(5, 3, 2\), expected \(4, 3, 2\) "
+                       r"\(the output's: steps, features\[, samples\]\)$"):
+        pp.backprop(net, xs, wrong)
+    with pytest.raises(ValueError, match=r"or integer labels of shape \(4, 2\)$"):
+        pp.backprop(net, xs, np.zeros((5, 2), dtype=int), loss="cross_entropy")
+    for good in (np.zeros((4, 3, 2)), np.zeros((3, 4, 2))):  # steps or features first
+        g = pp.backprop(net, xs, backend.convert(good, kind))
+        assert np.isfinite(backend.to_host(g.x)).all()
+    pp.backprop(net, xs, np.zeros((4, 2), dtype=int), loss="cross_entropy")

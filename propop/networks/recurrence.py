@@ -40,7 +40,7 @@ import numpy as np
 from .. import backend, memory
 from .._checks import (float_dtype, positive_int, real_array, require_finite,
                        require_samples)
-from ..losses import loss_gradient
+from ..losses import loss_gradient, require_steps_target
 from .trace import Trace
 
 __all__ = ["Recurrence", "RecurrenceGradients", "LINEARIZATIONS"]
@@ -287,6 +287,7 @@ class Recurrence:
                       reduction: str = "sum") -> Any:
         """``eps = dE/dh`` at every step: the loss's gradient in the output rows, zero elsewhere."""
         xp = self._xp()
+        require_steps_target(self.outputs(trace), target, loss)
         out = xp.moveaxis(self.outputs(trace), 1, 0)
         target = backend.like(backend.to_host(target), out) if hasattr(target, "shape") \
             else backend.like(np.asarray(target), out)

@@ -20,7 +20,7 @@ from .. import backend, memory
 from .._checks import (float_dtype, positive_sizes, real_array, require_finite, require_samples,
                       require_shape)
 from ..activations import Activation, get_activation
-from ..losses import loss_gradient
+from ..losses import loss_gradient, require_steps_target
 from .fnn import _as_biases, _as_weight, _float_dtype, transposed
 from .trace import Trace
 
@@ -262,6 +262,7 @@ class RNN:
         :func:`propop.backward_system` directly.
         """
         xp = self.backend.xp
+        require_steps_target(trace.output, target, loss)
         out = xp.moveaxis(trace.output, 1, 0)
         target = xp.asarray(target)
         if target.shape == trace.output.shape:
