@@ -236,7 +236,7 @@ BAD_INPUTS = [
         ("rhs has dtype complex128",)),
     Bad("system-complex-coupling", lambda: pp.TriangularSystem(
         [np.ones((2, 2)) * 1j], [None, None], np.ones(4), lower=True, sizes=[2, 2]),
-        ("coupling (1, 0) has complex",)),
+        ("coupling (1, 0), by which block 1 reads block 0, has complex",)),
     Bad("system-empty-block", lambda: pp.TriangularSystem(
         [np.ones((0, 2))], [None, None], np.ones(2), lower=True, sizes=[2, 0]),
         ("block sizes must be >= 1",)),
@@ -475,3 +475,28 @@ def test_any_shape_every_method_is_right_per_block_or_says_why(sizes, r, activat
     check_every_method(system, net.backward(trace, eps))
     with pytest.raises(ValueError, match="x has shape"):
         net.forward(rng.standard_normal((sizes[0] + 1,) + shape[1:]))
+
+
+@pytest.mark.parametrize("sizes", [(4, 5, 3), (4, 4, 4)], ids=["unequal", "stacked"])
+@pytest.mark.parametrize("density", [1.0, 0.6], ids=["dense", "sparse"])
+def test_a_weight_with_inf_is_named_by_the_blocks_it_joins(sizes, density):
+    """An Inf in ``W[1]``, whose tanh layer still gives a finite output.
+
+    It was named as ``coupling_stack (index (j, i, k): coupling j)`` (one width), or
+    not at all: unequal widths and sparse weights reached the solve, which said that
+    a long product of Jacobians had overflowed.
+    """
+    net = pp.FNN.random(list(sizes), activation="tanh", seed=0, density=density)
+    if density < 1:
+        net.W[1].data[0] = np.inf
+    else:
+        net.W[1][0, 0] = np.inf
+    x, t = np.ones((4, 2)), np.zeros((sizes[-1], 2))
+    with np.errstate(invalid="ignore"):
+        assert np.isfinite(net.forward(x).output).all()
+        for run, block in ((lambda: pp.backprop(net, x, t), r"v\[1\] \(layer 0, W\[0\]\) "
+                            r"reads v\[2\] \(layer 1, W\[1\]\)"),
+                           (lambda: pp.forward(net, x, method="cyclic-reduction"),
+                            r"z\[2\] \(layer 1, W\[1\]\) reads z\[1\] \(layer 0, W\[0\]\)")):
+            with pytest.raises(ValueError, match=block + r", contains NaN or Inf"):
+                run()

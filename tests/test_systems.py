@@ -169,7 +169,9 @@ def test_stacked_coefficients_are_checked_once_and_named():
     with pytest.raises(ValueError, match=r"block 3.*row scaling"):
         chain(sizes=sizes, coupling_stack=C, scale_stack=bad)
     C[3, 0, 0] = np.inf
-    with pytest.raises(ValueError, match=r"coupling_stack.*NaN or Inf.*\(3, 0, 0\)"):
+    with pytest.raises(ValueError, match=r"coupling \(4, 3\) \(coupling_stack\[3\]\), by "
+                       r"which block 4 reads block 3, contains NaN or Inf \(first at index "
+                       r"\(0, 0\)\)"):
         chain(sizes=sizes, coupling_stack=C)
 
 

@@ -49,7 +49,7 @@ def read(coupling: Sequence[Any] | None, row_scale: Sequence[Any] | None, *, low
     else:
         layout, couplings = _couplings(coupling, lower=lower, sizes=sizes, edges=edges,
                                        structure=structure, coupling_stack=coupling_stack,
-                                       samples=samples)
+                                       samples=samples, name=name)
     scalings = _scalings(row_scale, layer_scales, scale_stack, layout, samples, name)
     if identity:
         S = scalings.stacks[0]
@@ -73,13 +73,25 @@ def _require_one(coupling: Any, row_scale: Any, edges: Any, structure: Any,
         raise ValueError("give either coupling (a chain) or edges, not both")
 
 
+def _reads(row: int, col: int, name: Callable[[int], str], stored: str = "") -> str:
+    """A coupling in messages: its position and the blocks it joins, by their names."""
+    return f"coupling ({row}, {col}){stored}, by which {name(row)} reads {name(col)},"
+
+
 def _couplings(coupling: Any, *, lower: bool, sizes: tuple, edges: Any, structure: Any,
-               coupling_stack: Any, samples: int | None) -> tuple:
-    """The layout and the couplings' storage, each coupling's shape checked against it."""
+               coupling_stack: Any, samples: int | None, name: Callable[[int], str]) -> tuple:
+    """The layout and the couplings' storage, each coupling's shape checked against it.
+
+    Each coupling is checked finite, named by the blocks it joins (``name``).
+    """
     if coupling_stack is not None:
         stack = _checked_stack(coupling_stack, "coupling_stack", (), sizes, samples)
-        require_finite(stack, "coupling_stack (index (j, i, k): coupling j)")
-        return ChainLayout(lower, sizes), DenseCouplings([stack])
+        layout = ChainLayout(lower, sizes)
+        if not backend.all_finite(stack):  # one sum; each coupling only where it is not
+            for j in range(stack.shape[0]):
+                require_finite(stack[j, ...], _reads(*layout.pair(j), name,
+                                                     f" (coupling_stack[{j}])"))
+        return layout, DenseCouplings([stack])
     if structure is not None:
         templates = tuple(Template(t.row, t.col, t.offset, i)
                           for i, t in enumerate(structure.templates))
@@ -88,21 +100,40 @@ def _couplings(coupling: Any, *, lower: bool, sizes: tuple, edges: Any, structur
         if sizes != layout.sizes:
             raise ValueError(f"the blocks' sizes are not the structure's {structure.sizes} "
                              f"repeated over {structure.tau} steps")
-        couplings = couplings_of(
-            [t.M for t in structure.templates],
-            lambda i: f"template (layer {templates[i].row} reads layer {templates[i].col})")
+        matrices = [t.M for t in structure.templates]
+        where = lambda i: (  # noqa: E731
+            f"template (layer {templates[i].row} reads layer {templates[i].col})")
     elif coupling is not None:
         layout = ChainLayout(lower, sizes)
-        couplings = couplings_of(list(coupling), lambda j: "coupling ({}, {})".format(
-            *layout.pair(j)))
+        matrices, where = list(coupling), lambda j: _reads(*layout.pair(j), name)
     else:
         edges = list(edges)
         layout = GraphLayout(lower, sizes, tuple((int(row), int(col), j)
                                                  for j, (row, col, _) in enumerate(edges)))
-        couplings = couplings_of([M for _, _, M in edges],
-                                 lambda j: f"coupling ({edges[j][0]}, {edges[j][1]})")
+        matrices = [M for _, _, M in edges]
+        where = lambda j: _reads(int(edges[j][0]), int(edges[j][1]), name)  # noqa: E731
+    couplings = couplings_of(matrices, where)
     layout.check(couplings.shape)
+    _require_finite_couplings(couplings.arrays(), where)
     return layout, couplings
+
+
+def _require_finite_couplings(arrays: Sequence[Any], where: Callable[[int], str]) -> None:
+    """Every coupling finite (a sum of each, one synchronisation), else the first named.
+
+    ``arrays``: coupling ``j``'s matrix, or its stack of one (:func:`couplings_of`).
+    Each is summed where it is: a transposed weight is a view, which a concatenation
+    (:func:`_all_finite`'s for small arrays) would copy, at twice the time.
+    """
+    unique = {id(M): M.data if backend.is_sparse(M) else M for M in arrays}  # shared once
+    if not unique:
+        return
+    xp = backend.namespace(next(iter(unique.values())))
+    with backend.quiet(xp):  # NaN and Inf survive the sums; an overflow checks the entries
+        if math.isfinite(float(sum(xp.sum(a) for a in unique.values()))):
+            return
+    for j, M in enumerate(arrays):
+        require_finite(M if backend.is_sparse(M) or M.ndim == 2 else M[0, ...], where(j))
 
 
 def _scalings(row_scale: Any, layer_scales: Any, scale_stack: Any, layout: Any,
