@@ -43,12 +43,11 @@ def real_array(a: Any, what: str, dtype: Any = None) -> Any:
     """
     if backend.is_sparse(a):
         raise ValueError(f"{what} is a sparse matrix; a dense array is expected here")
-    wants_tensor = getattr(dtype, "is_floating_point", None) is not None  # a torch.dtype
-    if dtype is not None and wants_tensor != (hasattr(a, "dtype") and
-                                              backend.of(a).name == "torch"):
+    if dtype is not None and _family(dtype) != _array_family(a):
+        wanted = _family(dtype)
         raise ValueError(f"{what} is a {type(a).__module__}.{type(a).__name__}, but the arrays "
-                         f"it meets are {'PyTorch tensors' if wants_tensor else 'NumPy arrays'}"
-                         f": pass it as one ({'torch.as_tensor' if wants_tensor else '.numpy()'})")
+                         f"it meets are {_FAMILIES[wanted]}: pass it as one "
+                         f"(propop.backend.convert({what}, {wanted!r}))")
     if getattr(a, "requires_grad", False):  # a torch.nn.Parameter: its data, same storage
         a = a.detach()
     xp = backend.namespace(a) if hasattr(a, "dtype") else np
@@ -65,6 +64,28 @@ def real_array(a: Any, what: str, dtype: Any = None) -> Any:
     if dtype is not None:
         return backend.astype(array, dtype)
     return array if kind == "f" else backend.astype(array, xp.float64)
+
+
+# The backends whose dtypes tell them apart (CuPy's are NumPy's: mixed arrays of those two
+# are named where they meet, by backend.of)
+_FAMILIES = {"numpy": "NumPy arrays", "torch": "PyTorch tensors",
+             "array_api_strict": "array_api_strict arrays"}
+
+
+def _family(dtype: Any) -> str:
+    """The backend whose arrays have ``dtype`` (``"numpy"`` for NumPy's and CuPy's)."""
+    if getattr(dtype, "is_floating_point", None) is not None:  # a torch.dtype
+        return "torch"
+    return "array_api_strict" if type(dtype).__module__.startswith("array_api_strict") \
+        else "numpy"
+
+
+def _array_family(a: Any) -> str:
+    """The :func:`_family` of ``a``'s backend; lists and scalars are NumPy's."""
+    if not hasattr(a, "dtype"):
+        return "numpy"
+    name = backend.of(a).name
+    return name if name in _FAMILIES else "numpy"
 
 
 def as_coupling(M: Any, what: str) -> Any:

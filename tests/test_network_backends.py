@@ -146,3 +146,30 @@ def test_a_recurrence_moved_anywhere_runs_every_pass_there(kind, device, cell):
             np.testing.assert_allclose(backend.to_host(g.parameters[name]), value, rtol=1e-9,
                                        atol=1e-11, err_msg=f"{method} {name}")
         np.testing.assert_allclose(backend.to_host(g.x), reference.x, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("net_kind", ["numpy", "torch", "array_api_strict"])
+@pytest.mark.parametrize("x_kind", ["numpy", "torch", "array_api_strict"])
+@pytest.mark.parametrize("name", ["fnn-stacked", "rnn"])
+def test_an_input_of_another_backend_is_named_with_the_call_that_moves_it(net_kind, x_kind,
+                                                                          name):
+    """Named, with the call that moves it; never an internal error.
+
+    A NumPy input to a strict-namespace network raised a TypeError from ``astype``
+    (and a tensor there was said to meet NumPy arrays).
+    """
+    net = NETWORKS[name]().to(net_kind)
+    x, target = data(NETWORKS[name](), name, 3)
+    X = backend.convert(x, x_kind)
+    if net_kind == x_kind:
+        assert backend.of(net.forward(X).output).name == net_kind
+        return
+    what = "xs" if name == "rnn" else "x"
+    message = rf"{what} is a .*, but the arrays it meets are .*: pass it as one " \
+              rf"\(propop\.backend\.convert\({what}, '{net_kind}'\)\)"
+    with pytest.raises(ValueError, match=message):
+        net.forward(X)
+    with pytest.raises(ValueError, match=message):
+        pp.backprop(net, X, backend.convert(target, net_kind))
+    with pytest.raises(ValueError, match=r"target is a .*convert\(target, "):
+        pp.backprop(net, backend.convert(x, net_kind), backend.convert(target, x_kind))

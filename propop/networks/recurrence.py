@@ -264,7 +264,9 @@ class Recurrence:
         xs = self.check_input(xs)
         X = _samples_first(xs, self.dtype)
         states = self._states(X)
-        if not backend.all_finite(states, xp):  # inputs and parameters are finite: the step
+        if not backend.all_finite(states, xp):  # the inputs are finite: the parameters?
+            for name, value in self.cell.parameters.items():  # changed in place since made
+                require_finite(value, f"parameter {name!r}")
             bad = ~np.isfinite(backend.to_host(states))
             s, i = (int(k) for k in np.argwhere(bad)[0][:2])
             raise ValueError(f"the step returned NaN or Inf at time step {s} (sample {i}) from "
@@ -289,10 +291,8 @@ class Recurrence:
         xp = self._xp()
         require_steps_target(self.outputs(trace), target, loss)
         out = xp.moveaxis(self.outputs(trace), 1, 0)
-        target = backend.like(backend.to_host(target), out) if hasattr(target, "shape") \
-            else backend.like(np.asarray(target), out)
-        if tuple(target.shape) == tuple(self.outputs(trace).shape):
-            target = xp.moveaxis(target, 1, 0)
+        if tuple(np.shape(target)) == tuple(self.outputs(trace).shape):  # steps first: moved
+            target = xp.moveaxis(real_array(target, "target", out.dtype), 1, 0)
         grad = xp.moveaxis(loss_gradient(out, target, loss, reduction), 0, 1)  # (tau, k[, r])
         spread = np.zeros((self.state_size, self.output.size))  # a row listed twice counts twice
         spread[self.output, np.arange(self.output.size)] = 1

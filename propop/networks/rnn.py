@@ -264,9 +264,8 @@ class RNN:
         xp = self.backend.xp
         require_steps_target(trace.output, target, loss)
         out = xp.moveaxis(trace.output, 1, 0)
-        target = xp.asarray(target)
-        if target.shape == trace.output.shape:
-            target = xp.moveaxis(target, 1, 0)
+        if tuple(np.shape(target)) == tuple(trace.output.shape):  # steps first: moved
+            target = xp.moveaxis(real_array(target, "target", out.dtype), 1, 0)
         return xp.moveaxis(loss_gradient(out, target, loss, reduction), 0, 1)
 
     def backward(self, trace: Trace, eps: Any) -> list[Any]:
