@@ -7,7 +7,7 @@ from typing import Any
 
 from . import backend
 from .networks.trace import Trace, first_nonfinite, require_trace
-from .solvers.plan import agreed, solve
+from .solvers.plan import agreed, check_keywords, solve
 from .solvers.solution import ConvergenceError, Status
 from .systems import backward_system
 
@@ -81,6 +81,7 @@ def backprop(net: Any, x: Any, target: Any, loss: str = "mse",
         return trace, backward_system(net, trace, net.loss_gradient(trace, target, loss,
                                                                     reduction))
 
+    check_keywords(backprop, method, options)
     trace, system = agreed(method, options, prepare)
     if rtol is not None:
         options["rtol"] = rtol

@@ -26,6 +26,7 @@ from .networks.rnn import RNN
 from .progress import bar
 from .newton.loop import forward as propagate
 from .propagation import backprop
+from .solvers.plan import check_keywords
 from .solvers.solution import ConvergenceError, Status
 
 __all__ = ["train", "History", "OPTIMIZERS", "parameters"]
@@ -255,6 +256,7 @@ def train(model: Any, x: Any, y: Any, *, epochs: int = 1, batch_size: int = 32,
     _check_data(x, y, x_test, y_test)
     _check_labels(model, y, loss)
     opt = _Optimizer(optimizer, lr, momentum, betas, eps)
+    check_keywords(train, method, options)
     twice = set(options) & set(solver_options or {})
     if twice:
         raise ValueError(f"solver options {sorted(twice)} given both as keywords and in "

@@ -1,5 +1,7 @@
 """Bad input fails loudly, with a message that names the culprit."""
 
+import re
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -196,3 +198,29 @@ def test_a_missing_backend_names_its_extra(monkeypatch):
     net = pp.FNN.random([4, 3], seed=0)
     with pytest.raises(ModuleNotFoundError, match=r'pip install "propop\[gpu\]"'):
         pp.backward_system(net, net.forward(np.ones(4)), np.ones(3)).to("cupy")
+
+
+@pytest.mark.parametrize(("call", "words"), [
+    (lambda net, x, t: pp.train(net, x, np.array([0, 1]), epoch=2),
+     "pp.train has no keyword 'epoch' (did you mean 'epochs'?)"),
+    (lambda net, x, t: pp.train(net, x, np.array([0, 1]), batchsize=2),
+     "pp.train has no keyword 'batchsize' (did you mean 'batch_size'?)"),
+    (lambda net, x, t: pp.forward(net, x, method="jacobi", linearisation="newton"),
+     "pp.forward has no keyword 'linearisation' (did you mean 'linearization'?)"),
+    (lambda net, x, t: pp.backprop(net, x, t, reducton="mean"),
+     "pp.backprop has no keyword 'reducton' (did you mean 'reduction'?)"),
+])
+def test_a_misspelt_keyword_is_named_as_the_callers_not_the_solvers(call, words):
+    """They were said to be options the solver lacks (``substitution has no option 'epoch'``)."""
+    net, x, t = pp.FNN.random([4, 4, 4], seed=0), np.ones((4, 2)), np.zeros((4, 2))
+    with pytest.raises(TypeError, match=re.escape(words) + "; its other keywords go to the "
+                       "solver, whose options are "):
+        call(net, x, t)
+
+
+def test_solver_options_close_to_a_callers_keyword_still_reach_the_solver():
+    net, x, t = pp.FNN.random([4, 4, 4], seed=0), np.ones((4, 2)), np.zeros((4, 2))
+    g = pp.backprop(net, x, t, method="jacobi", atol=1e-300, maxiter=1, check=False)
+    assert g.solution.iterations == 1  # maxiter reached jacobi
+    with pytest.raises(TypeError, match="jacobi has no option 'restrat'"):
+        pp.backprop(net, x, t, method="jacobi", restrat=3)

@@ -24,7 +24,7 @@ from ..networks.trace import Trace, first_nonfinite
 from ..progress import bar
 from ..solvers.convergence import Tolerance, default_rtol, finish, unchecked
 from ..solvers.options import check_options
-from ..solvers.plan import agreed, solve
+from ..solvers.plan import agreed, check_keywords, solve
 from ..solvers.registry import info
 from ..solvers.solution import ConvergenceError, Solution, Status
 from ..systems import forward_system
@@ -127,6 +127,7 @@ def forward(net: Any, x: Any, method: str = "substitution", *,
     polish = polish and damping is None and linearization == "newton" and stop == "residual"
     polished = None  # (residual, trace, iterate) where the test passed, if polishing
     linear_rtol = min(rtol, default_rtol(net.dtype)) if linear_rtol is None else linear_rtol
+    check_keywords(forward, method, options)
     x = agreed(method, options, lambda: net.check_input(x))
     trace = _start(net, x, around)
     residual = _quiet(_residual(net, rtol), backend.namespace(x))  # overflow: the status's

@@ -86,6 +86,25 @@ def validate(name: str, method: Any, system: Any, options: dict) -> None:
     _check_common(name, system, options)
 
 
+def refuse_misspelt_keywords(caller: str, own: Any, method: Any, options: dict) -> None:
+    """A keyword of ``caller`` misspelt, named as that, not as an unknown solver option.
+
+    ``caller`` (``pp.train``, ``pp.forward``) passes the keywords it does not take to
+    the solver ``method`` (a :class:`~propop.solvers.method.Method`); a key that
+    method does not take but that is close to one of ``own`` (the caller's keyword
+    names) raises here: ``pp.train(..., epoch=2)`` said that the substitution has no
+    option ``'epoch'``.
+    """
+    known = _options_of(method)[0]
+    listed = ", ".join(known) if known else "none"
+    for key in options:
+        close = difflib.get_close_matches(key, list(own), n=1, cutoff=0.8)
+        if key not in known and close:
+            raise TypeError(f"{caller} has no keyword {key!r} (did you mean {close[0]!r}?); "
+                            f"its other keywords go to the solver, whose options are "
+                            f"{listed}")
+
+
 def _suggestion(key: str, known: list) -> str:
     close = difflib.get_close_matches(key, list(known), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""

@@ -23,6 +23,7 @@ Examples
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
 from collections.abc import Callable
 from typing import Any
@@ -36,7 +37,7 @@ from ..systems.plain import as_system
 from ..systems.triangular import TriangularSystem
 from .method import COMPUTE_OPTIONS, Method, as_method
 from .convergence import Tolerance, finish
-from .options import OptionError, validate
+from .options import OptionError, refuse_misspelt_keywords, validate
 from .registry import available, info
 from .solution import ConvergenceError, Solution, Status
 
@@ -174,6 +175,19 @@ def prepare(system: Any, method: str | Callable[..., Solution] | Method = "subst
     except OptionError as error:
         raise OptionError(f"{name}: {error}") from None
     return Plan(system, name, dict(options), time.perf_counter() - start, runner, state, guard)
+
+
+def check_keywords(caller: Any, method: Any, options: dict) -> None:
+    """``options`` that ``caller`` passes on to ``method``: none a misspelt keyword of its own.
+
+    (:func:`~.options.refuse_misspelt_keywords`); an unknown method is left to the solve.
+    """
+    try:
+        runner = info(method).method if isinstance(method, str) else _runner(method)
+    except (KeyError, ValueError, TypeError):
+        return
+    own = [p for p in inspect.signature(caller).parameters if p not in ("options", "kwargs")]
+    refuse_misspelt_keywords(f"pp.{caller.__name__}", own, runner, options)
 
 
 def _runner(method: Any) -> Method:
