@@ -379,3 +379,23 @@ def test_five_adam_steps_with_a_learned_temperature_equal_autograds():
     assert abs(module.temperature.item() - 1.5) > 0.1  # it trained
     for (name, p), q in zip(module.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-13, msg=name)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_a_second_derivative_through_propops_solve_is_refused_by_pytorch(backend):
+    """``once_differentiable``: the gradient's graph ends in PyTorch's error node.
+
+    Before, the gradient of ``create_graph=True`` had no graph at all, and its
+    backward said only that it does not require grad.
+    """
+    nn = torch.nn
+    plain = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+    module = ptorch.parallelize(copy.deepcopy(plain), backend=backend)
+    x = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+    (g,) = torch.autograd.grad(module(x).pow(2).sum(), [x], create_graph=True)
+    (want,) = torch.autograd.grad(plain(x).pow(2).sum(), [x])
+    torch.testing.assert_close(g.detach(), want, rtol=1e-12, atol=1e-14)
+    assert g.requires_grad
+    with pytest.raises(RuntimeError, match="differentiate twice a function that was marked "
+                                           "with @once_differentiable"):
+        g.sum().backward()

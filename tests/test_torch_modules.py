@@ -332,3 +332,17 @@ def test_a_module_moved_to_cuda_computes_as_torch_nn_there(kind):
     assert all((f - g).abs().max() < 1e-10 for f, g in zip(finals, their_finals))
     for (name, p), q in zip(ours.named_parameters(), reference.parameters()):
         assert p.grad.device.type == "cuda" and (p.grad - q.grad).abs().max() < 1e-9, name
+
+
+def test_a_second_derivative_through_a_recurrent_modules_solve_is_refused_by_pytorch():
+    """``once_differentiable``, as :func:`propop.torch.parallelize`'s backward."""
+    gru = ptorch.GRU(2, 3, dtype=torch.float64)
+    plain = torch.nn.GRU(2, 3, dtype=torch.float64)
+    plain.load_state_dict(gru.state_dict())
+    x = torch.randn(6, 2, 2, dtype=torch.float64, requires_grad=True)
+    (g,) = torch.autograd.grad(gru(x)[0].pow(2).sum(), [x], create_graph=True)
+    (want,) = torch.autograd.grad(plain(x)[0].pow(2).sum(), [x])
+    torch.testing.assert_close(g.detach(), want, rtol=1e-10, atol=1e-12)
+    with pytest.raises(RuntimeError, match="differentiate twice a function that was marked "
+                                           "with @once_differentiable"):
+        g.sum().backward()

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.autograd.function import once_differentiable
 
 from ..backend import of as backend_of
 from ..interop.torch_import import from_torch
@@ -81,6 +82,8 @@ def parallelize(module: torch.nn.Module, *, method: str = "auto", forward: str =
     torch.nn.Module
         The module itself, sharing every parameter and submodule, whose calls run
         through propop; ``.propop`` holds the graph and the last call's solution.
+        First derivatives only: the backward is ``once_differentiable``, so a second
+        derivative through it (``create_graph=True``) raises PyTorch's error.
     """
     if forward not in FORWARDS:
         raise ValueError(f"forward must be one of {FORWARDS}, got {forward!r}")
@@ -203,6 +206,7 @@ class _Graph(torch.autograd.Function):
         return out.reshape((x.shape[0], *state.graph.output_shapes[0]))  # the module's shape
 
     @staticmethod
+    @once_differentiable  # propop's solve is not differentiated again: said so, by PyTorch
     def backward(ctx: Any, grad_output: Any) -> tuple:
         state, trace = ctx.state, ctx.trace
         net = state.net_on(grad_output.device)

@@ -30,6 +30,7 @@ import warnings
 from typing import Any
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from ..networks import gated
 from ..newton.loop import forward as newton_forward
@@ -179,6 +180,7 @@ class _Passes(torch.autograd.Function):
         return trace.z[1].permute(0, 2, 1)  # (tau, batch, state)
 
     @staticmethod
+    @once_differentiable  # propop's solve is not differentiated again: said so, by PyTorch
     def backward(ctx: Any, grad_states: Any) -> tuple:
         module, net, trace = ctx.module, ctx.net, ctx.trace
         eps = grad_states.permute(0, 2, 1).contiguous()  # dE/dh_s, (tau, state, batch)
