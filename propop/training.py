@@ -11,8 +11,10 @@ each step's gradient is from the exact one.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -267,19 +269,33 @@ def train(model: Any, x: Any, y: Any, *, epochs: int = 1, batch_size: int = 32,
     history = History()
     steps = int(np.ceil(r / batch_size))
     with bar(progress, epochs * steps, "training") as shown:
-        for _ in range(epochs):
+        for epoch in range(epochs):
             start = time.perf_counter()
             order = rng.permutation(r) if shuffle else np.arange(r)
             for first in range(0, r, batch_size):
                 index = order[first: first + batch_size]
-                model = _step(model, _samples(x, index), _columns(y, index), passes, opt,
-                              history)
+                with _at(epoch, len(history.steps), lr):
+                    model = _step(model, _samples(x, index), _columns(y, index), passes,
+                                  opt, history)
                 shown.update()
             history.epochs.append(dict(_evaluate(model, x, y, loss, reduction),
                                        seconds=time.perf_counter() - start,
                                        **_test(model, x_test, y_test, loss, reduction)))
             shown.set_postfix_str(f"loss {history.epochs[-1]['loss']:.3g}")
     return model, history
+
+
+@contextlib.contextmanager
+def _at(epoch: int, steps: int, lr: float) -> Iterator[None]:
+    """A failed step's error, said to be of this epoch and step (the weights it had)."""
+    where = f"pp.train, epoch {epoch + 1}, step {steps + 1} (after {steps} updates, lr={lr:g}): "
+    try:
+        yield
+    except ConvergenceError as error:
+        raise ConvergenceError(replace(error.solution, message=where + error.solution.message)
+                               ) from None
+    except ValueError as error:
+        raise ValueError(where + str(error)) from None
 
 
 def _step(model: Any, xb: Any, yb: Any, passes: _Passes, opt: _Optimizer,

@@ -283,3 +283,21 @@ def test_data_on_another_backend_than_the_model_is_named():
     labels = np.arange(8) % 3  # host labels go with a model anywhere
     trained, history = pp.train(net, X, labels, loss="cross_entropy", progress=False)
     assert trained.backend.name == "torch" and len(history.epochs) == 1
+
+
+def test_a_step_that_overflows_names_its_epoch_step_and_learning_rate():
+    """lr=1e8 on an MSE: the weights overflow within the first epoch.
+
+    The error said only that substitution's blocks were not finite, with the advice
+    to use a direct method such as substitution.
+    """
+    xtr, ytr, _, _ = digits(seed=0)
+    net = pp.FNN.random([64, 16, 10], activation="relu", output_activation="identity", seed=0)
+    targets = np.eye(10)[ytr].T
+    with pytest.raises(pp.ConvergenceError) as failed:
+        train(net, xtr, targets, lr=1e8, epochs=2, loss="mse", progress=False)
+    message = str(failed.value)
+    steps = int(message.split("step ")[1].split()[0])
+    assert message.startswith("substitution: pp.train, epoch 1, step ") and steps > 1
+    assert f"(after {steps - 1} updates, lr=1e+08): non-finite values" in message
+    assert "the learning rate" in message and "such as 'substitution'" not in message

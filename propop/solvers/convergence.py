@@ -380,7 +380,7 @@ def finish(system: Any, x: Any, *, tol: Tolerance, iterations: int = 0,
     elif breakdown:
         status, message = Status.BREAKDOWN, breakdown
     elif not finite:
-        status, message = Status.NONFINITE, _nonfinite_message(system, x)
+        status, message = Status.NONFINITE, _nonfinite_message(system, x, direct)
     elif direct:
         status, message = Status.INACCURATE, _inaccurate_message(system, tol, ratios, met)
     else:
@@ -404,10 +404,15 @@ def _evaluated(system: Any, x: Any, tol: Tolerance, iterations: int,
                         "all finite"))
 
 
-def _nonfinite_message(system: Any, x: Any) -> str:
-    return (f"non-finite values, first in {_first_nonfinite(system, x)} in solve order: a "
-            "long product of Jacobians overflowed or the iteration diverged; check the "
-            "weights' scale, use float64, or a direct method such as 'substitution'")
+def _nonfinite_message(system: Any, x: Any, direct: bool = False) -> str:
+    """Where the first non-finite block is, and why it may be (a direct method's: overflow)."""
+    where = f"non-finite values, first in {_first_nonfinite(system, x)} in solve order: "
+    if direct:
+        return where + ("a long product of Jacobians overflowed; check the weights' scale "
+                        "(training: the learning rate) or use float64")
+    return where + ("a long product of Jacobians overflowed or the iteration diverged; "
+                    "check the weights' scale, use float64, or a direct method such as "
+                    "'substitution'")
 
 
 def _first_in_solve_order(system: Any, names: tuple) -> str:
