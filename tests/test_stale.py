@@ -225,3 +225,29 @@ def test_biases_changed_in_place_or_rebound_are_seen_by_the_stacked_forward():
     net.b = tuple(b - 1.0 for b in net.b)  # rebound: the columns are made again
     fresh = pp.FNN(list(net.W), [b.copy() for b in net.b])
     np.testing.assert_array_equal(net.forward(x).output, fresh.forward(x).output)
+
+
+def test_a_sparse_weights_indices_written_in_place_are_seen_by_its_transpose():
+    """The transposed pattern is kept by the index arrays and checked against them.
+
+    Two layers' weights moved to other columns in place (the same arrays): every
+    method's gradients are a fresh network's; the entries scaled in place as well.
+    """
+    W, b = fnn_weights((6, 6, 6, 6), sparse=True, seed=4)
+    net = pp.FNN(W, b)
+    rng = np.random.default_rng(5)
+    x, t = rng.standard_normal((6, 3)), rng.standard_normal((6, 3))
+    for method in ("substitution", "cyclic-reduction", "jacobi"):
+        gradients(net, x, t, method)
+    for Wk in net.W[:2]:
+        for i in range(Wk.shape[0]):  # each row's columns shifted: still sorted, new places
+            row = slice(Wk.indptr[i], Wk.indptr[i + 1])
+            Wk.indices[row] = np.arange(6)[-(row.stop - row.start):] if row.stop > row.start \
+                else Wk.indices[row]
+        Wk.data *= -2
+    fresh = pp.FNN([sp.csr_array((Wk.data.copy(), Wk.indices.copy(), Wk.indptr.copy()),
+                                 shape=Wk.shape) for Wk in net.W], [bk.copy() for bk in b])
+    for method in ("substitution", "cyclic-reduction", "jacobi"):
+        assert_same(gradients(net, x, t, method), gradients(fresh, x, t, method), method)
+        for ours, theirs in zip(net.WT, fresh.WT):
+            np.testing.assert_array_equal(ours.toarray(), np.asarray(theirs.toarray()))
