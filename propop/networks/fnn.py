@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,9 +35,10 @@ def transposed(W: Any) -> Any:
     return canonical_matrix(W.T, "W^T")
 
 
-# The transposed patterns of SciPy CSR weights, by their index arrays (the last few)
+# The transposed patterns of SciPy CSR weights, by their index arrays: the last used, at
+# most this many bytes in all (about 20 a stored entry), each dropped with its arrays
 _PATTERNS: collections.OrderedDict = collections.OrderedDict()
-_KEPT_PATTERNS = 64
+_KEPT_BYTES = 1 << 28
 
 
 def _csr_transposed(W: sp.csr_array) -> sp.csr_array:
@@ -57,7 +59,9 @@ def _csr_transposed(W: sp.csr_array) -> sp.csr_array:
         counts = np.bincount(W.indices, minlength=W.shape[1])
         kept = _PATTERNS[key] = (W.indices.copy(), W.indptr.copy(), order, rows[order],
                                  np.concatenate([[0], np.cumsum(counts)]))
-        if len(_PATTERNS) > _KEPT_PATTERNS:
+        weakref.finalize(W.indices, _PATTERNS.pop, key, None)  # gone with the weight's
+        while sum(a.nbytes for k in _PATTERNS for a in _PATTERNS[k]) > _KEPT_BYTES and \
+                len(_PATTERNS) > 1:
             _PATTERNS.popitem(last=False)
     _PATTERNS.move_to_end(key)
     order, indices, indptr = kept[2:]
