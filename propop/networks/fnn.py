@@ -39,6 +39,7 @@ def transposed(W: Any) -> Any:
 # most this many bytes in all (about 20 a stored entry), each dropped with its arrays
 _PATTERNS: collections.OrderedDict = collections.OrderedDict()
 _KEPT_BYTES = 1 << 28
+_GONE: list = []  # keys whose index arrays died: dropped at the next call, not in a callback
 
 
 def _csr_transposed(W: sp.csr_array) -> sp.csr_array:
@@ -50,6 +51,8 @@ def _csr_transposed(W: sp.csr_array) -> sp.csr_array:
     sorts the entries anew (109 against 36 us, 512 x 512 at density 0.1), at every
     call of a network whose weights a training step rebuilds on the same index arrays.
     """
+    while _GONE:  # a finalizer only appends: it may run while the dict is iterated
+        _PATTERNS.pop(_GONE.pop(), None)
     key = (id(W.indices), id(W.indptr), W.shape)
     kept = _PATTERNS.get(key)
     if kept is None or not (np.array_equal(kept[0], W.indices) and
@@ -59,7 +62,7 @@ def _csr_transposed(W: sp.csr_array) -> sp.csr_array:
         counts = np.bincount(W.indices, minlength=W.shape[1])
         kept = _PATTERNS[key] = (W.indices.copy(), W.indptr.copy(), order, rows[order],
                                  np.concatenate([[0], np.cumsum(counts)]))
-        weakref.finalize(W.indices, _PATTERNS.pop, key, None)  # gone with the weight's
+        weakref.finalize(W.indices, _GONE.append, key)  # gone with the weight's arrays
         while sum(a.nbytes for k in _PATTERNS for a in _PATTERNS[k]) > _KEPT_BYTES and \
                 len(_PATTERNS) > 1:
             _PATTERNS.popitem(last=False)
