@@ -179,8 +179,9 @@ class FNN:
     def WT(self) -> tuple:
         """The transposed weights ``W[k]^T``: views of dense ones, CSR copies of sparse ones.
 
-        Made at every call, never kept: the network holds its parameters and nothing
-        derived from them, so weights changed in place are always seen.
+        Made at every call from the current entries: weights changed in place are
+        always seen. Only a SciPy CSR weight's transposed pattern is kept, checked
+        against its index arrays' contents at every call (:func:`transposed`).
         """
         return tuple(transposed(Wk) for Wk in self.W)
 
