@@ -164,7 +164,8 @@ def _trained_there(fnn: FNN, torch: Any) -> None:
     difference = max(float(np.abs(backend.to_host(a) - b).max()) for a, b in zip(there.W,
                                                                                  host.W))
     print(f"pp.train on PyTorch tensors (2 epochs of Adam, labels as a tensor): loss "
-          f"{history.epochs[-1]['loss']:.4f}, weights {difference:.1e} from the NumPy run's.\n")
+          f"{history.epochs[-1]['loss']:.4f}, weights {difference:.1e} from the NumPy run's "
+          "(the command line's: propop train --backend torch, pruning included).\n")
 
 
 def _first_gradient(g: Any, host: bool = True) -> Any:
