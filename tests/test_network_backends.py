@@ -173,3 +173,42 @@ def test_an_input_of_another_backend_is_named_with_the_call_that_moves_it(net_ki
         pp.backprop(net, X, backend.convert(target, net_kind))
     with pytest.raises(ValueError, match=r"target is a .*convert\(target, "):
         pp.backprop(net, backend.convert(x, net_kind), backend.convert(target, x_kind))
+
+
+@pytest.mark.parametrize("kind", ["torch", "array_api_strict"])
+@pytest.mark.parametrize("name", ["fnn-unequal", "rnn"])
+def test_a_given_trace_and_a_plans_rhs_work_off_numpy_and_other_backends_are_named(kind,
+                                                                                  name):
+    """Off NumPy, and named when they come from another backend.
+
+    ``trace=`` raised an AttributeError off NumPy (``array_equal`` is not the
+    standard's), ``around=`` from NumPy a TypeError, and a plan took a right-hand
+    side of another backend silently.
+    """
+    net = NETWORKS[name]()
+    x, target = data(net, name, 2)
+    moved, X, T = net.to(kind), backend.convert(x, kind), backend.convert(target, kind)
+    want = pp.backprop(moved, X, T)
+    given = pp.backprop(moved, X, T, trace=moved.forward(X))
+    for ours, theirs in zip(given.W, want.W):
+        np.testing.assert_array_equal(backend.to_host(ours), backend.to_host(theirs))
+    with pytest.raises(ValueError, match="trace was computed from another input"):
+        pp.backprop(moved, X, T, trace=moved.forward(X * 2))
+    with pytest.raises(ValueError, match=rf"trace holds numpy arrays, but x is on {kind}"):
+        pp.backprop(moved, X, T, trace=net.forward(x))
+    with pytest.raises(ValueError, match=rf"around holds numpy arrays, but x is on {kind}"):
+        pp.forward(moved, X, method="cyclic-reduction", around=net.forward(x))
+    warm = pp.forward(moved, X, method="cyclic-reduction", around=moved.forward(X))
+    assert warm.info["converged"] and warm.info["iterations"] == 0
+    trace = moved.forward(X)
+    plan = pp.prepare(pp.backward_system(moved, trace, moved.loss_gradient(trace, T)),
+                      "cyclic-reduction")
+    host = net.forward(x)
+    reference = pp.prepare(pp.backward_system(net, host, net.loss_gradient(host, target)),
+                           "cyclic-reduction")
+    rhs = np.ones(tuple(reference.system.rhs.shape))
+    np.testing.assert_allclose(backend.to_host(plan.solve(backend.convert(rhs, kind)).x),
+                               reference.solve(rhs).x, rtol=1e-12, atol=1e-14)
+    with pytest.raises(ValueError, match=rf"rhs is a numpy.ndarray, but the arrays it meets "
+                                         rf"are .*convert\(rhs, '{kind}'\)"):
+        plan.solve(rhs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,9 +83,10 @@ def require_trace(trace: Any, x: Any, shapes: tuple[list, list]) -> None:
     """
     if not isinstance(trace, Trace):
         raise TypeError(f"trace must be a propop Trace, got {type(trace).__name__}")
+    require_backend_of(x, [trace.x], "trace")
     xp = backend.namespace(x)
     if tuple(getattr(trace.x, "shape", ())) != tuple(x.shape) or not bool(
-            xp.array_equal(xp.asarray(trace.x), x)):
+            xp.all(trace.x == x)):  # array_equal is NumPy's, not the standard's
         raise ValueError("trace was computed from another input: trace.x differs from x "
                          f"(shapes {tuple(getattr(trace.x, 'shape', ()))} and {tuple(x.shape)});"
                          " pass the trace of this x, or none")
@@ -98,6 +100,18 @@ def require_trace(trace: Any, x: Any, shapes: tuple[list, list]) -> None:
                              f"{have[bad] if bad < len(have) else 'none'}; expected "
                              f"{len(want)} entries, {letter}[{bad}] of shape "
                              f"{want[bad] if bad < len(want) else 'none'}")
+
+
+def require_backend_of(x: Any, arrays: Sequence[Any], what: str) -> None:
+    """Raise unless every array of ``arrays`` (``None`` skipped) is on ``x``'s backend.
+
+    ``what`` names the trace they come from (``trace``, ``around``) in the message.
+    """
+    want = backend.of(x).name
+    for a in arrays:
+        if a is not None and backend.of(a).name != want:
+            raise ValueError(f"{what} holds {backend.of(a).name} arrays, but x is on {want}: "
+                             f"pass a trace computed there (network.to({want!r})), or none")
 
 
 def first_nonfinite(net: Any, trace: Trace) -> str:

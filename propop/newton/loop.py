@@ -20,7 +20,7 @@ from typing import Any
 
 from .. import backend
 from .._checks import require_finite, worst
-from ..networks.trace import Trace, first_nonfinite
+from ..networks.trace import Trace, first_nonfinite, require_backend_of
 from ..progress import bar
 from ..solvers.convergence import Tolerance, default_rtol, finish, unchecked
 from ..solvers.options import check_options
@@ -326,6 +326,7 @@ def _start(net: Any, x: Any, around: Trace | None) -> Trace:
         return net.trace_from_states(x, None)
     if not isinstance(around, Trace):
         raise TypeError(f"around must be a propop Trace, got {type(around).__name__}")
+    require_backend_of(x, around.z[1:], "around")
     want = [tuple(shape) for shape in net.state_shapes(x)[0]]
     have = [tuple(getattr(z, "shape", ())) for z in around.z]
     if have != want:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import backend
-from .._checks import require_finite
+from .._checks import real_array, require_finite
 from . import assemble
 from .blocks import Blocks, Edge, Step
 from .arguments import one_dtype
@@ -220,8 +220,7 @@ class TriangularSystem:
         :attr:`shares_matrix` takes any number of columns. Nothing of the matrix is
         rebuilt: the new system has this one's operator.
         """
-        xp = self.backend.xp
-        rhs = xp.asarray(rhs, dtype=self.dtype)
+        rhs = real_array(rhs, "rhs", self.dtype)  # of this system's backend, or named
         if rhs.ndim != self._scaled_rhs.ndim or rhs.shape[0] != self.size or (
                 rhs.ndim == 2 and rhs.shape[1] != self.nrhs and not self._scaled_once):
             more = (" (another number of columns needs one matrix for all samples: a system "
