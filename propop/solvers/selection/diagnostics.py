@@ -167,13 +167,19 @@ def explain(system: Any, file: TextIO | None = None) -> str:
     dominance = diagonal_dominance(system)
     decay = jacobian_decay(system)
     sweeps = decay.sweeps_for(1e-3)
-    regime = (f"products of Jacobians shrink by about {decay.rate:.3g} per block "
-              f"(vanishing gradients): about {sweeps} Jacobi sweeps give a 1e-3 "
-              "approximate solution" + (" (no fewer than the exact count)" if sweeps >= index
-                                        else "") if sweeps is not None else
-              f"products of Jacobians grow by about {decay.rate:.3g} per block "
-              "(exploding gradients): truncated iterations give poor approximations; "
-              "solve exactly")
+    shrink = f"products of Jacobians shrink by about {decay.rate:.3g} per block " \
+        "(vanishing gradients): "
+    if sweeps is None:
+        regime = (f"products of Jacobians grow by about {decay.rate:.3g} per block "
+                  "(exploding gradients): truncated iterations give poor approximations; "
+                  "solve exactly")
+    elif sweeps >= index:  # the estimate is no gain over the exact count
+        regime = shrink + (f"a 1e-3 approximation would take about {sweeps} Jacobi sweeps, "
+                           f"no fewer than the {index} that are exact: truncating saves "
+                           "nothing here")
+    else:
+        regime = shrink + (f"about {sweeps} Jacobi sweeps give a 1e-3 approximate solution "
+                           f"({index} are exact)")
     shared = ("one matrix for all samples: the block methods ('block-gmres', "
               "'block-bicgstab') apply" if system.shares_matrix else
               "one matrix per sample: use the batched methods ('batched-gmres', "
