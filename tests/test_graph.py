@@ -168,7 +168,7 @@ def test_newton_forward_matches_the_sequential_pass(model):
         net, x = pp.RNN.random([3, 4, 4], activation="tanh", seed=0), \
             rng.standard_normal((5, 3, 2))
     else:
-        net = pp.FNN.random([4, 6, 6, 3], activation="elu", seed=0).to_graph()
+        net = pp.FNN.random([4, 6, 6], activation="elu", seed=0).to_graph()
         net.add("res", L.Add(), ["act0", "act1"]).add("out", L.Dense(rng.standard_normal(
             (2, 6))))
         x = rng.standard_normal((4, 2))
@@ -279,3 +279,25 @@ def test_add_sums_its_inputs_as_its_jacobians_say(weights):
     add = L.Add(weights)
     products = sum(J @ x for J, x in zip(add.jacobians([4] * count), xs))
     np.testing.assert_array_equal(add.forward(xs), products)
+
+
+def test_a_node_that_feeds_nothing_and_is_no_output_is_warned_about_once():
+    """A second head left out of ``outputs``: computed, zero gradients, said so."""
+    rng = np.random.default_rng(0)
+    g = pp.Graph(4).add("a", L.Dense(rng.standard_normal((5, 4)))).add("t", L.Activation("tanh"))
+    g.add("head1", L.Dense(rng.standard_normal((2, 5))), ["t"])
+    g.add("head2", L.Dense(rng.standard_normal((3, 5))), ["t"])
+    x = np.ones((4, 2))
+    with pytest.warns(UserWarning, match=r"node\(s\) \['head1'\] feed no node and are not "
+                                         r"outputs .*'head2'.*zero gradients"):
+        g.forward(x)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once for this set of nodes
+        grads = pp.backprop(g, x, np.zeros((3, 2)))
+        assert not np.any(grads.parameters["head1"]["W"])
+        both = pp.Graph(4, [(n, g.layers[n], g.inputs[n]) for n in g.order[1:]],
+                        outputs=["head1", "head2"])
+        assert len(both.forward(x).z) == 5 and both.outputs == ("head1", "head2")
+        assert "outputs ['head2']" in repr(g)

@@ -17,6 +17,7 @@ those blocks and :meth:`Graph.gradients` into parameter gradients.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,7 +119,7 @@ class Graph:
             rows = rows[:REPR_ROWS] + [(f"... {hidden} more", "", "", "")] + rows[-REPR_ROWS:]
         width = [max([len(r[i]) for r in rows] + [4]) for i in range(3)]
         lines = [f"Graph(input {self.input_size}, {len(self._order) - 1} nodes, outputs "
-                 f"{list(self.outputs)})"]
+                 f"{list(self._outputs or self._order[-1:])})"]
         lines += [f"  {n:<{width[0]}}  {layer:<{width[1]}}  <- {reads:<{width[2]}}  {size}"
                   if layer else f"  {n}" for n, layer, reads, size in rows]
         return "\n".join(lines)
@@ -178,7 +179,24 @@ class Graph:
 
     @property
     def outputs(self) -> tuple:
-        """The output nodes."""
+        """The output nodes: those given as ``outputs``, else the last node added.
+
+        Without ``outputs``, nodes that no node reads (other than the last) are
+        computed and their parameters' gradients are zero, which is exact but seldom
+        meant (a second head left out of the outputs): a ``UserWarning`` says so, once
+        for each such set of nodes.
+        """
+        if self._outputs is None:
+            read = {name for reads in self.inputs.values() for name in reads}
+            unread = tuple(n for n in self._order[1:-1] if n not in read)
+            warned = self.__dict__.setdefault("_unread_warned", set())
+            if unread and unread not in warned:
+                warned.add(unread)
+                warnings.warn(f"node(s) {list(unread)} feed no node and are not outputs (the "
+                              f"last node added, {self._order[-1]!r}, is the one output by "
+                              "default): they are computed and their parameters get zero "
+                              "gradients; name every output with outputs=(...), or remove "
+                              "them", UserWarning, stacklevel=3)
         outputs = self._outputs or (self._order[-1],)
         unknown = [o for o in outputs if o not in self._size]
         if unknown:
