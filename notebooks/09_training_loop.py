@@ -60,7 +60,7 @@ propop_gru = ptorch.from_module(plain_gru, mode="newton", method="cyclic-reducti
 plain, ours = LanguageModel(plain_gru), LanguageModel(propop_gru)
 ours.load_state_dict(plain.state_dict())
 plain_losses, our_losses = train(plain), train(ours)
-difference = max(float((p - q).abs().max()) for p, q in zip(ours.parameters(),
+difference = max(float((p - q).detach().abs().max()) for p, q in zip(ours.parameters(),
                                                            plain.parameters()))
 print(f"largest parameter difference after 15 Adam steps: {difference:.1e}")
 print("last forward:", propop_gru.last["iterations"], "Newton iterations, residuals",
@@ -112,7 +112,8 @@ def train_cnn(model, steps=15):
 
 
 cnn_plain, cnn_ours = train_cnn(reference), train_cnn(parallel)
-worst = max(float((p - q).abs().max()) for p, q in zip(cnn.parameters(), reference.parameters()))
+worst = max(float((p - q).detach().abs().max())
+            for p, q in zip(cnn.parameters(), reference.parameters()))
 print(f"CNN parameter difference after 15 Adam steps: {worst:.1e}")
 print("last backward:", parallel.propop.last["backward"])
 
@@ -197,7 +198,7 @@ for _ in range(10):
         optimiser.zero_grad()
         torch.nn.functional.cross_entropy(model(inputs), labels).backward()
         optimiser.step()
-worst = max(float((p - q).abs().max()) for p, q in zip(block.parameters(),
+worst = max(float((p - q).detach().abs().max()) for p, q in zip(block.parameters(),
                                                       reference.parameters()))
 print(f"SwiGLU block parameter difference after 10 Adam steps: {worst:.1e}")
 print("last backward:", wrapped.propop.last["backward"])
@@ -244,7 +245,7 @@ for _ in range(10):
         torch.nn.functional.cross_entropy(model(sequences).reshape(-1, 3),
                                           token_labels.reshape(-1)).backward()
         optimiser.step()
-worst = max(float((p - q).abs().max()) for p, q in zip(causal.parameters(),
+worst = max(float((p - q).detach().abs().max()) for p, q in zip(causal.parameters(),
                                                       reference.parameters()))
 print(f"causal attention block parameter difference after 10 SGD steps: {worst:.1e}")
 
