@@ -500,3 +500,18 @@ def test_a_weight_with_inf_is_named_by_the_blocks_it_joins(sizes, density):
                             r"z\[2\] \(layer 1, W\[1\]\) reads z\[1\] \(layer 0, W\[0\]\)")):
             with pytest.raises(ValueError, match=block + r", contains NaN or Inf"):
                 run()
+
+
+@pytest.mark.parametrize(("weights", "words"), [
+    ("U", r"template \(layer 2 reads layer 2 one step later\)"),
+    ("W", r"template \(layer 1 reads layer 2 at the same step\)")])
+def test_an_rnn_weight_with_inf_is_named_by_its_template_and_step(weights, words):
+    """``U[1]`` couples layer 2 across steps, ``W[1]`` layers 1 and 2 within one.
+
+    Both were "template (layer 2 reads layer 2)" and "(layer 1 reads layer 2)" alone.
+    """
+    rnn = pp.RNN.random([3, 4, 4], seed=0)
+    getattr(rnn, weights)[1][0, 0] = np.inf
+    with np.errstate(invalid="ignore"), pytest.raises(ValueError,
+                                                      match=words + r" contains NaN or Inf"):
+        pp.backprop(rnn, np.ones((5, 3, 2)), np.zeros((5, 4, 2)))  # Inf * 0 in the pass

@@ -101,8 +101,7 @@ def _couplings(coupling: Any, *, lower: bool, sizes: tuple, edges: Any, structur
             raise ValueError(f"the blocks' sizes are not the structure's {structure.sizes} "
                              f"repeated over {structure.tau} steps")
         matrices = [t.M for t in structure.templates]
-        where = lambda i: (  # noqa: E731
-            f"template (layer {templates[i].row} reads layer {templates[i].col})")
+        where = lambda i: _template(templates[i])  # noqa: E731
     elif coupling is not None:
         layout = ChainLayout(lower, sizes)
         matrices, where = list(coupling), lambda j: _reads(*layout.pair(j), name)
@@ -116,6 +115,18 @@ def _couplings(coupling: Any, *, lower: bool, sizes: tuple, edges: Any, structur
     layout.check(couplings.shape)
     _require_finite_couplings(couplings.arrays(), where)
     return layout, couplings
+
+
+def _template(t: Template) -> str:
+    """A time structure's template in messages: which layer reads which, and when.
+
+    (An RNN's ``W[k - 1]`` is layer ``k`` reading layer ``k - 1`` at the same step,
+    its ``U[k - 1]`` layer ``k`` reading itself one step away.)
+    """
+    steps = "one step" if abs(t.offset) == 1 else f"{abs(t.offset)} steps"
+    when = "at the same step" if t.offset == 0 else (
+        f"{steps} {'earlier' if t.offset < 0 else 'later'}")
+    return f"template (layer {t.row} reads layer {t.col} {when})"
 
 
 def _require_finite_couplings(arrays: Sequence[Any], where: Callable[[int], str]) -> None:
