@@ -186,12 +186,11 @@ class Graph:
         meant (a second head left out of the outputs): a ``UserWarning`` says so, once
         for each such set of nodes.
         """
-        if self._outputs is None:
+        if self._outputs is None and self.__dict__.get("_unread_checked") != len(self._order):
+            self.__dict__["_unread_checked"] = len(self._order)  # nodes only grow by add()
             read = {name for reads in self.inputs.values() for name in reads}
             unread = tuple(n for n in self._order[1:-1] if n not in read)
-            warned = self.__dict__.setdefault("_unread_warned", set())
-            if unread and unread not in warned:
-                warned.add(unread)
+            if unread:
                 warnings.warn(f"node(s) {list(unread)} feed no node and are not outputs (the "
                               f"last node added, {self._order[-1]!r}, is the one output by "
                               "default): they are computed and their parameters get zero "

@@ -97,9 +97,9 @@ def refuse_misspelt_keywords(caller: str, own: Any, method: Any, options: dict) 
     """
     known = _options_of(method)[0]
     listed = ", ".join(known) if known else "none"
-    for key in options:
+    for key in (k for k in options if k not in known):  # a solver's option passes at once
         close = difflib.get_close_matches(key, list(own), n=1, cutoff=0.8)
-        if key not in known and close:
+        if close:
             raise TypeError(f"{caller} has no keyword {key!r} (did you mean {close[0]!r}?); "
                             f"its other keywords go to the solver, whose options are "
                             f"{listed}")

@@ -23,6 +23,7 @@ Examples
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import time
 from collections.abc import Callable
@@ -182,12 +183,19 @@ def check_keywords(caller: Any, method: Any, options: dict) -> None:
 
     (:func:`~.options.refuse_misspelt_keywords`); an unknown method is left to the solve.
     """
+    if not options:  # the common call: nothing passed on
+        return
     try:
         runner = info(method).method if isinstance(method, str) else _runner(method)
     except (KeyError, ValueError, TypeError):
         return
-    own = [p for p in inspect.signature(caller).parameters if p not in ("options", "kwargs")]
-    refuse_misspelt_keywords(f"pp.{caller.__name__}", own, runner, options)
+    refuse_misspelt_keywords(f"pp.{caller.__name__}", _keywords(caller), runner, options)
+
+
+@functools.lru_cache(maxsize=16)
+def _keywords(caller: Callable) -> tuple:
+    """The names of ``caller``'s own keywords, read once."""
+    return tuple(p for p in inspect.signature(caller).parameters if p not in ("options",))
 
 
 def _runner(method: Any) -> Method:
