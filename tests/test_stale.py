@@ -251,3 +251,16 @@ def test_a_sparse_weights_indices_written_in_place_are_seen_by_its_transpose():
         assert_same(gradients(net, x, t, method), gradients(fresh, x, t, method), method)
         for ours, theirs in zip(net.WT, fresh.WT):
             np.testing.assert_array_equal(ours.toarray(), np.asarray(theirs.toarray()))
+
+
+def test_a_recurrence_parameter_made_infinite_in_place_is_named():
+    """The sequential pass blamed the step "from finite ... parameters" (checked when made)."""
+    torch = pytest.importorskip("torch")
+    gru = pp.GRU(2, 3, seed=0)
+    xs = np.ones((5, 2, 2))
+    gru.forward(xs)
+    with torch.no_grad():
+        gru.parameters["weight_hh_l0"][0, 1] = float("inf")
+    with pytest.raises(ValueError, match=r"parameter 'weight_hh_l0' contains NaN or Inf "
+                                         r"\(first at index \(0, 1\)\)"):
+        pp.backprop(gru, xs, np.zeros((5, 3, 2)))
